@@ -1,0 +1,194 @@
+"""Reports: a JSON file with every request and the aggregates, markdown tables and PNG plots.
+
+One run writes run.json, summary.md, ttft_cdf.png and buckets.png. A policy comparison writes
+comparison.json, comparison.md (the seed report's table, policy x bucket, plus a text of what
+changed against the first policy), comparison_ttft_cdf.png and comparison_buckets.png.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from minivllm.bench.metrics import BUCKETS, bucket_of, tpot_ms  # noqa: E402
+
+
+def _f(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _rate(tpot: float | None) -> float | None:
+    return 1000 / tpot if tpot else None
+
+
+def bucket_label(name: str, thresholds) -> str:
+    t1, t2 = (round(t) for t in thresholds)
+    return {"short": f"short (< {t1})", "medium": f"medium ({t1}-{t2})", "long": f"long (> {t2})"}[name]
+
+
+def markdown_summary(summary: dict, title: str = "Run") -> str:
+    s = summary
+    lines = [f"## {title}", "",
+             f"requests {s['total']}: completed {s['completed']}, failed {s['failed']}, "
+             f"output length != requested {s['output_length_mismatches']}; "
+             f"duration {s['duration_s']:.1f} s", "",
+             f"throughput {s['request_throughput']:.2f} req/s, "
+             f"{s['output_token_throughput']:.1f} output tok/s, "
+             f"{s['total_token_throughput']:.1f} total tok/s"
+             + (f"; goodput {s['goodput']:.2f} req/s under {s['slos_ms']} ms"
+                if s["goodput"] is not None else ""), "",
+             "| metric | mean | median | p90 | p99 |", "|---|---|---|---|---|"]
+    for key, name in (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"),
+                      ("e2el_ms", "E2E (ms)"), ("output_tokens_per_s", "output tok/s")):
+        d = s[key]
+        lines.append(f"| {name} | " + " | ".join(_f(d[k]) for k in ("mean", "median", "p90", "p99"))
+                     + " |")
+    lines += ["", "| bucket (prompt tokens) | requests | failed | mean prompt len | TTFT (s) "
+              "| TPOT (ms/token) | 1000/TPOT (tok/s) | output/E2E (tok/s) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name in BUCKETS:
+        b = s["buckets"][name]
+        lines.append(f"| {bucket_label(name, s['bucket_thresholds'])} | {b['requests']} | "
+                     f"{b['failed']} | {_f(b['mean_prompt_tokens'])} | "
+                     f"{_f(b['ttft_ms']['mean'] and b['ttft_ms']['mean'] / 1000, 3)} | "
+                     f"{_f(b['tpot_ms']['mean'], 2)} | {_f(_rate(b['tpot_ms']['mean']))} | "
+                     f"{_f(b['output_tokens_per_s']['mean'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def request_rows(results: list, thresholds) -> list[dict]:
+    return [{**asdict(r), "bucket": bucket_of(r.prompt_tokens, thresholds), "tpot_ms": tpot_ms(r)}
+            for r in results]
+
+
+def _ttft_cdf(ax, results: list, label: str | None = None) -> None:
+    ttfts = sorted(r.ttft for r in results if r.success)
+    ax.step(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], where="post", label=label)
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_run(out_dir: str | Path, meta: dict, results: list, summary: dict) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    th = summary["bucket_thresholds"]
+    doc = {"meta": meta, "summary": summary, "requests": request_rows(results, th)}
+    (out / "run.json").write_text(json.dumps(doc, indent=1))
+    (out / "summary.md").write_text(markdown_summary(summary, meta.get("title", "Run")))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _ttft_cdf(ax, results)
+    ax.set_title("TTFT CDF")
+    paths = [out / "run.json", out / "summary.md", _save(fig, out / "ttft_cdf.png")]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    panels = (("TTFT (s)", lambda r: r.ttft), ("TPOT (ms/token)", tpot_ms))
+    for ax, (label, value) in zip(axes, panels, strict=True):
+        groups = [[v for r in results if r.success and bucket_of(r.prompt_tokens, th) == b
+                   and (v := value(r)) is not None] for b in BUCKETS]
+        ax.boxplot([g or [float("nan")] for g in groups], showfliers=False)
+        ax.set_xticks(range(1, 4), [f"{b}\n(n={len(g)})" for b, g in zip(BUCKETS, groups,
+                                                                          strict=True)])
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle("by prompt-length bucket")
+    return paths + [_save(fig, out / "buckets.png")]
+
+
+def describe_changes(summaries: dict[str, dict]) -> str:
+    """What changed per bucket, each policy against the first one, and who did best."""
+    names = list(summaries)
+    base = names[0]
+    lines = []
+
+    def mean(policy: str, bucket: str, key: str) -> float | None:
+        return summaries[policy]["buckets"][bucket][key]["mean"]
+
+    def pct(new: float, old: float) -> str:
+        return f"{(new - old) / old * 100:+.0f}%" if old else "n/a"
+
+    for name in names[1:]:
+        parts = []
+        for b in BUCKETS:
+            t0, t1 = mean(base, b, "ttft_ms"), mean(name, b, "ttft_ms")
+            p0, p1 = mean(base, b, "tpot_ms"), mean(name, b, "tpot_ms")
+            if None in (t0, t1):
+                continue
+            text = f"{b} TTFT {t0 / 1000:.2f} -> {t1 / 1000:.2f} s ({pct(t1, t0)})"
+            if None not in (p0, p1):
+                text += f", TPOT {p0:.1f} -> {p1:.1f} ms ({pct(p1, p0)})"
+            parts.append(text)
+        s0, s1 = summaries[base], summaries[name]
+        parts.append(f"failed {s0['failed']} -> {s1['failed']}, "
+                     f"duration {s0['duration_s']:.1f} -> {s1['duration_s']:.1f} s")
+        lines.append(f"- {name} vs {base}: " + "; ".join(parts) + ".")
+    for key, label in (("ttft_ms", "lowest mean TTFT"), ("tpot_ms", "lowest mean TPOT")):
+        best = []
+        for b in BUCKETS:
+            scored = [(mean(p, b, key), p) for p in names if mean(p, b, key) is not None]
+            if scored:
+                best.append(f"{b}: {min(scored)[1]}")
+        lines.append(f"- {label}: " + ", ".join(best) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def comparison_markdown(summaries: dict[str, dict], title: str) -> str:
+    first = next(iter(summaries.values()))
+    lines = [f"# {title}", ""]
+    for b in BUCKETS:
+        lines += [f"### {bucket_label(b, first['bucket_thresholds'])} prompt tokens", "",
+                  "| policy | requests | failed | mean prompt len | TTFT (s) | TPOT (ms/token) "
+                  "| 1000/TPOT (tok/s) | output/E2E (tok/s) |", "|---|---|---|---|---|---|---|---|"]
+        for policy, s in summaries.items():
+            x = s["buckets"][b]
+            ttft = x["ttft_ms"]["mean"]
+            lines.append(f"| {policy} | {x['requests']} | {x['failed']} | "
+                         f"{_f(x['mean_prompt_tokens'])} | {_f(ttft and ttft / 1000, 3)} | "
+                         f"{_f(x['tpot_ms']['mean'], 2)} | {_f(_rate(x['tpot_ms']['mean']))} | "
+                         f"{_f(x['output_tokens_per_s']['mean'])} |")
+        lines.append("")
+    lines += ["## What changed", "", describe_changes(summaries)]
+    return "\n".join(lines)
+
+
+def write_comparison(out_dir: str | Path, meta: dict, runs: dict[str, tuple[dict, list]]
+                     ) -> list[Path]:
+    """runs: policy -> (summary, results), in the order to show (the first is the baseline)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = {p: s for p, (s, _) in runs.items()}
+    (out / "comparison.json").write_text(json.dumps({"meta": meta, "summaries": summaries},
+                                                    indent=1))
+    (out / "comparison.md").write_text(comparison_markdown(summaries, meta.get("title", "Policies")))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy, (_, results) in runs.items():
+        _ttft_cdf(ax, results, policy)
+    ax.legend()
+    ax.set_title("TTFT CDF by policy")
+    paths = [out / "comparison.json", out / "comparison.md",
+             _save(fig, out / "comparison_ttft_cdf.png")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(runs)
+    for ax, key, label, k in ((axes[0], "ttft_ms", "mean TTFT (s)", 1000),
+                              (axes[1], "tpot_ms", "mean TPOT (ms/token)", 1)):
+        for i, (policy, s) in enumerate(summaries.items()):
+            vals = [(s["buckets"][b][key]["mean"] or 0) / k for b in BUCKETS]
+            ax.bar([j + i * width for j in range(3)], vals, width, label=policy)
+        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(3)], BUCKETS)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend()
+    fig.suptitle("policies side by side, by prompt-length bucket")
+    return paths + [_save(fig, out / "comparison_buckets.png")]

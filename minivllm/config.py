@@ -1,0 +1,89 @@
+"""EngineConfig: the one configuration object, built once and validated at construction.
+
+Field names follow vLLM's keyword arguments; the CLI flags are the same names with dashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+DEMO_MODEL_NAME = "minivllm-demo"
+
+
+@dataclass
+class EngineConfig:
+    model: str = DEMO_MODEL_NAME
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0
+    revision: str | None = None
+    # KV cache
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # explicit block count; overrides kv_cache_space
+    kv_cache_space: float = 4.0  # GiB of device memory for the KV cache
+    swap_space: float = 4.0  # GiB of host memory for swapped-out blocks
+    enable_prefix_caching: bool = True
+    # Scheduling
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    preemption_mode: str | None = None  # None: vLLM V0's rule (swap if >1 seq, else recompute)
+    priority_aging_s: float = 10.0  # waiting this long improves effective priority by one level
+    active_preemption: bool = False
+    min_run_quantum: int = 8  # steps a request runs before it may be actively preempted
+    max_num_waiting_requests: int | None = None
+    max_num_waiting_tokens: int | None = None
+    request_timeout: float | None = None  # seconds a request may wait before it fails
+    max_logprobs: int = 20
+    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "fp32"):
+            raise bad("dtype", "must be one of auto, float32, bfloat16, float16")
+        if self.block_size < 1 or self.block_size > 256:
+            raise bad("block_size", "must be in [1, 256]")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise bad("num_kv_blocks", "must be >= 1")
+        if self.kv_cache_space <= 0:
+            raise bad("kv_cache_space", "must be > 0")
+        if self.swap_space < 0:
+            raise bad("swap_space", "must be >= 0")
+        if self.max_num_seqs < 1:
+            raise bad("max_num_seqs", "must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise bad("max_num_batched_tokens", "must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise bad("max_model_len", "must be >= 1")
+        if self.preemption_mode not in (None, "recompute", "swap"):
+            raise bad("preemption_mode", "must be recompute or swap")
+        if self.priority_aging_s <= 0:
+            raise bad("priority_aging_s", "must be > 0")
+        if self.min_run_quantum < 0:
+            raise bad("min_run_quantum", "must be >= 0")
+        if not self.enable_chunked_prefill and self.max_model_len is not None:
+            if self.max_num_batched_tokens < self.max_model_len:
+                raise ValueError(
+                    f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                    f"max_model_len ({self.max_model_len}) when chunked prefill is disabled"
+                )
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Build from keyword arguments; unknown names are an error that names them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model

@@ -1,0 +1,125 @@
+"""Scheduling policies: how queues are ordered, who is preempted, who may preempt.
+
+A policy ranks requests with `sort_key` (smaller runs first). From that one rule come
+the order of the waiting, swapped and running queues, the victim when memory runs out
+(the worst-ranked running request) and active preemption (a waiting request that
+outranks a running one). Adding a policy is one class and one `@register` line.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from minivllm.core.request import Request, RequestStatus
+
+POLICIES: dict[str, type[SchedulingPolicy]] = {}
+
+
+def register(name: str):
+    def wrap(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+
+    return wrap
+
+
+def make_policy(name: str, aging_s: float = 10.0) -> SchedulingPolicy:
+    if name not in POLICIES:
+        raise ValueError(
+            f"unknown scheduling_policy {name!r}; known policies: {', '.join(sorted(POLICIES))}"
+        )
+    return POLICIES[name](aging_s=aging_s)
+
+
+class SchedulingPolicy(ABC):
+    name = "abstract"
+
+    def __init__(self, aging_s: float = 10.0) -> None:
+        self.aging_s = aging_s
+        # How many prompt tokens the prefix cache would serve; set by the scheduler.
+        self.cached_tokens: Callable[[Request], int] = lambda request: 0
+
+    @abstractmethod
+    def sort_key(self, request: Request, now: float) -> tuple:
+        """Rank of a request; smaller runs first. Ties are broken by arrival."""
+
+    def waited(self, request: Request, now: float) -> float:
+        """Seconds spent in waiting/swapped since it last entered them (0 while running)."""
+        if request.status in (RequestStatus.WAITING, RequestStatus.SWAPPED):
+            return max(0.0, now - request.enqueued_time)
+        return 0.0
+
+    def order(self, requests: list[Request], now: float) -> list[Request]:
+        return sorted(requests, key=lambda r: self.sort_key(r, now))
+
+    def victim(self, candidates: list[Request], now: float) -> Request:
+        return max(candidates, key=lambda r: self.sort_key(r, now))
+
+    def outranks(self, candidate: Request, running: Request, now: float) -> bool:
+        return self.sort_key(candidate, now) < self.sort_key(running, now)
+
+    def on_finished(self, request: Request) -> None:
+        """Feedback when a request finishes (e.g. for output-length predictors)."""
+
+
+@register("fcfs")
+class FCFSPolicy(SchedulingPolicy):
+    """First come, first served; the victim is the latest arrival."""
+
+    def sort_key(self, request: Request, now: float) -> tuple:
+        return (request.arrival_time, request.request_id)
+
+
+@register("priority")
+class PriorityPolicy(SchedulingPolicy):
+    """Lower `priority` runs first (as vLLM); ties by arrival. Waiting `aging_s` seconds
+    improves a request's effective priority by one level, so nothing starves."""
+
+    def sort_key(self, request: Request, now: float) -> tuple:
+        effective = request.priority - self.waited(request, now) / self.aging_s
+        return (effective, request.arrival_time, request.request_id)
+
+
+class OutputLengthPredictor:
+    """Predicts a request's output length: its max_tokens, capped by the mean output
+    length of the requests finished so far (max_tokens alone until one has finished)."""
+
+    def __init__(self) -> None:
+        self.num_finished = 0
+        self.total_output_tokens = 0
+
+    def predict(self, request: Request) -> int:
+        if self.num_finished == 0:
+            return request.max_tokens
+        mean = self.total_output_tokens / self.num_finished
+        return max(1, min(request.max_tokens, round(mean)))
+
+    def observe(self, request: Request) -> None:
+        self.num_finished += 1
+        self.total_output_tokens += request.num_output_tokens
+
+
+@register("sjf")
+class ShortestJobFirstPolicy(SchedulingPolicy):
+    """Shortest predicted remaining work first: prompt tokens still to compute (less what
+    the prefix cache holds) plus predicted output tokens still to generate. Aging divides
+    the work by (1 + waited / aging_s), so a long job's rank keeps improving until it runs."""
+
+    def __init__(self, aging_s: float = 10.0) -> None:
+        super().__init__(aging_s)
+        self.predictor = OutputLengthPredictor()
+
+    def remaining_work(self, request: Request) -> int:
+        computed = max(request.num_computed_tokens, self.cached_tokens(request))
+        prompt_left = max(0, request.num_prompt_tokens - computed)
+        output_left = max(1, self.predictor.predict(request) - request.num_output_tokens)
+        return prompt_left + output_left
+
+    def sort_key(self, request: Request, now: float) -> tuple:
+        effective = self.remaining_work(request) / (1.0 + self.waited(request, now) / self.aging_s)
+        return (effective, request.arrival_time, request.request_id)
+
+    def on_finished(self, request: Request) -> None:
+        self.predictor.observe(request)

@@ -1,0 +1,91 @@
+"""Request: the scheduler's view of one sequence — token ids, progress and status.
+
+There is no prefill or decode phase: `num_computed_tokens` catches up with `num_tokens`
+one step at a time, which covers prefill, chunked prefill, decode and recompute alike.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        arrival_time: float,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        needs_prompt_logits: bool = False,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.max_tokens = max_tokens
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        # Prompt logprobs need logits at every prompt position, so such a request
+        # never skips prompt tokens through the prefix cache.
+        self.needs_prompt_logits = needs_prompt_logits
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first admission)
+        self.block_ids: list[int] = []
+        self.swap_block_ids: list[int] = []  # host blocks while SWAPPED
+        self.num_preemptions = 0
+        self.first_scheduled_step: int | None = None
+        self.last_admitted_step = 0  # step at which it (re)entered running; for run quanta
+        self.enqueued_time = arrival_time  # when it last entered waiting / swapped (aging)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,0 +1,284 @@
+"""The scheduler: waiting / running / swapped queues, token and sequence budgets, and
+preemption by recompute or swap. Pure Python; it emits a SchedulerOutput that the model
+side executes (block copies first, then one forward over the flattened batch).
+
+Each step: running requests first (so decodes keep flowing), then swapped ones are
+swapped back in, then waiting ones are admitted — all in the policy's order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from minivllm.core.kv_cache import KVCacheManager
+from minivllm.core.policy import SchedulingPolicy
+from minivllm.core.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerConfig:
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    num_swap_blocks: int = 0
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_mode: str | None = None  # None: swap multi-sequence requests, else recompute
+    active_preemption: bool = False
+    min_run_quantum: int = 8
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step computes the request's last token, so a new one is sampled."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.scheduled or self.swap_out or self.swap_in)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        policy: SchedulingPolicy,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.clock = clock
+        self.kv = KVCacheManager(
+            config.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.num_swap_blocks,
+        )
+        policy.cached_tokens = self._probe_cached_tokens
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.step_count = 0
+        self.num_preemptions = 0
+        self._last_preemption_log = 0.0
+
+    # ---- requests in and out ----------------------------------------------------------
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Reject a request that could never be served, naming the numbers."""
+        total = num_prompt_tokens + max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
+                f"exceeds the model's context length max_model_len={self.config.max_model_len}"
+            )
+        capacity = self.config.num_blocks * self.config.block_size
+        if total > capacity:
+            raise ValueError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
+                f"exceeds the whole KV cache ({capacity} tokens)"
+            )
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.check_fits(request.num_prompt_tokens, request.max_tokens)
+        request.status = RequestStatus.WAITING
+        request.enqueued_time = request.arrival_time
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request: Request, status: RequestStatus) -> None:
+        """Take a request out of whichever queue holds it and release all its blocks."""
+        assert status.finished
+        if request.is_finished:
+            return
+        for queue in (self.running, self.waiting, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        self.kv.free(request)
+        self.kv.free_swapped(request)
+        request.status = status
+        del self.requests[request.request_id]
+        if status is not RequestStatus.FINISHED_ABORTED:
+            self.policy.on_finished(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        self.step_count += 1
+        now = self.clock()
+        out = SchedulerOutput(step=self.step_count)
+        budget = [self.config.max_num_batched_tokens]
+        self._schedule_running(out, budget, now)
+        if not out.swap_out:  # swap-in and swap-out never share a step
+            self._schedule_swapped(out, budget, now)
+        if not self.swapped and not out.preempted:
+            self._schedule_waiting(out, budget, now)
+        return out
+
+    def _chunk(self, num_new: int, budget: int) -> int:
+        if self.config.enable_chunked_prefill:
+            return min(num_new, budget)
+        return num_new if num_new <= budget else 0
+
+    def _schedule_running(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
+        for request in self.policy.order(self.running, now):
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget[0])
+            if num_new == 0:
+                continue
+            while self.kv.allocate_slots(request, num_new) is None:
+                victim = self.policy.victim(self.running, now)
+                self._preempt(victim, out, budget, now, reason="out of KV blocks")
+                if victim is request:
+                    break
+            if request.status is RequestStatus.RUNNING:
+                out.scheduled.append(ScheduledRequest(request, num_new))
+                budget[0] -= num_new
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
+        for request in self.policy.order(self.swapped, now):
+            if len(self.running) >= self.config.max_num_seqs or budget[0] <= 0:
+                return
+            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget[0])
+            tokens_after = request.num_computed_tokens + num_new
+            if num_new == 0 or self.kv.blocks_needed(tokens_after) > self.kv.num_free_blocks:
+                return  # keep the order: nobody overtakes the best swapped request
+            out.swap_in.extend(self.kv.swap_in(request))
+            self.kv.allocate_slots(request, num_new)
+            self.swapped.remove(request)
+            self._admit(request, out, budget, num_new)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
+        for request in self.policy.order(self.waiting, now):
+            if budget[0] <= 0:
+                return
+            if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(
+                request, out, budget, now
+            ):
+                return
+            cached = self.kv.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
+            num_cached = len(cached) * self.config.block_size
+            num_new = self._chunk(request.num_tokens - num_cached, budget[0])
+            if num_new == 0:
+                return
+            while self.kv.allocate_slots(request, num_new, cached) is None:
+                if not self._preempt_for(request, out, budget, now):
+                    return
+            if self.config.enable_prefix_caching and not request.needs_prompt_logits:
+                self.kv.record_lookup(request.num_tokens, num_cached)
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_cached
+            request.num_computed_tokens = num_cached
+            self.waiting.remove(request)
+            self._admit(request, out, budget, num_new)
+
+    def _admit(self, request: Request, out: SchedulerOutput, budget: list[int], num_new: int) -> None:
+        request.status = RequestStatus.RUNNING
+        request.last_admitted_step = self.step_count
+        if request.first_scheduled_step is None:
+            request.first_scheduled_step = self.step_count
+        self.running.append(request)
+        out.scheduled.append(ScheduledRequest(request, num_new))
+        budget[0] -= num_new
+
+    # ---- preemption -------------------------------------------------------------------
+
+    def _preempt_for(
+        self, request: Request, out: SchedulerOutput, budget: list[int], now: float
+    ) -> bool:
+        """Active preemption: make room for a waiting request that outranks the worst
+        running one, once that one has run its minimum quantum."""
+        if not self.config.active_preemption:
+            return False
+        eligible = [
+            r for r in self.running
+            if self.step_count - r.last_admitted_step >= self.config.min_run_quantum
+        ]
+        if not eligible:
+            return False
+        victim = self.policy.victim(eligible, now)
+        if not self.policy.outranks(request, victim, now):
+            return False
+        self._preempt(victim, out, budget, now, reason=f"outranked by {request.request_id}")
+        return True
+
+    def _preempt(
+        self, victim: Request, out: SchedulerOutput, budget: list[int], now: float, reason: str
+    ) -> None:
+        for scheduled in out.scheduled:  # it gives back what it was given this step
+            if scheduled.request is victim:
+                out.scheduled.remove(scheduled)
+                budget[0] += scheduled.num_new_tokens
+                break
+        self.running.remove(victim)
+        mode = self.config.preemption_mode or "recompute"
+        mapping = self.kv.swap_out(victim) if mode == "swap" and not out.swap_in else None
+        if mapping is not None:
+            out.swap_out.extend(mapping)
+            victim.status = RequestStatus.SWAPPED
+            self.swapped.append(victim)
+        else:
+            mode = "recompute"
+            self.kv.free(victim)
+            victim.num_computed_tokens = 0
+            victim.status = RequestStatus.WAITING
+            self.waiting.append(victim)
+        victim.enqueued_time = now
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(victim)
+        if now - self._last_preemption_log > 5.0:  # rate-limited
+            self._last_preemption_log = now
+            logger.warning(
+                "Request %s preempted by %s (%s); total preemptions: %d",
+                victim.request_id, mode, reason, self.num_preemptions,
+            )
+
+    # ---- after the forward ------------------------------------------------------------
+
+    def update_after_step(self, out: SchedulerOutput) -> list[Request]:
+        """Advance computed counts; return the requests that now need a sampled token."""
+        sampled = []
+        for scheduled in out.scheduled:
+            request = scheduled.request
+            samples = scheduled.samples
+            request.num_computed_tokens += scheduled.num_new_tokens
+            self.kv.cache_full_blocks(request)
+            if samples:
+                sampled.append(request)
+        return sampled
+
+    def _probe_cached_tokens(self, request: Request) -> int:
+        return len(self.kv.find_cached_blocks(request)) * self.config.block_size

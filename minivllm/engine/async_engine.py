@@ -1,0 +1,263 @@
+"""AsyncLLMEngine: many asyncio clients sharing one continuous batch.
+
+LLMEngine is not thread-safe, so one dedicated thread owns it: it drains an inbox of
+add / abort commands, steps while there is work and sleeps on an event when idle. Each
+request has its own asyncio.Queue, fed from that thread with loop.call_soon_threadsafe.
+A thread beats a process here: torch releases the GIL inside its kernels, and outputs need
+no pickling (see the server notes in docs/server.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from minivllm.config import EngineConfig
+from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from minivllm.engine.stats import IterationStats
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (an unexpected error or shutdown): nothing more is generated."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this one request; the others go on."""
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
+    """Run callback on another thread's loop; a closed loop means nobody is listening."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass
+
+
+class _RequestStream:
+    """One request's outputs: put() on the engine thread, get() on the request's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        _call_soon(self._loop, self._queue.put_nowait, item)
+
+    async def get(self) -> RequestOutput:
+        item = await self._queue.get()
+        # Outputs are cumulative, so a reader that fell behind only needs the newest one.
+        while isinstance(item, RequestOutput) and not item.finished and not self._queue.empty():
+            newer = self._queue.get_nowait()
+            if isinstance(newer, RequestOutput) and newer.prompt_logprobs is None:
+                newer.prompt_logprobs = item.prompt_logprobs
+            item = newer
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | None
+    params: SamplingParams
+    prompt_token_ids: list[int] | None
+    priority: int
+    cache_salt: str | None
+    stream: _RequestStream
+    accepted: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    """Complete a future of another thread's loop (it may have been cancelled meanwhile)."""
+
+    def complete() -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    _call_soon(future.get_loop(), complete)
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine, stat_loggers: list[StatLoggerBase] | tuple = (),
+                 log_interval: float = 5.0) -> None:
+        self.engine = engine
+        self.config: EngineConfig = engine.config
+        self.max_model_len: int = engine.max_model_len
+        # The HTTP side tokenizes on the event loop while the engine thread detokenizes:
+        # a copy keeps the two from sharing one (not thread-safe) Rust tokenizer.
+        self.tokenizer = copy.deepcopy(engine.tokenizer)
+        self.stat_loggers = list(stat_loggers)
+        for stat_logger in self.stat_loggers:
+            engine.add_stat_logger(stat_logger)
+        self.log_interval = log_interval
+        self.errored = False
+        self.dead_reason: str | None = None
+        self._inbox: deque[_Add | _Abort] = deque()
+        self._lock = threading.Lock()  # guards _inbox and errored
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self._streams: dict[str, _RequestStream] = {}  # engine thread only
+        self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, log_stats: bool = True,
+                    log_interval: float = 5.0) -> AsyncLLMEngine:
+        from minivllm.engine.llm_engine import LLMEngine  # loads torch: only when serving
+
+        engine = LLMEngine(config)
+        loggers: list[StatLoggerBase] = []
+        if log_stats:
+            loggers = [LoggingStatLogger(),
+                       PrometheusStatLogger(config.model_name, engine.max_model_len)]
+        return cls(engine, loggers, log_interval)
+
+    # ---- asyncio side -------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self.errored
+
+    async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
+                       prompt_token_ids: list[int] | None = None, priority: int = 0,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield the request's cumulative outputs; the last one has finished=True.
+
+        Raises ValueError for input the engine rejects, RequestFailedError when the engine
+        failed this request, EngineDeadError when the engine loop is gone. A consumer that
+        stops early (disconnect, cancellation) aborts the request and frees its KV blocks.
+        """
+        loop = asyncio.get_running_loop()
+        stream = _RequestStream(loop)
+        accepted = loop.create_future()
+        self._submit(_Add(request_id, prompt, params, prompt_token_ids, priority, cache_salt,
+                          stream, accepted))
+        finished = False
+        try:
+            await accepted
+            while not finished:
+                output = await stream.get()
+                finished = output.finished or output.error is not None
+                if output.error is not None:
+                    raise RequestFailedError(output.error)
+                yield output
+        finally:
+            if not finished:
+                self._submit(_Abort(request_id), quiet=True)
+
+    async def abort(self, request_id: str) -> None:
+        self._submit(_Abort(request_id), quiet=True)
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout=10)
+
+    def _submit(self, command: _Add | _Abort, quiet: bool = False) -> None:
+        with self._lock:
+            if self.errored:
+                if quiet:
+                    return
+                raise EngineDeadError(self.dead_reason or "engine is not running")
+            self._inbox.append(command)
+        self._wakeup.set()
+
+    # ---- engine thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_log = time.monotonic() + self.log_interval
+        try:
+            while not self._stopping:
+                aborted = self._process_inbox()
+                if self.engine.has_unfinished_requests():
+                    self._dispatch(self.engine.step())
+                else:
+                    if aborted:
+                        self._record_idle_stats()
+                    self._wakeup.wait(timeout=max(next_log - time.monotonic(), 0.0))
+                    self._wakeup.clear()
+                if time.monotonic() >= next_log:
+                    for stat_logger in self.stat_loggers:
+                        stat_logger.log()
+                    next_log = time.monotonic() + self.log_interval
+        except Exception as e:
+            logger.exception("engine loop failed: failing every in-flight request")
+            self._die(f"engine loop failed: {type(e).__name__}: {e}")
+        else:
+            self._die("engine shut down")
+
+    def _process_inbox(self) -> bool:
+        """Apply queued adds and aborts in order; True if anything was aborted."""
+        with self._lock:
+            commands = list(self._inbox)
+            self._inbox.clear()
+        aborted = False
+        for cmd in commands:
+            if isinstance(cmd, _Abort):
+                if self._streams.pop(cmd.request_id, None) is not None:
+                    self.engine.abort_request(cmd.request_id)
+                    aborted = True
+                continue
+            if cmd.request_id in self._streams:
+                _resolve(cmd.accepted, ValueError(f"request id {cmd.request_id!r} is in use"))
+                continue
+            try:
+                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
+                                        prompt_token_ids=cmd.prompt_token_ids,
+                                        priority=cmd.priority, cache_salt=cmd.cache_salt)
+            except Exception as e:  # ValueError for bad input; anything else is the caller's too
+                _resolve(cmd.accepted, e)
+                continue
+            self._streams[cmd.request_id] = cmd.stream
+            _resolve(cmd.accepted, None)
+        return aborted
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:  # aborted by its client: nobody is listening
+                continue
+            if output.finished or output.error is not None:
+                del self._streams[output.request_id]
+            stream.put(output)
+
+    def _record_idle_stats(self) -> None:
+        # Aborts free blocks at once but no step follows when the engine went idle:
+        # publish the emptied queues and cache so /metrics does not show stale usage.
+        stats = self.engine.get_stats()
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(stats, IterationStats(timestamp=time.time()))
+
+    def _die(self, reason: str) -> None:
+        with self._lock:
+            self.errored = True
+            self.dead_reason = reason
+            pending = list(self._inbox)
+            self._inbox.clear()
+        error = EngineDeadError(reason)
+        for cmd in pending:
+            if isinstance(cmd, _Add):
+                _resolve(cmd.accepted, error)
+        for stream in self._streams.values():
+            stream.put(error)
+        self._streams.clear()

@@ -1,0 +1,168 @@
+"""Stat loggers: they only format the engine's SchedulerStats / IterationStats (vLLM's loggers.py).
+
+The engine calls `record()` after every step; the async engine calls `log()` every
+--log-interval seconds from the same thread, so neither logger needs a lock of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from minivllm.engine.stats import IterationStats, SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+class StatLoggerBase:
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+        raise NotImplementedError
+
+    def log(self) -> None:
+        """Periodic hook (every --log-interval seconds); loggers that only record ignore it."""
+
+
+class LoggingStatLogger(StatLoggerBase):
+    """One INFO line per interval while busy, in vLLM's words; quiet when idle."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self._last_log_time = clock()
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._last_stats = SchedulerStats()
+        self._last_was_busy = False
+
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+        self._num_prompt_tokens += iteration_stats.num_prompt_tokens
+        self._num_generation_tokens += iteration_stats.num_generation_tokens
+        self._last_stats = scheduler_stats
+
+    def log(self) -> None:
+        now = self._clock()
+        elapsed = max(now - self._last_log_time, 1e-9)
+        prompt_throughput = self._num_prompt_tokens / elapsed
+        generation_throughput = self._num_generation_tokens / elapsed
+        self._last_log_time = now
+        self._num_prompt_tokens = self._num_generation_tokens = 0
+        s = self._last_stats
+        busy = bool(prompt_throughput or generation_throughput or s.num_running or s.num_waiting
+                    or s.num_swapped)
+        # One line after the load stops (so the zeros are seen), then silence while idle.
+        if not busy and not self._last_was_busy:
+            return
+        self._last_was_busy = busy
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+            "Running: %d reqs, Swapped: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, "
+            "Prefix cache hit rate: %.1f%%",
+            prompt_throughput, generation_throughput, s.num_running, s.num_swapped,
+            s.num_waiting, s.kv_cache_usage * 100, s.prefix_cache_hit_rate * 100,
+        )
+
+
+# vLLM's histogram buckets, in seconds, with a few finer ones for fast CPU steps.
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+_ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+_REQUEST_TIME_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                         30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+def token_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's build_1_2_5_buckets)."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+class PrometheusStatLogger(StatLoggerBase):
+    """vLLM's metric names with a model_name label, in a registry of its own."""
+
+    def __init__(self, model_name: str, max_model_len: int) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.num_running = gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self.num_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.num_swapped = gauge("vllm:num_requests_swapped", "Requests swapped out to host memory.")
+        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc",
+                                    "KV cache usage; 1 means 100 percent.")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries",
+                                            "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits",
+                                         "Prompt tokens served from the prefix cache.")
+        self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (swap or recompute).")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.request_success = Counter("vllm:request_success", "Finished requests by reason.",
+                                       labels + ["finished_reason"], registry=r)
+        for reason in FINISH_REASONS:  # export zeros before the first request finishes
+            self.request_success.labels(model_name, reason)
+        self._model_name = model_name
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+                              _TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between output tokens.",
+                             _ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
+                             _REQUEST_TIME_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Arrival to first scheduled.", _REQUEST_TIME_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                      "First scheduled to first token.", _REQUEST_TIME_BUCKETS)
+        self.decode_time = histogram("vllm:request_decode_time_seconds",
+                                     "First token to finish.", _REQUEST_TIME_BUCKETS)
+        buckets = token_buckets(max_model_len)
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens",
+                                               "Prompt length of finished requests.", buckets)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
+                                                   "Tokens generated by finished requests.", buckets)
+        # SchedulerStats counters are cumulative; Prometheus counters take increments.
+        self._last = SchedulerStats()
+
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+        s = scheduler_stats
+        self.num_running.set(s.num_running)
+        self.num_waiting.set(s.num_waiting)
+        self.num_swapped.set(s.num_swapped)
+        self.kv_cache_usage.set(s.kv_cache_usage)
+        for name in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions"):
+            delta = getattr(s, name) - getattr(self._last, name)
+            if delta > 0:
+                getattr(self, name).inc(delta)
+        self._last = s
+
+        it = iteration_stats
+        self.prompt_tokens.inc(it.num_prompt_tokens)
+        self.generation_tokens.inc(it.num_generation_tokens)
+        for ttft in it.time_to_first_tokens:
+            self.ttft.observe(ttft)
+        for itl in it.inter_token_latencies:
+            self.itl.observe(itl)
+        for req in it.finished_requests:
+            self.request_success.labels(self._model_name, req.finish_reason).inc()
+            self.e2e.observe(req.e2e_latency)
+            self.queue_time.observe(req.queue_time)
+            self.prefill_time.observe(req.prefill_time)
+            self.decode_time.observe(req.decode_time)
+            self.request_prompt_tokens.observe(req.num_prompt_tokens)
+            self.request_generation_tokens.observe(req.num_generation_tokens)

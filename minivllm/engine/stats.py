@@ -1,0 +1,49 @@
+"""Plain statistics made by the engine each step; loggers (engine/metrics.py) only format them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SchedulerStats:
+    """A snapshot of queues and KV cache after a step. Counters are cumulative."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    num_total_blocks: int = 0
+    num_free_blocks: int = 0
+    kv_cache_usage: float = 0.0  # 0-1
+    num_total_swap_blocks: int = 0
+    num_free_swap_blocks: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, tokens served from the cache
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+@dataclass
+class FinishedRequestStats:
+    finish_reason: str
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    e2e_latency: float  # seconds, arrival -> finished
+    queue_time: float  # arrival -> first scheduled
+    prefill_time: float  # first scheduled -> first token
+    decode_time: float  # first token -> finished
+
+
+@dataclass
+class IterationStats:
+    """What one engine step did."""
+
+    timestamp: float
+    num_prompt_tokens: int = 0  # prompt tokens computed (not served from cache) this step
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)

@@ -1,0 +1,48 @@
+"""CLI flags for every EngineConfig field, spelled as vLLM spells them (--max-num-seqs ...)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, fields
+from typing import get_type_hints
+
+from minivllm.config import EngineConfig
+
+_HELP = {
+    "model": "local Hugging Face model directory, hub id, or 'minivllm-demo'",
+    "dtype": "auto | float32 | bfloat16 | float16",
+    "num_kv_blocks": "number of KV blocks (overrides --kv-cache-space)",
+    "kv_cache_space": "GiB of memory for the KV cache",
+    "swap_space": "GiB of host memory for swapped-out KV blocks",
+    "scheduling_policy": "fcfs | priority | sjf",
+    "preemption_mode": "recompute | swap (default: swap for multi-sequence requests)",
+    "active_preemption": "let a better-ranked waiting request preempt a running one",
+}
+
+
+def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    hints = get_type_hints(EngineConfig)
+    for f in fields(EngineConfig):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else None
+        hint = str(hints[f.name])
+        help_text = _HELP.get(f.name, "") + f" (default: {default})"
+        if "bool" in hint:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+            continue
+        if "int" in hint:
+            kind = int
+        elif "float" in hint:
+            kind = float
+        else:
+            kind = str
+        parser.add_argument(flag, type=kind, default=default, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    names = {f.name for f in fields(EngineConfig)}
+    kwargs = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return EngineConfig(**kwargs)

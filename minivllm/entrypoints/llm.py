@@ -1,0 +1,102 @@
+"""The offline API, spelled like vLLM's: LLM(model=...).generate(prompts, sampling_params)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from minivllm.config import EngineConfig
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.stats import SchedulerStats
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+PromptType = str | dict[str, Any]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        if model is not None:
+            kwargs["model"] = model
+        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(**kwargs))
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def stats(self) -> SchedulerStats:
+        return self.llm_engine.get_stats()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+        ids = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+                request_id = str(next(self._counter))
+                text, token_ids = self._split_prompt(prompt)
+                self.llm_engine.add_request(request_id, text, params, token_ids,
+                                            priority=priority[i] if priority else 0)
+                ids.append(request_id)
+        except Exception:
+            self.llm_engine.abort_request(ids)
+            self._run(set(ids), use_tqdm=False)
+            raise
+        return self._run(set(ids), use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.get_tokenizer()
+        prompts = [
+            {"prompt_token_ids": tokenizer.apply_chat_template(
+                conversation, chat_template=chat_template, tokenize=True,
+                add_generation_prompt=add_generation_prompt, return_dict=False)}
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    @staticmethod
+    def _split_prompt(prompt: PromptType) -> tuple[str | None, list[int] | None]:
+        if isinstance(prompt, str):
+            return prompt, None
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return prompt["prompt"], None
+        raise ValueError(f"a prompt must be a str or a dict with prompt_token_ids, got {prompt!r}")
+
+    def _run(self, ids: set[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
+        while self.llm_engine.has_unfinished_requests():
+            for output in self.llm_engine.step():
+                if output.finished and output.request_id in ids:
+                    finished[output.request_id] = output
+                    bar.update(1)
+        bar.close()
+        return [finished[i] for i in sorted(finished, key=int)]
