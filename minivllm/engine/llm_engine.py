@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from minivllm.config import EngineConfig
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request_state import RequestState
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
