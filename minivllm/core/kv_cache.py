@@ -44,6 +44,9 @@ class KVCacheManager:
         self._block_hashes: dict[str, list[int]] = {}  # request id -> hashes of its full blocks
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        # Copy-on-write copies (source block, new block) made by allocations, for the
+        # scheduler to hand to the model side.
+        self.pending_copies: list[tuple[int, int]] = []
 
     # ---- capacity -------------------------------------------------------------------
 
@@ -127,16 +130,33 @@ class KVCacheManager:
         cached_blocks = cached_blocks or []
         num_cached_tokens = len(cached_blocks) * self.block_size
         total = request.num_computed_tokens + num_cached_tokens + num_new_tokens
-        need = self.blocks_needed(total) - len(request.block_ids) - len(cached_blocks)
+        need = max(0, self.blocks_needed(total) - len(request.block_ids) - len(cached_blocks))
+        copy_on_write = self._shares_partial_block(request) and num_new_tokens > 0
         reclaimed = sum(1 for b in cached_blocks if self.blocks[b].ref_cnt == 0)
-        if max(need, 0) > self.num_free_blocks - reclaimed:
+        if need + copy_on_write > self.num_free_blocks - reclaimed:
             return None
+        if copy_on_write:  # it will write into a block its siblings still read
+            shared = request.block_ids[-1]
+            self.blocks[shared].ref_cnt -= 1
+            request.block_ids[-1] = self._take_free_block()
+            self.pending_copies.append((shared, request.block_ids[-1]))
         for block_id in cached_blocks:
             self._touch(block_id)
         request.block_ids.extend(cached_blocks)
-        new_blocks = [self._take_free_block() for _ in range(max(need, 0))]
+        new_blocks = [self._take_free_block() for _ in range(need)]
         request.block_ids.extend(new_blocks)
         return new_blocks
+
+    def _shares_partial_block(self, request: Request) -> bool:
+        return (request.num_computed_tokens % self.block_size != 0
+                and len(request.block_ids) * self.block_size > request.num_computed_tokens
+                and self.blocks[request.block_ids[-1]].ref_cnt > 1)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """The child shares every block of the parent (parallel sampling: one prefill)."""
+        for block_id in parent.block_ids:
+            self.blocks[block_id].ref_cnt += 1
+        child.block_ids = list(parent.block_ids)
 
     def free(self, request: Request) -> None:
         """Release the request's device blocks, tail first, so that the tail of a shared

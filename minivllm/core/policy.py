@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from minivllm.core.request import Request, RequestStatus
+from minivllm.core.request import Request
 
 POLICIES: dict[str, type[SchedulingPolicy]] = {}
 
@@ -45,11 +45,11 @@ class SchedulingPolicy(ABC):
     def sort_key(self, request: Request, now: float) -> tuple:
         """Rank of a request; smaller runs first. Ties are broken by arrival."""
 
-    def waited(self, request: Request, now: float) -> float:
-        """Seconds spent in waiting/swapped since it last entered them (0 while running)."""
-        if request.status in (RequestStatus.WAITING, RequestStatus.SWAPPED):
-            return max(0.0, now - request.enqueued_time)
-        return 0.0
+    def age(self, request: Request, now: float) -> float:
+        """Seconds since arrival, what aging counts. It goes on while a request runs, so a
+        request keeps the rank it has earned: a later arrival of the same rank never
+        outranks it, and one that has aged past newcomers is not bounced back by them."""
+        return max(0.0, now - request.arrival_time)
 
     def order(self, requests: list[Request], now: float) -> list[Request]:
         return sorted(requests, key=lambda r: self.sort_key(r, now))
@@ -74,11 +74,11 @@ class FCFSPolicy(SchedulingPolicy):
 
 @register("priority")
 class PriorityPolicy(SchedulingPolicy):
-    """Lower `priority` runs first (as vLLM); ties by arrival. Waiting `aging_s` seconds
-    improves a request's effective priority by one level, so nothing starves."""
+    """Lower `priority` runs first (as vLLM); ties by arrival. Every `aging_s` seconds of age
+    improve a request's effective priority by one level, so nothing starves."""
 
     def sort_key(self, request: Request, now: float) -> tuple:
-        effective = request.priority - self.waited(request, now) / self.aging_s
+        effective = request.priority - self.age(request, now) / self.aging_s
         return (effective, request.arrival_time, request.request_id)
 
 
@@ -105,7 +105,7 @@ class OutputLengthPredictor:
 class ShortestJobFirstPolicy(SchedulingPolicy):
     """Shortest predicted remaining work first: prompt tokens still to compute (less what
     the prefix cache holds) plus predicted output tokens still to generate. Aging divides
-    the work by (1 + waited / aging_s), so a long job's rank keeps improving until it runs."""
+    the work by (1 + age / aging_s), so a long job ends up outranking newcomers."""
 
     def __init__(self, aging_s: float = 10.0) -> None:
         super().__init__(aging_s)
@@ -118,7 +118,7 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
         return prompt_left + output_left
 
     def sort_key(self, request: Request, now: float) -> tuple:
-        effective = self.remaining_work(request) / (1.0 + self.waited(request, now) / self.aging_s)
+        effective = self.remaining_work(request) / (1.0 + self.age(request, now) / self.aging_s)
         return (effective, request.arrival_time, request.request_id)
 
     def on_finished(self, request: Request) -> None:

@@ -56,6 +56,11 @@ class Request:
         self.first_scheduled_step: int | None = None
         self.last_admitted_step = 0  # step at which it (re)entered running; for run quanta
         self.enqueued_time = arrival_time  # when it last entered waiting / swapped (aging)
+        # Parallel sampling (n > 1): the sequences of one prompt form a group. The first
+        # prefills the prompt; the others fork from it, sharing its blocks, just before
+        # the last prompt token, so each samples its own first token.
+        self.group: list[Request] = [self]
+        self.pending_forks: list[Request] = []
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -80,6 +85,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+    @property
+    def num_siblings(self) -> int:
+        """Other unfinished sequences of its group."""
+        return sum(1 for r in self.group if r is not self and not r.is_finished)
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -52,6 +52,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     preempted: list[Request] = field(default_factory=list)
 
     @property
@@ -60,7 +61,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.scheduled or self.swap_out or self.swap_in)
+        return not (self.scheduled or self.swap_out or self.swap_in or self.copies)
 
 
 class Scheduler:
@@ -110,7 +111,6 @@ class Scheduler:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.check_fits(request.num_prompt_tokens, request.max_tokens)
         request.status = RequestStatus.WAITING
-        request.enqueued_time = request.arrival_time
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -125,7 +125,8 @@ class Scheduler:
         self.kv.free(request)
         self.kv.free_swapped(request)
         request.status = status
-        del self.requests[request.request_id]
+        request.pending_forks = []
+        self.requests.pop(request.request_id, None)
         if status is not RequestStatus.FINISHED_ABORTED:
             self.policy.on_finished(request)
 
@@ -144,18 +145,27 @@ class Scheduler:
             self._schedule_swapped(out, budget, now)
         if not self.swapped and not out.preempted:
             self._schedule_waiting(out, budget, now)
+        out.copies, self.kv.pending_copies = self.kv.pending_copies, []
         return out
 
-    def _chunk(self, num_new: int, budget: int) -> int:
+    def _chunk(self, request: Request, computed: int, budget: int) -> int:
+        """How many of the request's uncomputed tokens fit this step's token budget."""
+        num_new = request.num_tokens - computed
+        if request.pending_forks:  # stop before the last prompt token: the group forks there
+            num_new -= 1
         if self.config.enable_chunked_prefill:
             return min(num_new, budget)
         return num_new if num_new <= budget else 0
 
     def _schedule_running(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
-        for request in self.policy.order(self.running, now):
+        # Decodes before prefill chunks (a stable sort keeps the policy's order within each),
+        # so a long prompt being chunked never holds back running decodes.
+        ordered = self.policy.order(self.running, now)
+        ordered.sort(key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        for request in ordered:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget[0])
+            num_new = self._chunk(request, request.num_computed_tokens, budget[0])
             if num_new == 0:
                 continue
             while self.kv.allocate_slots(request, num_new) is None:
@@ -171,7 +181,7 @@ class Scheduler:
         for request in self.policy.order(self.swapped, now):
             if len(self.running) >= self.config.max_num_seqs or budget[0] <= 0:
                 return
-            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget[0])
+            num_new = self._chunk(request, request.num_computed_tokens, budget[0])
             tokens_after = request.num_computed_tokens + num_new
             if num_new == 0 or self.kv.blocks_needed(tokens_after) > self.kv.num_free_blocks:
                 return  # keep the order: nobody overtakes the best swapped request
@@ -190,7 +200,13 @@ class Scheduler:
                 return
             cached = self.kv.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
             num_cached = len(cached) * self.config.block_size
-            num_new = self._chunk(request.num_tokens - num_cached, budget[0])
+            if request.pending_forks and num_cached == request.num_tokens - 1:
+                # All but the last prompt token is cached (or the prompt is one token long):
+                # the group forks before anything is computed.
+                self.kv.allocate_slots(request, 0, cached)
+                request.num_computed_tokens, cached = num_cached, []
+                self._fork(request)
+            num_new = self._chunk(request, num_cached, budget[0])
             if num_new == 0:
                 return
             while self.kv.allocate_slots(request, num_new, cached) is None:
@@ -243,7 +259,8 @@ class Scheduler:
                 budget[0] += scheduled.num_new_tokens
                 break
         self.running.remove(victim)
-        mode = self.config.preemption_mode or "recompute"
+        # vLLM V0's rule: swap a sequence whose group lives on, recompute a lone one.
+        mode = self.config.preemption_mode or ("swap" if victim.num_siblings else "recompute")
         mapping = self.kv.swap_out(victim) if mode == "swap" and not out.swap_in else None
         if mapping is not None:
             out.swap_out.extend(mapping)
@@ -255,7 +272,6 @@ class Scheduler:
             victim.num_computed_tokens = 0
             victim.status = RequestStatus.WAITING
             self.waiting.append(victim)
-        victim.enqueued_time = now
         victim.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(victim)
@@ -278,7 +294,21 @@ class Scheduler:
             self.kv.cache_full_blocks(request)
             if samples:
                 sampled.append(request)
+            elif request.pending_forks and request.num_computed_tokens == request.num_tokens - 1:
+                self._fork(request)
         return sampled
+
+    def _fork(self, parent: Request) -> None:
+        """Start the parent's pending siblings: they share its blocks and progress."""
+        for child in parent.pending_forks:
+            self.kv.fork(parent, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            child.status = RequestStatus.RUNNING
+            child.last_admitted_step = child.first_scheduled_step = self.step_count
+            self.requests[child.request_id] = child
+            self.running.append(child)
+        parent.pending_forks = []
 
     def _probe_cached_tokens(self, request: Request) -> int:
         return len(self.kv.find_cached_blocks(request)) * self.config.block_size

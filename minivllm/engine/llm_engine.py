@@ -4,6 +4,7 @@ and returns the outputs of the requests that progressed."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -14,7 +15,7 @@ from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.engine.detokenizer import IncrementalDetokenizer
-from minivllm.engine.request_state import RequestState
+from minivllm.engine.request_state import RequestGroup, RequestState
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.model.loader import resolve_model_path
 from minivllm.model.runner import ModelRunner
@@ -62,7 +63,8 @@ class LLMEngine:
             active_preemption=config.active_preemption,
             min_run_quantum=config.min_run_quantum,
         ), policy)
-        self.states: dict[str, RequestState] = {}
+        self.groups: dict[str, RequestGroup] = {}  # by the caller's request id
+        self.states: dict[str, RequestState] = {}  # by sequence id
         self._finished_outside_step: list[RequestOutput] = []
         self.stat_loggers: list = []
         logger.info("minivllm engine: model %s, %d KV blocks of %d tokens, %d swap blocks, %s",
@@ -86,60 +88,84 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams,
                     prompt_token_ids: list[int] | None = None, priority: int = 0,
                     arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+        if request_id in self.groups:
+            raise ValueError(f"request_id {request_id!r} is already in use")
         if prompt_token_ids is None:
             if prompt is None:
                 raise ValueError("either prompt or prompt_token_ids is required")
             prompt_token_ids = self.tokenizer(prompt).input_ids
-        if not prompt_token_ids:
-            raise ValueError("prompt must not be empty")
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[0]!r}")
-        if params.n != 1:
-            raise ValueError(f"n must be 1, got {params.n}")
-        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
-            raise ValueError(f"logprobs must be <= {self.config.max_logprobs}, got {params.logprobs}")
-        if (params.prompt_logprobs is not None
-                and params.prompt_logprobs > self.config.max_logprobs):
-            raise ValueError(f"prompt_logprobs must be <= {self.config.max_logprobs}, "
-                             f"got {params.prompt_logprobs}")
+        self._validate(prompt_token_ids, params)
         max_tokens = params.max_tokens
         if max_tokens is None:  # the rest of the context
             max_tokens = self.max_model_len - len(prompt_token_ids)
             if max_tokens < 1:
                 raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) leaves no room in "
                                  f"the context (max_model_len={self.max_model_len})")
+        self.scheduler.check_fits(len(prompt_token_ids), max_tokens)
         arrival_time = arrival_time if arrival_time is not None else time.time()
-        request = Request(request_id, prompt_token_ids, max_tokens, arrival_time, priority,
-                          cache_salt, needs_prompt_logits=params.prompt_logprobs is not None)
-        self.scheduler.add_request(request)
-        self.states[request_id] = RequestState(
-            request=request, params=params, prompt=prompt,
-            detokenizer=IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, params.skip_special_tokens,
-                params.stop, params.include_stop_str_in_output),
-            generator=self.runner.make_generator(params.seed) if params.seed is not None else None,
+        num_seqs = params.best_of or params.n
+        group = RequestGroup(
+            request_id=request_id, prompt=prompt, prompt_token_ids=list(prompt_token_ids),
+            n=params.n, with_logprobs=params.logprobs is not None,
             metrics=RequestMetrics(arrival_time=arrival_time),
-            logprobs=[] if params.logprobs is not None else None,
-            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
-        )
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+        if num_seqs > params.n and params.logprobs is None:  # best_of ranks by logprob
+            params = dataclasses.replace(params, logprobs=0)
+        for index in range(num_seqs):
+            seq_id = request_id if num_seqs == 1 else f"{request_id}#{index}"
+            request = Request(seq_id, prompt_token_ids, max_tokens, arrival_time, priority,
+                              cache_salt, needs_prompt_logits=params.prompt_logprobs is not None
+                              and index == 0)
+            seed = None if params.seed is None else params.seed + index
+            group.sequences.append(RequestState(
+                request=request, params=params, group_id=request_id, index=index,
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, prompt_token_ids, params.skip_special_tokens,
+                    params.stop, params.include_stop_str_in_output),
+                generator=self.runner.make_generator(seed) if seed is not None else None,
+                logprobs=[] if params.logprobs is not None else None))
+        head = group.sequences[0].request
+        for state in group.sequences[1:]:
+            state.request.group = head.group
+            head.group.append(state.request)
+            head.pending_forks.append(state.request)
+        self.scheduler.add_request(head)
+        self.groups[request_id] = group
+        for state in group.sequences:
+            self.states[state.request.request_id] = state
+
+    def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt must not be empty")
+        bad = [t for t in prompt_token_ids
+               if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[0]!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.config.max_logprobs:
+                raise ValueError(f"{name} must be <= {self.config.max_logprobs}, got {value}")
 
     def abort_request(self, request_id: str | list[str]) -> None:
         for rid in [request_id] if isinstance(request_id, str) else request_id:
-            self._finish(rid, RequestStatus.FINISHED_ABORTED)
+            self._fail_group(rid, error=None)
 
-    def _finish(self, request_id: str, status: RequestStatus, error: str | None = None) -> None:
-        state = self.states.pop(request_id, None)
-        if state is None:
+    def _fail_group(self, group_id: str, error: str | None) -> None:
+        """Abort every unfinished sequence of a request; its output is returned next step."""
+        group = self.groups.pop(group_id, None)
+        if group is None:
             return
-        self.scheduler.finish_request(state.request, status)
-        state.finish_reason = status.value
-        state.error = error
-        state.metrics.finished_time = time.time()
-        self._finished_outside_step.append(state.to_output(self.tokenizer))
+        for state in group.sequences:
+            self.states.pop(state.request.request_id, None)
+            if state.finish_reason is None:
+                self.scheduler.finish_request(state.request, RequestStatus.FINISHED_ABORTED)
+                state.finish_reason = "abort"
+        group.error = error
+        group.metrics.finished_time = time.time()
+        self._finished_outside_step.append(group.to_output(self.tokenizer))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.states) or bool(self._finished_outside_step)
+        return bool(self.groups) or bool(self._finished_outside_step)
 
     def add_stat_logger(self, stat_logger) -> None:
         self.stat_loggers.append(stat_logger)
@@ -147,15 +173,14 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        outputs, self._finished_outside_step = self._finished_outside_step, []
         sched_out = self.scheduler.schedule()
         now = time.time()
         iteration = IterationStats(timestamp=now)
         for s in sched_out.scheduled:
-            state = self.states[s.request.request_id]
-            if state.metrics.first_scheduled_time is None:
-                state.metrics.first_scheduled_time = now
-                state.metrics.time_in_queue = now - state.metrics.arrival_time
+            group = self.groups[self.states[s.request.request_id].group_id]
+            if group.metrics.first_scheduled_time is None:
+                group.metrics.first_scheduled_time = now
+                group.metrics.time_in_queue = now - group.metrics.arrival_time
             start = s.request.num_computed_tokens
             prompt_end = min(start + s.num_new_tokens, s.request.num_prompt_tokens)
             iteration.num_prompt_tokens += max(0, prompt_end - start)
@@ -163,27 +188,32 @@ class LLMEngine:
                 for s in sched_out.scheduled}
         stop_ids = {rid: self._stop_ids(rid) for rid in rows}
         result = self.runner.execute(sched_out, rows, stop_ids)
-        for request_id, (first, scored) in result.prompt_logprobs.items():
-            self.states[request_id].add_prompt_logprobs(first, scored)
-        sampled = self.scheduler.update_after_step(sched_out)
+        for seq_id, (first, scored) in result.prompt_logprobs.items():
+            self.groups[self.states[seq_id].group_id].add_prompt_logprobs(first, scored)
+        progressed: dict[str, RequestGroup] = {}
         now = time.time()
-        for request in sampled:
+        for request in self.scheduler.update_after_step(sched_out):
             state = self.states[request.request_id]
+            group = self.groups[state.group_id]
             try:
-                finished = self._append_token(state, result.sampled[request.request_id], now,
-                                              iteration)
+                status = self._append_token(state, group, result.sampled[request.request_id],
+                                            now, iteration)
             except Exception as exc:  # one request's failure must not take down the others
-                logger.exception("request %s failed", request.request_id)
-                self._finish(request.request_id, RequestStatus.FINISHED_ABORTED,
-                             error=f"{type(exc).__name__}: {exc}")
+                logger.exception("request %s failed", state.group_id)
+                self._fail_group(state.group_id, error=f"{type(exc).__name__}: {exc}")
+                progressed.pop(state.group_id, None)
                 continue
-            if finished:
-                self._record_finished(state, iteration)
-                self.scheduler.finish_request(request, finished)
+            progressed[state.group_id] = group
+            if status is not None:
+                self.scheduler.finish_request(request, status)
                 del self.states[request.request_id]
-            outputs.append(state.to_output(self.tokenizer))
-        outputs.extend(self._finished_outside_step)
-        self._finished_outside_step = []
+        outputs, self._finished_outside_step = self._finished_outside_step, []
+        for group in progressed.values():
+            if group.finished:
+                group.metrics.finished_time = now
+                self._record_finished(group, iteration)
+                del self.groups[group.request_id]
+            outputs.append(group.to_output(self.tokenizer))
         self._log_stats(iteration)
         return outputs
 
@@ -199,18 +229,19 @@ class LLMEngine:
             ids |= self.eos_token_ids
         return ids
 
-    def _append_token(self, state: RequestState, sample, now: float,
+    def _append_token(self, state: RequestState, group: RequestGroup, sample, now: float,
                       iteration: IterationStats) -> RequestStatus | None:
-        """Add the sampled token; return the finished status if the request is done."""
+        """Add the sampled token; return the finished status if the sequence is done."""
         request, params, token = state.request, state.params, sample.token_id
         request.append_output_token(token)
         iteration.num_generation_tokens += 1
-        if state.metrics.first_token_time is None:
-            state.metrics.first_token_time = now
-            iteration.time_to_first_tokens.append(now - state.metrics.arrival_time)
-        else:
-            iteration.inter_token_latencies.append(now - state.metrics.last_token_time)
-        state.metrics.last_token_time = now
+        metrics = group.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+            iteration.time_to_first_tokens.append(now - metrics.arrival_time)
+        elif metrics.last_token_time != now:  # one latency per step, not per sequence
+            iteration.inter_token_latencies.append(now - metrics.last_token_time)
+        metrics.last_token_time = now
         if sample.logprobs is not None:
             state.logprobs.append(sample.logprobs)
             state.cumulative_logprob += sample.logprobs[token].logprob
@@ -227,16 +258,15 @@ class LLMEngine:
             state.finish_reason = "length"
         if state.finish_reason is None:
             return None
-        state.metrics.finished_time = now
         return (RequestStatus.FINISHED_STOPPED if state.finish_reason == "stop"
                 else RequestStatus.FINISHED_LENGTH)
 
-    def _record_finished(self, state: RequestState, iteration: IterationStats) -> None:
-        m = state.metrics
+    def _record_finished(self, group: RequestGroup, iteration: IterationStats) -> None:
+        m = group.metrics
         iteration.finished_requests.append(FinishedRequestStats(
-            finish_reason=state.finish_reason,
-            num_prompt_tokens=state.request.num_prompt_tokens,
-            num_generation_tokens=state.request.num_output_tokens,
+            finish_reason=group.sequences[0].finish_reason,
+            num_prompt_tokens=len(group.prompt_token_ids),
+            num_generation_tokens=sum(s.request.num_output_tokens for s in group.sequences),
             e2e_latency=m.finished_time - m.arrival_time,
             queue_time=m.first_scheduled_time - m.arrival_time,
             prefill_time=m.first_token_time - m.first_scheduled_time,

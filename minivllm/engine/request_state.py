@@ -15,19 +15,51 @@ from minivllm.sampling_params import SamplingParams
 
 @dataclass
 class RequestState:
+    """One sequence: for n > 1 a request has several, which share its prompt."""
+
     request: Request
     params: SamplingParams
-    prompt: str | None
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None
-    metrics: RequestMetrics
+    group_id: str
+    index: int
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+
+    def to_completion(self, tokenizer, index: int, with_logprobs: bool) -> CompletionOutput:
+        if with_logprobs and self.logprobs is not None:
+            _decode_logprobs(tokenizer, self.logprobs)
+        return CompletionOutput(
+            index=index,
+            text=self.detokenizer.text,
+            token_ids=list(self.request.output_token_ids),
+            cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
+            logprobs=self.logprobs if with_logprobs else None,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
+
+
+@dataclass
+class RequestGroup:
+    """What the caller submitted: one prompt, n (or best_of) sequences, one RequestOutput."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    n: int
+    with_logprobs: bool  # the caller asked for logprobs (best_of needs them internally)
+    metrics: RequestMetrics
+    sequences: list[RequestState] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     error: str | None = None
     token_times: list[float] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.sequences)
 
     def add_prompt_logprobs(self, first: int, scored: list[dict[int, Logprob]]) -> None:
         """Keep the prompt logprobs of positions not seen yet (a recompute repeats them)."""
@@ -37,29 +69,22 @@ class RequestState:
                 self.prompt_logprobs.append(entry)
 
     def to_output(self, tokenizer) -> RequestOutput:
-        request = self.request
-        completion = CompletionOutput(
-            index=0,
-            text=self.detokenizer.text,
-            token_ids=list(request.output_token_ids),
-            cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
-            logprobs=self.logprobs,
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-        )
-        if self.logprobs is not None:
-            _decode_logprobs(tokenizer, self.logprobs)
+        sequences = self.sequences
+        if self.finished and len(sequences) > self.n:  # best_of: the n most likely
+            sequences = sorted(sequences, key=lambda s: -s.cumulative_logprob)[:self.n]
         if self.prompt_logprobs is not None:
             _decode_logprobs(tokenizer, [p for p in self.prompt_logprobs if p])
+        head = sequences[0].request
         return RequestOutput(
-            request_id=request.request_id,
+            request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=request.prompt_token_ids,
+            prompt_token_ids=self.prompt_token_ids,
             prompt_logprobs=self.prompt_logprobs,
-            outputs=[completion],
-            finished=self.finish_reason is not None,
+            outputs=[s.to_completion(tokenizer, i, self.with_logprobs)
+                     for i, s in enumerate(sequences)],
+            finished=self.finished,
             metrics=self.metrics,
-            num_cached_tokens=request.num_cached_tokens,
+            num_cached_tokens=head.num_cached_tokens,
             error=self.error,
         )
 

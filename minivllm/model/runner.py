@@ -66,9 +66,12 @@ class ModelRunner:
         for s, d in zip(src, dst):
             d[:, dst_ids] = s[:, src_ids].to(d.device)
 
-    def swap(self, out: SchedulerOutput) -> None:
+    def copy_blocks(self, out: SchedulerOutput) -> None:
+        """Swap-out first (its blocks may be reused this step), then swap-in, then
+        copy-on-write copies — all before the forward reads the cache."""
         self._copy(out.swap_out, (self.k_cache, self.v_cache), (self.k_host, self.v_host))
         self._copy(out.swap_in, (self.k_host, self.v_host), (self.k_cache, self.v_cache))
+        self._copy(out.copies, (self.k_cache, self.v_cache), (self.k_cache, self.v_cache))
 
     # ---- one step ---------------------------------------------------------------------
 
@@ -99,7 +102,7 @@ class ModelRunner:
                 stop_ids: dict[str, set[int]]) -> StepResult:
         """Copies, one forward, sampling for the requests in `rows` (those whose last token
         is computed this step) and prompt logprobs for requests that asked for them."""
-        self.swap(out)
+        self.copy_blocks(out)
         result = StepResult()
         if not out.scheduled:
             return result
