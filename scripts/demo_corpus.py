@@ -21,15 +21,18 @@ class Hero:
     food: str
 
     @property
-    def key(self) -> str:  # how a prompt names the hero: "a cat", "Lily"
-        return self.name or f"a {self.noun}"
+    def keys(self) -> tuple[str, ...]:  # how a prompt names the hero: "a cat", "Lily"
+        if self.name:
+            return self.name, f"a {self.noun} named {self.name}", f"a little {self.noun}"
+        return f"a {self.noun}", f"a little {self.noun}"
 
     @property
     def ref(self) -> str:  # later mentions in a story: "the cat", "Lily"
         return self.name or f"the {self.noun}"
 
     def intro(self, adj: str = "little") -> str:  # first mention: "a little girl named Lily"
-        return f"a {adj} {self.noun}" + (f" named {self.name}" if self.name else "")
+        return f"a {adj} {self.noun}".replace("  ", " ") + (
+            f" named {self.name}" if self.name else "")
 
     @property
     def him(self) -> str:
@@ -116,7 +119,7 @@ def story(rng: random.Random, hero: Hero) -> str:
     place, like = rng.choice(h.places), rng.choice(h.likes)
     out = [rng.choice((
         f"Once upon a time, there was {h.intro()}.",
-        f"Once upon a time, there was {h.intro(rng.choice(ADJS))}.",
+        f"Once upon a time, there was {h.intro(rng.choice(('', *ADJS)))}.",
         f"Once upon a time, in a big {rng.choice(('town', 'forest', 'village'))}, "
         f"there lived {h.intro()}.",
     ))]
@@ -177,8 +180,9 @@ def _turn(rng: random.Random) -> tuple[str, str]:
     kind = rng.random()
     if kind < 0.6:
         hero = rng.choice(HEROES)
-        ask = rng.choice(STORY_ASKS).format(hero.key)
-        lead = rng.choice(("", "", f"Here is a story about {hero.key}. "))
+        key = rng.choice(hero.keys)
+        ask = rng.choice(STORY_ASKS).format(key)
+        lead = rng.choice(("", "", f"Here is a story about {key}. "))
         return ask, lead + story(rng, hero)
     if kind < 0.85:
         return question(rng)

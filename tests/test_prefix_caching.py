@@ -183,7 +183,7 @@ def test_block_accounting_over_random_mixes(specs, num_blocks, block_size):
         assert all(meta.ref_cnt >= 0 for meta in scheduler.kv.blocks)
     assert not scheduler.has_unfinished_requests()
     assert scheduler.kv.num_free_blocks == num_blocks
-    for head, abort in live:
+    for head, _ in live:
         for member in head.group:
             assert member.is_finished
             assert member.num_output_tokens <= member.max_tokens

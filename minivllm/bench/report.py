@@ -126,9 +126,9 @@ def describe_changes(summaries: dict[str, dict]) -> str:
             p0, p1 = mean(base, b, "tpot_ms"), mean(name, b, "tpot_ms")
             if None in (t0, t1):
                 continue
-            text = f"{b} TTFT {t0 / 1000:.2f} -> {t1 / 1000:.2f} s ({pct(t1, t0)})"
+            text = f"{b} TTFT {t0 / 1000:.3g} -> {t1 / 1000:.3g} s ({pct(t1, t0)})"
             if None not in (p0, p1):
-                text += f", TPOT {p0:.1f} -> {p1:.1f} ms ({pct(p1, p0)})"
+                text += f", TPOT {p0:.3g} -> {p1:.3g} ms ({pct(p1, p0)})"
             parts.append(text)
         s0, s1 = summaries[base], summaries[name]
         parts.append(f"failed {s0['failed']} -> {s1['failed']}, "

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from minivllm.config import EngineConfig
 from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
-from minivllm.engine.stats import IterationStats
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -188,12 +187,11 @@ class AsyncLLMEngine:
         next_log = time.monotonic() + self.log_interval
         try:
             while not self._stopping:
-                aborted = self._process_inbox()
+                self._process_inbox()
+                # An abort leaves work too: its output and statistics come from the next step.
                 if self.engine.has_unfinished_requests():
                     self._dispatch(self.engine.step())
                 else:
-                    if aborted:
-                        self._record_idle_stats()
                     self._wakeup.wait(timeout=max(next_log - time.monotonic(), 0.0))
                     self._wakeup.clear()
                 if time.monotonic() >= next_log:
@@ -206,17 +204,15 @@ class AsyncLLMEngine:
         else:
             self._die("engine shut down")
 
-    def _process_inbox(self) -> bool:
-        """Apply queued adds and aborts in order; True if anything was aborted."""
+    def _process_inbox(self) -> None:
+        """Apply queued adds and aborts in order."""
         with self._lock:
             commands = list(self._inbox)
             self._inbox.clear()
-        aborted = False
         for cmd in commands:
             if isinstance(cmd, _Abort):
                 if self._streams.pop(cmd.request_id, None) is not None:
                     self.engine.abort_request(cmd.request_id)
-                    aborted = True
                 continue
             if cmd.request_id in self._streams:
                 _resolve(cmd.accepted, ValueError(f"request id {cmd.request_id!r} is in use"))
@@ -230,7 +226,6 @@ class AsyncLLMEngine:
                 continue
             self._streams[cmd.request_id] = cmd.stream
             _resolve(cmd.accepted, None)
-        return aborted
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
@@ -240,13 +235,6 @@ class AsyncLLMEngine:
             if output.finished or output.error is not None:
                 del self._streams[output.request_id]
             stream.put(output)
-
-    def _record_idle_stats(self) -> None:
-        # Aborts free blocks at once but no step follows when the engine went idle:
-        # publish the emptied queues and cache so /metrics does not show stale usage.
-        stats = self.engine.get_stats()
-        for stat_logger in self.stat_loggers:
-            stat_logger.record(stats, IterationStats(timestamp=time.time()))
 
     def _die(self, reason: str) -> None:
         with self._lock:

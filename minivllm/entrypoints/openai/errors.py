@@ -50,10 +50,12 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
     if first.get("type") == "json_invalid":
         detail = first.get("ctx", {}).get("error", "")
         return error_response(f"invalid JSON body: {detail}".rstrip(": "), 400)
+    if not loc:
+        return error_response("the body must be a JSON object (with Content-Type: "
+                              "application/json)", 400)
     # The first name is the field a client can fix; the rest locates it inside lists.
-    param = loc[0] if loc else None
-    where = ".".join(loc) if loc else "body"
-    return error_response(f"{where}: {first.get('msg', 'invalid value')}", 400, param)
+    param = loc[0]
+    return error_response(f"{'.'.join(loc)}: {first.get('msg', 'invalid value')}", 400, param)
 
 
 def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -64,7 +66,13 @@ def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
     return error_response(exc.message, exc.status, exc.param)
 
 
+def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette still logs the traceback; the client gets the OpenAI shape, not plain text.
+    return error_response(f"internal server error: {type(exc).__name__}", 500)
+
+
 def install_error_handlers(app) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(OpenAIError, _openai_error)
+    app.add_exception_handler(Exception, _internal_error)

@@ -31,7 +31,7 @@ class ApiKeyMiddleware:
 class BodySizeLimitMiddleware:
     """Reject bodies over the limit with 413 before the app parses anything.
 
-    The body is read here whole (FastAPI would read it whole anyway) and replayed to the app;
+    The body is read here (FastAPI would read it whole anyway) and replayed to the app;
     later receive() calls go to the server, so the app still hears about a disconnect.
     """
 
@@ -42,22 +42,22 @@ class BodySizeLimitMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        too_large = error_response(f"request body is larger than {self.max_bytes} bytes "
-                                   "(see --max-request-body-mb)", 413)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await too_large(scope, receive, send)
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client left before sending it all
                 return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                return await too_large(scope, receive, send)
+            size += len(message.get("body", b""))
+            # Past the limit keep draining without storing: a client still uploading when
+            # the answer comes would see a broken pipe instead of the 413.
+            if size <= self.max_bytes:
+                chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
+        if size > self.max_bytes:
+            too_large = error_response(f"request body is larger than {self.max_bytes} bytes "
+                                       "(see --max-request-body-mb)", 413)
+            return await too_large(scope, receive, send)
         body = b"".join(chunks)
         replayed = False
 
