@@ -52,6 +52,8 @@ class ModelRunner:
         self.k_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
         self.v_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        # The per-request attention oracle instead of the batched fast path (tests).
+        self.use_reference_attention = False
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -92,10 +94,19 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=as_tensor(slots), query_lens=query_lens, seq_lens=seq_lens,
             block_tables=[as_tensor(t) for t in tables], block_size=self.block_size)
-        if all(n == 1 for n in query_lens):
-            width = max(len(t) for t in tables)
-            meta.decode_block_table = as_tensor([t + [0] * (width - len(t)) for t in tables])
-            meta.decode_seq_lens = as_tensor(seq_lens)
+        if self.use_reference_attention:
+            meta.use_reference = True
+            return as_tensor(tokens), as_tensor(positions), meta
+        decodes = [i for i, n in enumerate(query_lens) if n == 1]
+        meta.prefill_indices = [i for i, n in enumerate(query_lens) if n > 1]
+        meta.all_decode = not meta.prefill_indices
+        if decodes:
+            width = max(len(tables[i]) for i in decodes)
+            meta.decode_block_table = as_tensor(
+                [tables[i] + [0] * (width - len(tables[i])) for i in decodes])
+            meta.decode_seq_lens = as_tensor([seq_lens[i] for i in decodes])
+            starts = [sum(query_lens[:i]) for i in decodes] if not meta.all_decode else decodes
+            meta.decode_token_index = as_tensor(starts)
         return as_tensor(tokens), as_tensor(positions), meta
 
     def execute(self, out: SchedulerOutput, rows: dict[str, SamplingRow],
