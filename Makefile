@@ -20,7 +20,9 @@ lint: install
 	$(VENV)/bin/ruff check minivllm tests benchmarks scripts
 
 test: install lint
-	$(PY) -m pytest tests
+	# One intra-op thread: servers and clients share the cores in tests, and spinning
+	# OpenMP threads on a busy 2-core machine cost far more than they bring.
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests
 
 serve: install
 	@echo "Try: curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(MODEL)\", \"messages\": [{\"role\": \"user\", \"content\": \"Tell me a story about a cat.\"}]}'"

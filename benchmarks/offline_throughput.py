@@ -14,9 +14,9 @@ import platform
 import time
 
 import torch
+from random_model import save_random_model
 
-from minivllm.bench.random_model import random_prompts, save_random_model
-from minivllm.bench.throughput import ThroughputResult, run_minivllm
+from minivllm.bench.throughput import ThroughputResult, random_prompts, run_minivllm
 
 
 def run_transformers(model_dir, prompts, output_len, batch_size) -> ThroughputResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 
@@ -22,11 +23,19 @@ class ThroughputResult:
         return self.num_requests * (self.input_len + self.output_len) / self.elapsed_s
 
 
-def run_minivllm(model: str, prompts: list[list[int]], output_len: int, **engine_kwargs
-                 ) -> ThroughputResult:
+def random_prompts(num: int, length: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab_size) for _ in range(length)] for _ in range(num)]
+
+
+def run_minivllm(model: str, prompts: list[list[int]] | None, output_len: int,
+                 num_prompts: int = 0, input_len: int = 0, **engine_kwargs) -> ThroughputResult:
+    """Greedy, EOS ignored, every request exactly output_len tokens. Without `prompts`,
+    num_prompts random prompts of input_len tokens."""
     from minivllm import LLM, SamplingParams
 
     llm = LLM(model, **engine_kwargs)
+    prompts = prompts or random_prompts(num_prompts, input_len, llm.llm_engine.vocab_size)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=2),
                  use_tqdm=False)  # warm-up

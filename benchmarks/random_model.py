@@ -38,9 +38,3 @@ def save_random_model(shape: str, directory: Path, seed: int = 0) -> Path:
                             unk_token="<unk>").save_pretrained(directory)
     return directory
 
-
-def random_prompts(num: int, length: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
-    import random
-
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab_size) for _ in range(length)] for _ in range(num)]

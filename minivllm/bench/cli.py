@@ -1,0 +1,240 @@
+"""`minivllm bench serve` (replay a workload against a server) and `minivllm bench policies`
+(one minivllm server per scheduling policy, the same trace against each, a comparison report)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import aiohttp
+
+from minivllm.bench import client, metrics, prompts, report, workload
+from minivllm.config import EngineConfig
+from minivllm.entrypoints.engine_args import add_engine_args
+
+SKIPPED_ENGINE_ARGS = ("model", "seed", "scheduling_policy", "tokenizer")
+
+
+def _add_workload_args(p: argparse.ArgumentParser, default_priority: str) -> None:
+    p.add_argument("--workload", choices=workload.WORKLOADS, default="seed-high")
+    p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="random: number of requests (default 100); seed-*: keep the first N")
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="random: req/s")
+    p.add_argument("--burstiness", type=float, default=1.0, help="random: gamma shape")
+    p.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
+    p.add_argument("--output-len", type=int, default=64, help="random: output tokens")
+    p.add_argument("--length-scale", default="auto",
+                   help="seed-*: multiply the report's lengths (auto: context / 32768)")
+    p.add_argument("--output-ratio", type=float, default=0.25,
+                   help="seed-*: output tokens per prompt token")
+    p.add_argument("--priority", choices=("none", "user", "length"), default=default_priority,
+                   help="priority each request carries: by user or by prompt-length bucket")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
+                   help="send token ids (exact; default for completions) or text (chat)")
+    p.add_argument("--goodput", nargs="+", default=None, metavar="SLO",
+                   help="SLOs in ms, e.g. ttft:500 tpot:50")
+    p.add_argument("--output", default="results/bench", help="directory for the report")
+    p.add_argument("--disable-tqdm", action="store_true")
+
+
+def add_parser(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="load-test a server; compare scheduling policies")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+    serve = sub.add_parser("serve", help="replay a workload against an OpenAI-compatible server")
+    serve.add_argument("--base-url", default="http://127.0.0.1:8000")
+    serve.add_argument("--model", default=None, help="served model (default: first of /v1/models)")
+    serve.add_argument("--tokenizer", default=None,
+                       help="local tokenizer.json (or its directory) instead of POST /tokenize")
+    serve.add_argument("--max-model-len", type=int, default=None,
+                       help="server context (default: from /v1/models or /tokenize)")
+    _add_workload_args(serve, "none")
+    serve.set_defaults(func=run_serve)
+    pol = sub.add_parser("policies", help="start a minivllm server per policy; compare them")
+    pol.add_argument("--model", required=True, help="model directory or name to serve")
+    pol.add_argument("--policies", default="fcfs,priority,sjf")
+    pol.add_argument("--server-timeout", type=float, default=600, help="seconds to wait for /health")
+    _add_workload_args(pol, "length")
+    add_engine_args(pol, skip=SKIPPED_ENGINE_ARGS)
+    pol.set_defaults(func=run_policies)
+    thr = sub.add_parser("throughput", help="offline engine throughput on random prompts")
+    thr.add_argument("--num-prompts", type=int, default=64)
+    thr.add_argument("--input-len", type=int, default=128)
+    thr.add_argument("--output-len", type=int, default=128)
+    add_engine_args(thr)
+    thr.set_defaults(func=run_throughput)
+
+
+def run_throughput(args) -> int:
+    from minivllm.bench.throughput import run_minivllm
+    from minivllm.entrypoints.engine_args import config_from_args
+
+    config = config_from_args(args)
+    result = run_minivllm(config.model, None, args.output_len, num_prompts=args.num_prompts,
+                          input_len=args.input_len, **{k: v for k, v in vars(config).items()
+                                                       if k != "model"})
+    print(f"{result.num_requests} requests, {result.input_len} in / {result.output_len} out: "
+          f"{result.elapsed_s:.2f} s, {result.output_tokens_per_s:.1f} output tok/s, "
+          f"{result.total_tokens_per_s:.1f} total tok/s")
+    return 0
+
+
+async def prepare(args, base_url: str, model: str | None, max_model_len: int | None):
+    """Resolve the model and context, build the trace and its prompts; print what was chosen."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        try:
+            served, ctx = await client.server_info(session, base_url)
+        except (aiohttp.ClientError, RuntimeError, KeyError, IndexError) as e:
+            if model is None:
+                raise RuntimeError(f"cannot list models at {base_url}: {e}") from e
+            served, ctx = model, None
+        model = model or served
+        tok_path = getattr(args, "tokenizer", None)
+        tok = (prompts.LocalTokenizer(tok_path) if tok_path
+               else prompts.ServerTokenizer(session, base_url, model))
+        if max_model_len is None and ctx is None and not tok_path:
+            await tok.encode("hi")
+            ctx = tok.max_model_len
+        ctx = max_model_len or ctx
+        trace = workload.build_trace(
+            args.workload, seed=args.seed, num_prompts=args.num_prompts,
+            length_scale=args.length_scale, max_model_len=ctx, output_ratio=args.output_ratio,
+            input_len=args.input_len, output_len=args.output_len, request_rate=args.request_rate,
+            burstiness=args.burstiness, priority=args.priority)
+        mode = args.prompt_mode or ("text" if args.endpoint == "chat" else "ids")
+        texts, counts = await prompts.build_prompts(trace, tok, mode, args.seed)
+    e = trace.entries
+    span = e[-1].send_time if e else 0.0
+    scale = "" if trace.workload == "random" else f"length scale {trace.length_scale:.4g}" + (
+        " (auto: context / 32768), " if args.length_scale == "auto" else ", ")
+    print(f"workload {trace.workload}: {len(e)} requests over {span:.1f} s, model {model}, "
+          f"context {ctx or 'unknown (2048 assumed)'}, {scale}"
+          f"buckets short < {trace.buckets[0]:.0f} <= medium <= {trace.buckets[1]:.0f} < long, "
+          f"{sum(x.prompt_tokens for x in e)} prompt + {sum(x.output_tokens for x in e)} output "
+          f"tokens, {trace.num_capped} prompts cut to fit the context, prompts as {mode}")
+    return trace, texts, counts, model, ctx
+
+
+def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path, title: str,
+            send_priority: bool = True) -> tuple[dict, list]:
+    results, duration = asyncio.run(client.run_trace(
+        trace, texts, counts, base_url, model, endpoint=args.endpoint,
+        max_concurrency=args.max_concurrency, send_priority=send_priority,
+        progress=not args.disable_tqdm))
+    summary = metrics.summarize(results, duration, trace.buckets, metrics.parse_goodput(args.goodput))
+    meta = {"title": title, "base_url": base_url, "model": model, "workload": trace.workload,
+            "seed": args.seed, "length_scale": trace.length_scale, "endpoint": args.endpoint,
+            "max_concurrency": args.max_concurrency, "priority": args.priority,
+            "priority_sent": send_priority, "argv": sys.argv[1:]}
+    report.write_run(out_dir, meta, results, summary)
+    return summary, results
+
+
+def run_serve(args) -> int:
+    metrics.parse_goodput(args.goodput)  # fail on a bad SLO before any work
+    trace, texts, counts, model, _ = asyncio.run(
+        prepare(args, args.base_url, args.model, args.max_model_len))
+    title = f"{trace.workload} (seed {args.seed}) against {model}"
+    summary, _ = measure(args, trace, texts, counts, args.base_url, model, Path(args.output), title)
+    print(report.markdown_summary(summary, title))
+    print(f"report written to {args.output}/")
+    return 1 if summary["completed"] == 0 else 0
+
+
+def engine_flags(args) -> list[str]:
+    """The engine flags given to `bench policies` that differ from their defaults, for serve."""
+    flags = []
+    for f in fields(EngineConfig):
+        value = getattr(args, f.name, None)
+        if f.name in SKIPPED_ENGINE_ARGS or value is None or value == f.default or f.default is MISSING:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def server_command(model: str, port: int, policy: str, flags: list[str]) -> list[str]:
+    return [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", model, "--host",
+            "127.0.0.1", "--port", str(port), "--scheduling-policy", policy, *flags]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"server exited with code {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server at {base_url} not healthy after {timeout:.0f} s; see {log}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_policies(args) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise SystemExit("--policies is empty")
+    metrics.parse_goodput(args.goodput)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    flags, runs, prepared = engine_flags(args), {}, None
+    for policy in policies:
+        port = free_port()
+        base_url = f"http://127.0.0.1:{port}"
+        log = out / f"server-{policy}.log"
+        cmd = server_command(args.model, port, policy, flags)
+        print(f"[{policy}] starting: {' '.join(cmd)}")
+        with open(log, "w") as log_file:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+            try:
+                wait_healthy(base_url, proc, args.server_timeout, log)
+                if prepared is None:  # the same trace and prompts for every policy
+                    prepared = asyncio.run(prepare(args, base_url, None, args.max_model_len))
+                trace, texts, counts, model, _ = prepared
+                title = f"{trace.workload} (seed {args.seed}), policy {policy}"
+                runs[policy] = measure(args, trace, texts, counts, base_url, model, out / policy,
+                                       title, send_priority=policy == "priority")
+                print(report.markdown_summary(runs[policy][0], title))
+            finally:
+                stop_server(proc)
+    trace, model = prepared[0], prepared[3]
+    meta = {"title": f"Policies on {trace.workload} (seed {args.seed}, length scale "
+                     f"{trace.length_scale:.4g}, model {model})",
+            "policies": policies, "engine_flags": flags, "workload": trace.workload,
+            "seed": args.seed, "length_scale": trace.length_scale, "priority": args.priority}
+    report.write_comparison(out, meta, runs)
+    print((out / "comparison.md").read_text())
+    print(f"report written to {out}/")
+    return 0
