@@ -55,7 +55,6 @@ class Request:
         self.num_preemptions = 0
         self.first_scheduled_step: int | None = None
         self.last_admitted_step = 0  # step at which it (re)entered running; for run quanta
-        self.enqueued_time = arrival_time  # when it last entered waiting / swapped (aging)
         # Parallel sampling (n > 1): the sequences of one prompt form a group. The first
         # prefills the prompt; the others fork from it, sharing its blocks, just before
         # the last prompt token, so each samples its own first token.

@@ -87,7 +87,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.num_preemptions = 0
-        self._last_preemption_log = 0.0
+        self._last_preemption_log = float("-inf")
 
     # ---- requests in and out ----------------------------------------------------------
 
@@ -104,6 +104,12 @@ class Scheduler:
             raise ValueError(
                 f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
                 f"exceeds the whole KV cache ({capacity} tokens)"
+            )
+        budget = self.config.max_num_batched_tokens
+        if not self.config.enable_chunked_prefill and total > budget:
+            raise ValueError(  # it could never be computed (or recomputed) in one step
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
+                f"exceeds max_num_batched_tokens={budget} with chunked prefill disabled"
             )
 
     def add_request(self, request: Request) -> None:
@@ -182,8 +188,11 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs or budget[0] <= 0:
                 return
             num_new = self._chunk(request, request.num_computed_tokens, budget[0])
+            # It may hold more blocks than it needs: those allocated in the step it was
+            # preempted, for a chunk it then gave back.
             tokens_after = request.num_computed_tokens + num_new
-            if num_new == 0 or self.kv.blocks_needed(tokens_after) > self.kv.num_free_blocks:
+            blocks = max(len(request.swap_block_ids), self.kv.blocks_needed(tokens_after))
+            if num_new == 0 or blocks > self.kv.num_free_blocks:
                 return  # keep the order: nobody overtakes the best swapped request
             out.swap_in.extend(self.kv.swap_in(request))
             self.kv.allocate_slots(request, num_new)

@@ -7,6 +7,7 @@ from dataclasses import MISSING, fields
 from typing import get_type_hints
 
 from minivllm.config import EngineConfig
+from minivllm.core.policy import POLICIES
 
 _HELP = {
     "model": "local Hugging Face model directory, hub id, or 'minivllm-demo'",
@@ -14,7 +15,7 @@ _HELP = {
     "num_kv_blocks": "number of KV blocks (overrides --kv-cache-space)",
     "kv_cache_space": "GiB of memory for the KV cache",
     "swap_space": "GiB of host memory for swapped-out KV blocks",
-    "scheduling_policy": "fcfs | priority | sjf",
+    "scheduling_policy": " | ".join(POLICIES),
     "preemption_mode": "recompute | swap (default: swap for multi-sequence requests)",
     "active_preemption": "let a better-ranked waiting request preempt a running one",
 }
