@@ -7,18 +7,24 @@ cd "$(dirname "$0")/.."
 mkdir -p peers
 which="${1:-all}"
 
-venv() {  # venv NAME: a fresh venv with the on-disk CPU torch first, so pip never pulls CUDA
+venv() {  # venv NAME [notorch]: a fresh venv, by default with the on-disk CPU torch first,
+  # so pip never pulls CUDA
   python3 -m venv "peers/$1"
   "peers/$1/bin/pip" install -q --upgrade pip
-  "peers/$1/bin/pip" install -q torch==2.13.0
+  if [[ ${2:-} != notorch ]]; then
+    "peers/$1/bin/pip" install -q torch==2.13.0
+  fi
 }
 
 if [[ $which == all || $which == llamacpp ]]; then
   # llama.cpp through llama-cpp-python, built for this CPU (about 8 minutes on 2 cores);
-  # the gguf package (llama.cpp's conversion library) writes the GGUF file.
-  venv llamacpp
-  CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BLAS=OFF" \
-    peers/llamacpp/bin/pip install -q llama-cpp-python gguf numpy safetensors transformers
+  # the gguf package (llama.cpp's conversion library) writes the GGUF file from the
+  # safetensors weights (benchmarks/peers/to_gguf.py), so this venv needs no torch.
+  # --no-binary: always compile for this CPU (GGML_NATIVE), never take a prebuilt wheel.
+  venv llamacpp notorch
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BLAS=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+    peers/llamacpp/bin/pip install -q --no-binary llama-cpp-python --no-cache-dir \
+    llama-cpp-python gguf numpy safetensors
 fi
 
 if [[ $which == all || $which == vllm ]]; then

@@ -1,7 +1,8 @@
-"""Train minivllm's built-in demo model: a tiny Llama on a seeded synthetic corpus.
+r"""Train minivllm's built-in demo model: a tiny Llama on a seeded synthetic corpus.
 
-    python scripts/train_demo_model.py                     # the packaged model (~20 min, 1 core)
-    python scripts/train_demo_model.py --out /tmp/m --steps 20 --num-samples 500  # a quick one
+    python scripts/train_demo_model.py      # the packaged model (~20 min on one idle core)
+    python scripts/train_demo_model.py --out /tmp/m --steps 20 --num-samples 500 \
+        --hidden 64 --layers 2              # a quick, tiny, useless one (~10 s)
 
 Writes config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json and MODEL_CARD.md into --out. Same arguments, same files.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shlex
 import sys
@@ -204,9 +206,12 @@ def main() -> None:
         "training": f"{args.steps} steps x {args.batch_size} x {args.seq_len} tokens, "
                     f"AdamW lr {args.lr}, 1 CPU thread",
         "final training loss": f"{loss:.4f} (EMA)",
-        "wall time": f"{train_s / 60:.1f} min training, {(time.time() - t0) / 60:.1f} min total",
+        "wall time": f"{train_s / 60:.1f} min training, {(time.time() - t0) / 60:.1f} min total "
+                     f"(machine load average at the end: {os.getloadavg()[0]:.1f})",
     }
     write_card(out, facts, samples(model, AutoTokenizer.from_pretrained(out)))
+    for path in out.iterdir():
+        path.chmod(0o644)  # save_pretrained writes model.safetensors as 0600
     print((out / "MODEL_CARD.md").read_text(), flush=True)
 
 
