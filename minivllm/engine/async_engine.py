@@ -205,11 +205,13 @@ class AsyncLLMEngine:
             self._die("engine shut down")
 
     def _process_inbox(self) -> None:
-        """Apply queued adds and aborts in order."""
-        with self._lock:
-            commands = list(self._inbox)
-            self._inbox.clear()
-        for cmd in commands:
+        """Apply queued adds and aborts in order. One at a time: if the engine raises, the
+        commands not yet applied are still in the inbox for _die() to fail."""
+        while True:
+            with self._lock:
+                if not self._inbox:
+                    return
+                cmd = self._inbox.popleft()
             if isinstance(cmd, _Abort):
                 if self._streams.pop(cmd.request_id, None) is not None:
                     self.engine.abort_request(cmd.request_id)

@@ -56,3 +56,22 @@ class IncrementalDetokenizer:
         at, stop = best
         self.text = self.text[:at + len(stop)] if self.include_stop_str else self.text[:at]
         return stop
+
+
+class TokenTexts:
+    """Each token's text as it reads mid-text, for logprobs: decoded after an anchor token,
+    so a sentencepiece token keeps the leading space that decoding it alone would drop,
+    and the tokens of an output join back into its text."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.anchor = tokenizer.encode("a", add_special_tokens=False)[-1:]
+        self.anchor_len = len(tokenizer.decode(self.anchor))
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self.cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode(self.anchor + [token_id])[self.anchor_len:]
+            self.cache[token_id] = text
+        return text

@@ -14,7 +14,7 @@ from minivllm.config import EngineConfig
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
-from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from minivllm.engine.request_state import RequestGroup, RequestState
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.model.loader import resolve_model_path
@@ -46,6 +46,7 @@ class LLMEngine:
         tokenizer_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.eos_token_ids = _eos_token_ids(path, self.tokenizer)
+        self.token_texts = TokenTexts(self.tokenizer)
         self.max_model_len = self._max_model_len()
         self.runner = ModelRunner(config, path, self.hf_config)
         self.vocab_size = self.hf_config.vocab_size
@@ -162,7 +163,7 @@ class LLMEngine:
                 state.finish_reason = "abort"
         group.error = error
         group.metrics.finished_time = time.time()
-        self._finished_outside_step.append(group.to_output(self.tokenizer))
+        self._finished_outside_step.append(group.to_output(self.token_texts))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups) or bool(self._finished_outside_step)
@@ -211,9 +212,11 @@ class LLMEngine:
         for group in progressed.values():
             if group.finished:
                 group.metrics.finished_time = now
-                self._record_finished(group, iteration)
                 del self.groups[group.request_id]
-            outputs.append(group.to_output(self.tokenizer))
+            outputs.append(group.to_output(self.token_texts))
+        for output in outputs:
+            if output.finished:
+                self._record_finished(output, iteration)
         self._log_stats(iteration)
         return outputs
 
@@ -261,16 +264,19 @@ class LLMEngine:
         return (RequestStatus.FINISHED_STOPPED if state.finish_reason == "stop"
                 else RequestStatus.FINISHED_LENGTH)
 
-    def _record_finished(self, group: RequestGroup, iteration: IterationStats) -> None:
-        m = group.metrics
+    @staticmethod
+    def _record_finished(output: RequestOutput, iteration: IterationStats) -> None:
+        m = output.metrics  # a request aborted while waiting was never scheduled
+        scheduled = m.first_scheduled_time or m.finished_time
+        first_token = m.first_token_time or m.finished_time
         iteration.finished_requests.append(FinishedRequestStats(
-            finish_reason=group.sequences[0].finish_reason,
-            num_prompt_tokens=len(group.prompt_token_ids),
-            num_generation_tokens=sum(s.request.num_output_tokens for s in group.sequences),
+            finish_reason=output.outputs[0].finish_reason,
+            num_prompt_tokens=len(output.prompt_token_ids),
+            num_generation_tokens=sum(len(c.token_ids) for c in output.outputs),
             e2e_latency=m.finished_time - m.arrival_time,
-            queue_time=m.first_scheduled_time - m.arrival_time,
-            prefill_time=m.first_token_time - m.first_scheduled_time,
-            decode_time=m.finished_time - m.first_token_time,
+            queue_time=scheduled - m.arrival_time,
+            prefill_time=first_token - scheduled,
+            decode_time=m.finished_time - first_token,
         ))
 
     # ---- statistics -------------------------------------------------------------------

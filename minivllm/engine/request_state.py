@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.core.request import Request
-from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from minivllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -28,9 +28,10 @@ class RequestState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-    def to_completion(self, tokenizer, index: int, with_logprobs: bool) -> CompletionOutput:
+    def to_completion(self, token_texts: TokenTexts, index: int, with_logprobs: bool
+                      ) -> CompletionOutput:
         if with_logprobs and self.logprobs is not None:
-            _decode_logprobs(tokenizer, self.logprobs)
+            _decode_logprobs(token_texts, self.logprobs)
         return CompletionOutput(
             index=index,
             text=self.detokenizer.text,
@@ -68,19 +69,19 @@ class RequestGroup:
             if index == len(self.prompt_logprobs):
                 self.prompt_logprobs.append(entry)
 
-    def to_output(self, tokenizer) -> RequestOutput:
+    def to_output(self, token_texts: TokenTexts) -> RequestOutput:
         sequences = self.sequences
         if self.finished and len(sequences) > self.n:  # best_of: the n most likely
             sequences = sorted(sequences, key=lambda s: -s.cumulative_logprob)[:self.n]
         if self.prompt_logprobs is not None:
-            _decode_logprobs(tokenizer, [p for p in self.prompt_logprobs if p])
+            _decode_logprobs(token_texts, [p for p in self.prompt_logprobs if p])
         head = sequences[0].request
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
             prompt_logprobs=self.prompt_logprobs,
-            outputs=[s.to_completion(tokenizer, i, self.with_logprobs)
+            outputs=[s.to_completion(token_texts, i, self.with_logprobs)
                      for i, s in enumerate(sequences)],
             finished=self.finished,
             metrics=self.metrics,
@@ -89,8 +90,8 @@ class RequestGroup:
         )
 
 
-def _decode_logprobs(tokenizer, entries: list[dict[int, Logprob]]) -> None:
+def _decode_logprobs(token_texts: TokenTexts, entries: list[dict[int, Logprob]]) -> None:
     for entry in entries:
         for token_id, logprob in entry.items():
             if logprob.decoded_token is None:
-                logprob.decoded_token = tokenizer.decode([token_id])
+                logprob.decoded_token = token_texts(token_id)

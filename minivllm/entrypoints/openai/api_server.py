@@ -1,0 +1,124 @@
+"""The OpenAI-compatible HTTP API: a FastAPI app around an AsyncLLMEngine."""
+
+from __future__ import annotations
+
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.engine.metrics import PrometheusStatLogger
+from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
+from minivllm.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from minivllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
+from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+
+DEFAULT_MAX_REQUEST_BODY_MB = 16.0
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file, or (like vLLM) the Jinja template itself on one line."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_file():
+        return path.read_text()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template: no such file: {value}")
+
+
+def _package_version() -> str:
+    try:
+        return version("minivllm")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+def build_app(engine: AsyncLLMEngine, args) -> FastAPI:
+    """The app; `args` carries the server flags (api_key, chat_template, max_request_body_mb)."""
+    model_name = engine.config.model_name
+    chat_template = load_chat_template(getattr(args, "chat_template", None))
+    base = OpenAIServing(engine, model_name, chat_template)
+    completions = OpenAIServingCompletion(engine, model_name, chat_template)
+    chat = OpenAIServingChat(engine, model_name, chat_template)
+    prometheus = next((s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)),
+                      None)
+    created = int(time.time())
+
+    app = FastAPI(title="minivllm OpenAI-compatible server", version=_package_version())
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_running:
+            return error_response(f"engine is not running: {engine.dead_reason}", 503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def show_version() -> dict:
+        return {"version": _package_version()}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "minivllm",
+                "root": engine.config.model, "parent": None,
+                "max_model_len": engine.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if prometheus is None:
+            raise OpenAIError("metrics are not collected by this engine", 404)
+        return Response(generate_latest(prometheus.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> dict:
+        base.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise OpenAIError("give exactly one of prompt or messages", 400, "prompt")
+        if req.messages is not None:
+            text = base.render_chat(req.messages, req.add_generation_prompt)
+            add_special = bool(req.add_special_tokens)
+        else:
+            text = req.prompt
+            add_special = req.add_special_tokens is not False
+        tokens = base.tokenizer.encode(text, add_special_tokens=add_special)
+        token_strs = base.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs \
+            else None
+        return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens,
+                "token_strs": token_strs}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> dict:
+        base.check_model(req.model)
+        if req.tokens:
+            base.check_token_ids(req.tokens, "tokens")
+        return {"prompt": base.tokenizer.decode(req.tokens)}
+
+    @app.post("/v1/completions")
+    async def create_completion(req: CompletionRequest, raw: Request) -> Response:
+        return await cancel_on_disconnect(raw, completions.create(req))
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
+        return await cancel_on_disconnect(raw, chat.create(req))
+
+    # The last added is the outermost: the key is checked before a body is read.
+    max_mb = getattr(args, "max_request_body_mb", None) or DEFAULT_MAX_REQUEST_BODY_MB
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=int(max_mb * 1024 * 1024))
+    api_key = getattr(args, "api_key", None)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    return app
+

@@ -1,0 +1,59 @@
+"""`minivllm serve MODEL`: the OpenAI-compatible server (uvicorn + FastAPI + AsyncLLMEngine)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
+
+logger = logging.getLogger("minivllm.serve")
+
+# vLLM's log layout: "INFO 05-19 11:22:57 [metrics.py:61] Avg prompt throughput: ..."
+LOG_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible API")
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="model directory or hub id (same as --model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: "
+                        "127.0.0.1; 0.0.0.0 exposes the server to the network)")
+    parser.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--chat-template", default=None,
+                        help="Jinja chat template file (or the template itself) for tokenizers "
+                             "that have none")
+    parser.add_argument("--log-interval", type=float, default=5.0,
+                        help="seconds between two stats log lines while busy (default: 5)")
+    parser.add_argument("--max-request-body-mb", type=float, default=16.0,
+                        help="larger request bodies get 413 (default: 16)")
+    add_engine_args(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+    from prometheus_client import disable_created_metrics
+
+    from minivllm.engine.async_engine import AsyncLLMEngine
+    from minivllm.entrypoints.openai.api_server import build_app, load_chat_template
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt="%m-%d %H:%M:%S")
+    disable_created_metrics()  # as vLLM: no *_created series beside every counter
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    config = config_from_args(args)
+    load_chat_template(args.chat_template)  # a bad path fails now, not on the first chat
+    engine = AsyncLLMEngine.from_config(config, log_interval=args.log_interval)
+    try:
+        app = build_app(engine, args)
+        logger.info("serving %s at http://%s:%d (OpenAI API under /v1; docs at /docs)",
+                    config.model_name, args.host, args.port)
+        # log_config=None: uvicorn's loggers (the access log among them) use the format above.
+        uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=True,
+                    timeout_graceful_shutdown=5)
+    finally:
+        engine.shutdown()
+    return 0

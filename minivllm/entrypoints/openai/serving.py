@@ -1,0 +1,266 @@
+"""What completions and chat share: request checks, sampling params, engine calls, streaming."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from contextlib import aclosing
+
+import jinja2
+from fastapi import Request, Response
+from starlette.responses import StreamingResponse
+
+from minivllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestFailedError
+from minivllm.entrypoints.openai.errors import OpenAIError, error_body
+from minivllm.entrypoints.openai.protocol import ChatMessage, SamplingRequest
+from minivllm.outputs import Logprob, RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, chat_template: str | None = None):
+        self.engine = engine
+        self.model_name = model_name
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.chat_template = chat_template
+
+    # ---- checks -------------------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
+
+    def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        if not token_ids:
+            raise OpenAIError(f"{param} must not be empty", 400, param)
+        vocab_size = len(self.tokenizer)
+        bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise OpenAIError(f"{param}: token id {bad} is outside the vocabulary "
+                              f"[0, {vocab_size})", 400, param)
+
+    def check_context(self, num_prompt_tokens: int, max_tokens: int | None, where: str) -> None:
+        limit = self.max_model_len
+        if max_tokens is None and num_prompt_tokens >= limit:
+            raise OpenAIError(
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {num_prompt_tokens} input tokens. Please reduce the length of the {where}.",
+                400, where)
+        if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
+            raise OpenAIError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {where}, "
+                f"{max_tokens} in the completion). Please reduce the length of the {where} or "
+                "completion.", 400, where)
+
+    def sampling_params(self, req: SamplingRequest, max_tokens: int | None,
+                        logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+        if req.n != 1:
+            raise OpenAIError(f"n: only n=1 is supported, got {req.n}", 400, "n")
+        if req.stream_options is not None and not req.stream:
+            raise OpenAIError("stream_options: only allowed when stream is true", 400,
+                              "stream_options")
+        max_logprobs = self.engine.config.max_logprobs
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and value > max_logprobs:
+                raise OpenAIError(f"{name} must be <= {max_logprobs} (--max-logprobs), "
+                                  f"got {value}", 400, name)
+        try:
+            return SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=-1 if req.top_k in (None, 0) else req.top_k,  # vLLM: 0 also disables
+                min_p=req.min_p or 0.0,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                seed=req.seed,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+            )
+        except ValueError as e:  # SamplingParams names the field first
+            raise OpenAIError(str(e), 400, str(e).split(" ", 1)[0]) from e
+
+    # ---- prompts ------------------------------------------------------------------------
+
+    def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+        template = self.chat_template or self.tokenizer.chat_template
+        if not template:
+            raise OpenAIError("this model's tokenizer has no chat template: start the server "
+                              "with --chat-template FILE", 400, "messages")
+        conversation = [{"role": m.role, "content": m.text()} for m in messages]
+        try:
+            return self.tokenizer.apply_chat_template(
+                conversation, chat_template=template, tokenize=False,
+                add_generation_prompt=add_generation_prompt)
+        except jinja2.TemplateError as e:
+            raise OpenAIError(f"the chat template failed: {e}", 400, "messages") from e
+
+    def token_str(self, token_id: int, logprob: Logprob | None = None) -> str:
+        if logprob is not None and logprob.decoded_token is not None:
+            return logprob.decoded_token
+        return self.tokenizer.decode([token_id])
+
+    # ---- engine calls -------------------------------------------------------------------
+
+    def generate(self, request_id: str, prompt: str | None, token_ids: list[int],
+                 params: SamplingParams, priority: int) -> AsyncIterator[RequestOutput]:
+        return self.engine.generate(prompt, params, request_id, prompt_token_ids=token_ids,
+                                    priority=priority)
+
+
+def to_openai_error(exc: Exception) -> OpenAIError:
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, ValueError):  # the engine rejected the input
+        return OpenAIError(str(exc), 400)
+    if isinstance(exc, RequestFailedError):
+        return OpenAIError(f"the engine failed this request: {exc}", 500)
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(str(exc), 503)
+    return OpenAIError(f"internal error: {type(exc).__name__}", 500)
+
+
+ENGINE_ERRORS = (ValueError, RequestFailedError, EngineDeadError)
+
+
+def check_not_aborted(output: RequestOutput) -> None:
+    # A live client's request is aborted only by the engine itself (--request-timeout).
+    if output.finished and output.outputs and output.outputs[0].finish_reason == "abort":
+        raise OpenAIError("the request was aborted by the engine (timed out?)", 503)
+
+
+async def gather_or_cancel(awaitables: Iterable[Awaitable]) -> list:
+    """gather(), but a failure (or our own cancellation) cancels the siblings, which aborts them."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def last_output(gen: AsyncIterator[RequestOutput]) -> RequestOutput:
+    async with aclosing(gen):
+        last = None
+        async for output in gen:
+            last = output
+        check_not_aborted(last)
+        return last
+
+
+async def first_outputs(gens: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    """Each request's first output, awaited before a stream starts, so that the engine's
+    rejections still become a 4xx status instead of an error inside a 200 stream."""
+    try:
+        return await gather_or_cancel(anext(gen) for gen in gens)
+    except BaseException:
+        for gen in gens:
+            await gen.aclose()
+        raise
+
+
+async def merge_streams(gens: list[AsyncIterator[RequestOutput]],
+                        firsts: list[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Yield (index, output) from several requests as they come, after their first outputs.
+    One task per request pumps its outputs into a shared queue; closing this generator
+    cancels the pumps, which aborts the requests still running."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncIterator[RequestOutput]) -> None:
+        async with aclosing(gen):
+            try:
+                async for output in gen:
+                    queue.put_nowait((i, output))
+            except Exception as e:  # the engine's error, raised to the reader below
+                queue.put_nowait((i, e))
+        queue.put_nowait((i, None))
+
+    pumps = [asyncio.ensure_future(pump(i, gen)) for i, gen in enumerate(gens)]
+    try:
+        for i, first in enumerate(firsts):
+            check_not_aborted(first)
+            yield i, first
+        running = len(gens)
+        while running:
+            i, item = await queue.get()
+            if item is None:
+                running -= 1
+                continue
+            if isinstance(item, Exception):
+                raise item
+            check_not_aborted(item)
+            yield i, item
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+def sendable_text_end(output: RequestOutput, params: SamplingParams, sent: int) -> int:
+    """How much of the cumulative text a stream may send now. Until the request finishes,
+    the last len(stop) - 1 characters stay back: a stop string that the next tokens complete
+    could still cut them off."""
+    text = output.outputs[0].text
+    if output.finished or not params.stop:
+        return len(text)
+    hold = max(len(stop) for stop in params.stop) - 1
+    return max(sent, len(text) - hold)
+
+
+def sse(payload) -> str:
+    return f"data: {payload.model_dump_json()}\n\n"
+
+
+def sse_error(exc: Exception) -> str:
+    err = to_openai_error(exc)
+    return sse(error_body(err.message, err.status, err.param))
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events; however the response ends, its generator is closed at once, which
+    aborts the requests behind it (a client that disconnected between two chunks, say)."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def cancel_on_disconnect(request: Request, handler: Awaitable[Response]) -> Response:
+    """Run a handler, cancelling it (and so aborting its requests) if the client leaves first,
+    whether its request is still queued or already running."""
+    work = asyncio.ensure_future(handler)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+        await asyncio.gather(work, watcher, return_exceptions=True)
+    if work.cancelled():  # the client is gone: nobody reads this
+        return Response(status_code=499)
+    return work.result()

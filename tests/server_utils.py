@@ -1,0 +1,91 @@
+"""Run a real `minivllm serve` process on a free localhost port for the server tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.model_factory import STORIES
+
+# Small caches so that startup takes a second or two on two cores.
+FAST_ENGINE_ARGS = ["--num-kv-blocks", "128", "--swap-space", "0.05", "--max-num-seqs", "8"]
+
+# Enough of a chat template for the stories model, which has none of its own.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def stories_model() -> Path:
+    if not (STORIES / "model.safetensors").exists():
+        pytest.skip("../shared/models/stories260K is not present")
+    return STORIES
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, model: Path, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", str(model),
+               "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._wait_ready(timeout=90)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self, headers: dict | None = None) -> dict[str, float]:
+        """/metrics as {"name{labels}": value}, minus the model_name label for brevity."""
+        text = httpx.get(self.url + "/metrics", headers=headers, timeout=10).text
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            key, value = line.rsplit(" ", 1)
+            name, _, labels = key.partition("{")
+            labels = [pair for pair in re.findall(r'\w+="[^"]*"', labels)
+                      if not pair.startswith("model_name=")]
+            values[name + ("{" + ",".join(labels) + "}" if labels else "")] = float(value)
+        return values
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
