@@ -68,6 +68,11 @@ class EngineConfig:
             raise bad("priority_aging_s", "must be > 0")
         if self.min_run_quantum < 0:
             raise bad("min_run_quantum", "must be >= 0")
+        for name in ("max_num_waiting_requests", "max_num_waiting_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise bad("request_timeout", "must be > 0")
         if not self.enable_chunked_prefill and self.max_model_len is not None:
             if self.max_num_batched_tokens < self.max_model_len:
                 raise ValueError(

@@ -37,13 +37,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A prelude that makes every engine step last at least 5 ms: long requests then keep the
+# batch busy for seconds, however fast the machine.
+SLOW_STEPS = """
+import time
+from minivllm.model.runner import ModelRunner
+
+def _execute(self, *args, _original=ModelRunner.execute):
+    time.sleep(0.005)
+    return _original(self, *args)
+
+ModelRunner.execute = _execute
+"""
+
+# How the server process starts: `python -c PRELUDE + LAUNCH serve ...`.
+LAUNCH = "import sys; from minivllm.entrypoints.cli import main; sys.exit(main())"
+
+
 class ServerProcess:
-    def __init__(self, model: Path, args: list[str], log_path: Path) -> None:
+    """`minivllm serve` in a child process. `prelude` is Python run in that process before
+    the CLI starts: the hardening tests' fault injection patches the engine there."""
+
+    def __init__(self, model: Path, args: list[str], log_path: Path, prelude: str = "") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", str(model),
+        cmd = [sys.executable, "-c", f"{prelude}\n{LAUNCH}", "serve", str(model),
                "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})

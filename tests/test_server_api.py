@@ -259,3 +259,63 @@ def test_tokenize_and_detokenize(server, model_name):
     assert r.json()["tokens"][0] == 1 and r.json()["count"] > 10
     r = httpx.post(server.url + "/detokenize", json={"tokens": [403, 407, 261, 378]})
     assert r.json() == {"prompt": PROMPT}
+
+
+def test_completion_n_choices_stream_and_not(client, model_name):
+    greedy = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=32,
+                                       temperature=0, n=4)
+    assert [c.index for c in greedy.choices] == [0, 1, 2, 3]
+    assert all(c.text == KNOWN_CONTINUATION for c in greedy.choices)
+    assert greedy.usage.completion_tokens == 4 * 32 and greedy.usage.prompt_tokens == 5
+
+    kwargs = dict(model=model_name, prompt=PROMPT, max_tokens=16, temperature=1.0, seed=3, n=3)
+    whole = client.completions.create(**kwargs)
+    assert len({c.text for c in whole.choices}) > 1  # each choice has its own generator
+    chunks = list(client.completions.create(**kwargs, stream=True,
+                                            stream_options={"include_usage": True}))
+    streamed = {i: "".join(c.choices[0].text for c in chunks
+                           if c.choices and c.choices[0].index == i) for i in range(3)}
+    assert streamed == {c.index: c.text for c in whole.choices}
+    finishes = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finishes) == [0, 1, 2]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completion_n_with_several_prompts_indexes_prompt_major(client, model_name):
+    resp = client.completions.create(model=model_name, prompt=[PROMPT, "One day"], n=2,
+                                     max_tokens=8, temperature=0)
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    assert resp.choices[0].text == resp.choices[1].text == KNOWN_CONTINUATION[:len(
+        resp.choices[0].text)]
+    assert resp.choices[2].text == resp.choices[3].text != resp.choices[0].text
+    assert resp.usage.prompt_tokens == 5 + 3 and resp.usage.completion_tokens == 4 * 8
+
+
+def test_best_of_returns_the_most_likely_of_its_samples(client, model_name):
+    kwargs = dict(model=model_name, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=11)
+    candidates = client.completions.create(**kwargs, n=4, logprobs=0).choices
+    best = max(candidates, key=lambda c: sum(c.logprobs.token_logprobs))
+    chosen = client.completions.create(**kwargs, n=1, best_of=4)
+    assert [c.text for c in chosen.choices] == [best.text]
+    assert chosen.choices[0].logprobs is None  # best_of's logprobs are not the client's
+    two = client.completions.create(**kwargs, n=2, best_of=4, logprobs=0).choices
+    ranked = sorted(candidates, key=lambda c: -sum(c.logprobs.token_logprobs))
+    assert [c.text for c in two] == [c.text for c in ranked[:2]]
+    assert [c.index for c in two] == [0, 1]
+
+
+def test_chat_n_choices_stream_and_not(client, model_name):
+    kwargs = dict(model=model_name, messages=MESSAGES, max_tokens=12, temperature=1.0, seed=5,
+                  n=3)
+    whole = client.chat.completions.create(**kwargs)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    chunks = list(client.chat.completions.create(**kwargs, stream=True,
+                                                 stream_options={"include_usage": True}))
+    roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role]
+    assert roles == [0, 1, 2]
+    streamed = {i: "".join(c.choices[0].delta.content or "" for c in chunks
+                           if c.choices and c.choices[0].index == i) for i in range(3)}
+    assert streamed == {c.index: c.message.content for c in whole.choices}
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert whole.usage.completion_tokens == 3 * 12 or any(
+        c.finish_reason == "stop" for c in whole.choices)

@@ -13,11 +13,17 @@ import pytest
 from prometheus_client import generate_latest
 
 from minivllm.config import EngineConfig
-from minivllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestFailedError
+from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.engine.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
 from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, token_buckets
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.entrypoints.openai.api_server import build_app
-from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 
@@ -34,6 +40,7 @@ class FakeEngine:
         self.stat_loggers: list = []
         self.fail_step = False
         self.fail_request: str | None = None
+        self.time_out_request: str | None = None  # failed before it was ever scheduled
         self.thread_ids: set[int] = set()
 
     def _touch(self) -> None:
@@ -65,6 +72,11 @@ class FakeEngine:
             tokens.append(7)
             done = len(tokens) >= params.max_tokens
             error = "bad request" if request_id == self.fail_request else None
+            if request_id == self.time_out_request:
+                del self.requests[request_id]
+                outputs.append(self._output(request_id, [], "abort", "waited too long",
+                                            RequestMetrics(arrival_time=0.0)))
+                continue
             if done or error:
                 del self.requests[request_id]
             outputs.append(self._output(request_id, tokens, "length" if done or error else None,
@@ -74,11 +86,11 @@ class FakeEngine:
         return outputs
 
     @staticmethod
-    def _output(request_id, tokens, finish_reason, error=None):
+    def _output(request_id, tokens, finish_reason, error=None, metrics=None):
         completion = CompletionOutput(0, "x" * len(tokens), list(tokens), None, None,
                                       finish_reason)
         return RequestOutput(request_id, None, [1], None, [completion],
-                             finished=finish_reason is not None, error=error)
+                             finished=finish_reason is not None, metrics=metrics, error=error)
 
     def get_stats(self):
         return SchedulerStats(num_running=len(self.requests))
@@ -163,6 +175,47 @@ def test_one_failed_request_does_not_stop_the_others(fake):
     assert good[-1].finished and async_engine.is_running
 
 
+def test_a_request_failed_unscheduled_timed_out_and_is_counted():
+    engine = FakeEngine()
+    prometheus = PrometheusStatLogger("m", max_model_len=512)
+    async_engine = AsyncLLMEngine(engine, [prometheus], log_interval=60)
+    engine.time_out_request = "late"
+    try:
+        with pytest.raises(RequestTimeoutError, match="waited too long"):
+            asyncio.run(collect(async_engine, "late"))
+    finally:
+        async_engine.shutdown()
+    assert _sample(prometheus.registry, "vllm:num_requests_rejected_total",
+                   reason="request_timeout") == 1
+    assert _sample(prometheus.registry, "vllm:num_requests_rejected_total",
+                   reason="shutdown") == 0
+
+
+def test_drain_refuses_new_requests_then_cuts_the_stragglers():
+    engine = FakeEngine()
+    prometheus = PrometheusStatLogger("m", max_model_len=512)
+    async_engine = AsyncLLMEngine(engine, [prometheus], log_interval=60)
+
+    async def main():
+        short = asyncio.ensure_future(collect(async_engine, "short", max_tokens=20))
+        long = asyncio.ensure_future(collect(async_engine, "long", max_tokens=50_000))
+        await asyncio.sleep(0.02)
+        drain = asyncio.ensure_future(async_engine.drain(timeout=0.3))
+        await asyncio.sleep(0.01)
+        with pytest.raises(EngineOverloadedError, match="shutting down") as refused:
+            await collect(async_engine, "late")
+        assert refused.value.reason == "shutdown"
+        cut = await drain
+        return cut, await short, await asyncio.gather(long, return_exceptions=True)
+
+    cut, short, (long,) = asyncio.run(main())
+    assert cut == 1 and short[-1].finished
+    assert isinstance(long, EngineDeadError) and "shut down before" in str(long)
+    assert async_engine.errored and not async_engine.crashed
+    assert _sample(prometheus.registry, "vllm:num_requests_rejected_total",
+                   reason="shutdown") == 1
+
+
 def test_step_exception_fails_requests_and_marks_the_engine_dead(fake, caplog):
     engine, async_engine = fake
 
@@ -181,7 +234,7 @@ def test_step_exception_fails_requests_and_marks_the_engine_dead(fake, caplog):
 
     with caplog.at_level(logging.ERROR):
         health = asyncio.run(main())
-    assert async_engine.errored and not async_engine.is_running
+    assert async_engine.errored and async_engine.crashed and not async_engine.is_running
     assert "Traceback" in caplog.text or any(r.exc_info for r in caplog.records)
     assert health.status_code == 503 and "boom" in health.json()["error"]["message"]
 
@@ -223,7 +276,8 @@ def test_prometheus_counters_equal_the_engine_counts():
              IterationStats(0, num_prompt_tokens=60, num_generation_tokens=2,
                             time_to_first_tokens=[0.2, 0.3]))
     p.record(SchedulerStats(num_running=0, kv_cache_usage=0.0, prefix_cache_queries=130,
-                            prefix_cache_hits=40, num_preemptions=3),
+                            prefix_cache_hits=40, num_preemptions=3, num_total_swap_blocks=8,
+                            num_free_swap_blocks=6),
              IterationStats(0, num_generation_tokens=3, inter_token_latencies=[0.01],
                             finished_requests=[finished]))
     r = p.registry
@@ -234,6 +288,10 @@ def test_prometheus_counters_equal_the_engine_counts():
     assert _sample(r, "vllm:generation_tokens_total") == 5
     assert _sample(r, "vllm:num_requests_running") == 0
     assert _sample(r, "vllm:kv_cache_usage_perc") == 0
+    assert _sample(r, "vllm:cpu_cache_usage_perc") == 0.25
+    p.record_rejected("max_num_waiting_requests")
+    assert _sample(r, "vllm:num_requests_rejected_total",
+                   reason="max_num_waiting_requests") == 1
     assert _sample(r, "vllm:request_success_total", finished_reason="length") == 1
     assert _sample(r, "vllm:request_success_total", finished_reason="abort") == 0
     assert _sample(r, "vllm:time_to_first_token_seconds_count") == 2

@@ -50,9 +50,30 @@ BAD_REQUESTS = [
     ("top_p zero", C, completion(top_p=0), AUTH, 400, "top_p", []),
     ("top_p above one", C, completion(top_p=1.5), AUTH, 400, "top_p", []),
     ("top_k negative", C, completion(top_k=-5), AUTH, 400, "top_k", []),
-    ("n above one", C, completion(n=2), AUTH, 400, "n", []),
-    ("best_of above one", C, completion(best_of=3), AUTH, 400, "best_of", []),
+    ("n zero", C, completion(n=0), AUTH, 400, "n", []),
+    ("n above --max-n", C, completion(n=17), AUTH, 400, "n", ["16", "--max-n"]),
+    ("best_of below n", C, completion(n=3, best_of=2), AUTH, 400, "best_of", ["n (3)"]),
+    ("best_of above --max-n", C, completion(best_of=40), AUTH, 400, "best_of", ["--max-n"]),
+    ("best_of above n streamed", C, completion(n=2, best_of=3, stream=True), AUTH, 400,
+     "best_of", ["stream"]),
+    ("chat n above --max-n", CHAT, chat(n=17), AUTH, 400, "n", ["--max-n"]),
     ("logprobs too many", C, completion(logprobs=100), AUTH, 400, "logprobs", ["20"]),
+    ("top_logprobs too many", CHAT, chat(logprobs=True, top_logprobs=21), AUTH, 400,
+     "top_logprobs", ["20", "--max-logprobs"]),
+    ("too many stop strings", C, completion(stop=["a"] * 17), AUTH, 400, "stop",
+     ["16", "--max-stop-strings"]),
+    ("too many stop token ids", C, completion(stop_token_ids=list(range(17))), AUTH, 400,
+     "stop_token_ids", ["--max-stop-strings"]),
+    ("stop token id outside vocab", C, completion(stop_token_ids=[99999], min_tokens=2), AUTH,
+     400, "stop_token_ids", ["99999"]),
+    ("too many prompts", C, completion(prompt=["x"] * 129), AUTH, 400, "prompt",
+     ["128", "--max-prompts-per-request"]),
+    ("seed beyond int64", C, completion(seed=2**64), AUTH, 400, "seed", []),
+    ("lone surrogate", C, b'{"prompt": "a\\ud800b"}', AUTH, 400, "prompt", ["Unicode"]),
+    ("temperature NaN", C, b'{"prompt": "a", "temperature": NaN}', AUTH, 400, "temperature",
+     []),
+    ("repetition_penalty infinite", C, b'{"prompt": "a", "repetition_penalty": Infinity}',
+     AUTH, 400, "repetition_penalty", []),
     ("presence_penalty too big", C, completion(presence_penalty=5), AUTH, 400,
      "presence_penalty", []),
     ("min_tokens above max_tokens", C, completion(min_tokens=10), AUTH, 400, "min_tokens", []),
@@ -75,6 +96,8 @@ BAD_REQUESTS = [
     ("top_logprobs without logprobs", CHAT, chat(top_logprobs=2), AUTH, 400, "top_logprobs", []),
     ("chat unknown model", CHAT, chat(model="nope"), AUTH, 404, "model", []),
     ("huge body", C, completion(prompt="word " * 300_000), AUTH, 413, None, ["--max-request"]),
+    ("huge header", C, completion(), {**AUTH, "X-Big": "x" * 40_000}, 431, None,
+     ["--max-header-kb"]),
     ("missing key", C, completion(), {}, 401, None, ["API key"]),
     ("wrong key", C, completion(), {"Authorization": "Bearer guess"}, 401, None, ["API key"]),
     ("tokenize both inputs", "/tokenize", {"prompt": "x", "messages": []}, AUTH, 400, "prompt",
@@ -105,9 +128,10 @@ def test_huge_invalid_field_is_not_echoed(server):
     assert r.status_code == 400 and len(r.text) < 1000
 
 
-def test_key_covers_every_route_but_health(server):
+def test_key_covers_every_route_but_health_and_metrics(server):
     assert httpx.get(server.url + "/health").status_code == 200
-    for path in ("/v1/models", "/metrics", "/version"):
+    assert httpx.get(server.url + "/metrics").status_code == 200  # no --metrics-require-key
+    for path in ("/v1/models", "/version", "/docs", "/openapi.json"):
         assert httpx.get(server.url + path).status_code == 401
         assert httpx.get(server.url + path, headers=AUTH).status_code == 200
 

@@ -19,19 +19,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from minivllm.config import EngineConfig
+from minivllm.engine.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
 from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped (an unexpected error or shutdown): nothing more is generated."""
-
-
-class RequestFailedError(RuntimeError):
-    """The engine failed this one request; the others go on."""
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
@@ -109,12 +107,16 @@ class AsyncLLMEngine:
         for stat_logger in self.stat_loggers:
             engine.add_stat_logger(stat_logger)
         self.log_interval = log_interval
-        self.errored = False
+        self.errored = False  # the loop has stopped, for whatever reason
+        self.crashed = False  # ... because a step raised: the process should be restarted
         self.dead_reason: str | None = None
+        self.draining = False  # shutting down: in-flight requests go on, new ones are refused
+        self._num_in_flight = 0  # generate() calls not yet returned (asyncio side)
         self._inbox: deque[_Add | _Abort] = deque()
-        self._lock = threading.Lock()  # guards _inbox and errored
+        self._lock = threading.Lock()  # guards _inbox, errored and draining
         self._wakeup = threading.Event()
         self._stopping = False
+        self._stop_reason = "engine shut down"
         self._streams: dict[str, _RequestStream] = {}  # engine thread only
         self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
         self._thread.start()
@@ -142,32 +144,48 @@ class AsyncLLMEngine:
                        cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yield the request's cumulative outputs; the last one has finished=True.
 
-        Raises ValueError for input the engine rejects, RequestFailedError when the engine
-        failed this request, EngineDeadError when the engine loop is gone. A consumer that
-        stops early (disconnect, cancellation) aborts the request and frees its KV blocks.
+        Raises ValueError for input the engine rejects, EngineOverloadedError when a queue
+        bound is reached or the engine is draining, RequestFailedError (RequestTimeoutError)
+        when the engine failed this request, EngineDeadError when the engine loop is gone. A
+        consumer that stops early (disconnect, cancellation) aborts the request and frees its
+        KV blocks.
         """
         loop = asyncio.get_running_loop()
         stream = _RequestStream(loop)
         accepted = loop.create_future()
         self._submit(_Add(request_id, prompt, params, prompt_token_ids, priority, cache_salt,
                           stream, accepted))
+        self._num_in_flight += 1
         finished = False
         try:
             await accepted
             while not finished:
                 output = await stream.get()
-                finished = output.finished or output.error is not None
-                if output.error is not None:
-                    raise RequestFailedError(output.error)
+                finished = output.finished
                 yield output
         finally:
+            self._num_in_flight -= 1
             if not finished:
                 self._submit(_Abort(request_id), quiet=True)
 
     async def abort(self, request_id: str) -> None:
         self._submit(_Abort(request_id), quiet=True)
 
-    def shutdown(self) -> None:
+    async def drain(self, timeout: float) -> int:
+        """Graceful shutdown: refuse new requests, give the ones in flight up to `timeout`
+        seconds to finish, then stop the engine, which fails the rest with EngineDeadError.
+        Returns how many were cut short."""
+        with self._lock:
+            self.draining = True
+        deadline = time.monotonic() + timeout
+        while self._num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        cut = self._num_in_flight
+        await asyncio.to_thread(self.shutdown, "the server shut down before the request finished")
+        return cut
+
+    def shutdown(self, reason: str = "engine shut down") -> None:
+        self._stop_reason = reason
         self._stopping = True
         self._wakeup.set()
         self._thread.join(timeout=10)
@@ -177,9 +195,16 @@ class AsyncLLMEngine:
             if self.errored:
                 if quiet:
                     return
-                raise EngineDeadError(self.dead_reason or "engine is not running")
+                raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
+            if self.draining and isinstance(command, _Add):
+                self._count_rejected("shutdown")
+                raise EngineOverloadedError("the server is shutting down", "shutdown")
             self._inbox.append(command)
         self._wakeup.set()
+
+    def _count_rejected(self, reason: str) -> None:
+        for stat_logger in self.stat_loggers:
+            stat_logger.record_rejected(reason)
 
     # ---- engine thread ------------------------------------------------------------------
 
@@ -200,9 +225,9 @@ class AsyncLLMEngine:
                     next_log = time.monotonic() + self.log_interval
         except Exception as e:
             logger.exception("engine loop failed: failing every in-flight request")
-            self._die(f"engine loop failed: {type(e).__name__}: {e}")
+            self._die(f"engine loop failed: {type(e).__name__}: {e}", crashed=True)
         else:
-            self._die("engine shut down")
+            self._die(self._stop_reason, crashed=False)
 
     def _process_inbox(self) -> None:
         """Apply queued adds and aborts in order. One at a time: if the engine raises, the
@@ -224,6 +249,8 @@ class AsyncLLMEngine:
                                         prompt_token_ids=cmd.prompt_token_ids,
                                         priority=cmd.priority, cache_salt=cmd.cache_salt)
             except Exception as e:  # ValueError for bad input; anything else is the caller's too
+                if isinstance(e, EngineOverloadedError):
+                    self._count_rejected(e.reason)
                 _resolve(cmd.accepted, e)
                 continue
             self._streams[cmd.request_id] = cmd.stream
@@ -236,11 +263,19 @@ class AsyncLLMEngine:
                 continue
             if output.finished or output.error is not None:
                 del self._streams[output.request_id]
-            stream.put(output)
+            stream.put(output if output.error is None else self._request_error(output))
 
-    def _die(self, reason: str) -> None:
+    def _request_error(self, output: RequestOutput) -> RequestFailedError:
+        # The engine fails a request it never scheduled only when it waited too long.
+        if output.metrics is not None and output.metrics.first_scheduled_time is None:
+            self._count_rejected("request_timeout")
+            return RequestTimeoutError(output.error)
+        return RequestFailedError(output.error)
+
+    def _die(self, reason: str, crashed: bool) -> None:
         with self._lock:
             self.errored = True
+            self.crashed = crashed
             self.dead_reason = reason
             pending = list(self._inbox)
             self._inbox.clear()

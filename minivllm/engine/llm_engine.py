@@ -15,6 +15,7 @@ from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from minivllm.engine.errors import EngineOverloadedError
 from minivllm.engine.request_state import RequestGroup, RequestState
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.model.loader import resolve_model_path
@@ -103,6 +104,7 @@ class LLMEngine:
                 raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) leaves no room in "
                                  f"the context (max_model_len={self.max_model_len})")
         self.scheduler.check_fits(len(prompt_token_ids), max_tokens)
+        self._check_queue_bounds(len(prompt_token_ids))
         arrival_time = arrival_time if arrival_time is not None else time.time()
         num_seqs = params.best_of or params.n
         group = RequestGroup(
@@ -147,6 +149,32 @@ class LLMEngine:
             if value is not None and value > self.config.max_logprobs:
                 raise ValueError(f"{name} must be <= {self.config.max_logprobs}, got {value}")
 
+    def _check_queue_bounds(self, num_prompt_tokens: int) -> None:
+        """Turn a new request away while the waiting queue is at its bounds."""
+        waiting, config = self.scheduler.waiting, self.config
+        limit = config.max_num_waiting_requests
+        if limit is not None and len(waiting) >= limit:
+            raise EngineOverloadedError(
+                f"{len(waiting)} requests are waiting, the limit is {limit} "
+                "(max_num_waiting_requests)", "max_num_waiting_requests")
+        limit = config.max_num_waiting_tokens
+        if limit is not None and waiting:  # alone in the queue, any prompt may wait
+            queued = sum(r.num_tokens for r in waiting)
+            if queued + num_prompt_tokens > limit:
+                raise EngineOverloadedError(
+                    f"{queued} tokens are waiting and this prompt has {num_prompt_tokens}, the "
+                    f"limit is {limit} (max_num_waiting_tokens)", "max_num_waiting_tokens")
+
+    def _expire_waiting(self, now: float) -> None:
+        """Fail the requests that waited, never scheduled, longer than request_timeout."""
+        timeout = self.config.request_timeout
+        for request in [r for r in self.scheduler.waiting if now - r.arrival_time > timeout]:
+            group = self.groups[self.states[request.request_id].group_id]
+            if group.metrics.first_scheduled_time is None:
+                self._fail_group(group.request_id, error=(
+                    f"request timed out: it waited {now - request.arrival_time:.1f}s in the "
+                    f"queue, longer than request_timeout={timeout}s"))
+
     def abort_request(self, request_id: str | list[str]) -> None:
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             self._fail_group(rid, error=None)
@@ -174,6 +202,8 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self.config.request_timeout is not None:
+            self._expire_waiting(time.time())
         sched_out = self.scheduler.schedule()
         now = time.time()
         iteration = IterationStats(timestamp=now)

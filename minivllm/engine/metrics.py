@@ -23,6 +23,10 @@ class StatLoggerBase:
     def log(self) -> None:
         """Periodic hook (every --log-interval seconds); loggers that only record ignore it."""
 
+    def record_rejected(self, reason: str) -> None:
+        """A request turned away before it produced anything (REJECT_REASONS); called from
+        the engine thread or the event loop."""
+
 
 class LoggingStatLogger(StatLoggerBase):
     """One INFO line per interval while busy, in vLLM's words; quiet when idle."""
@@ -71,6 +75,9 @@ _ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
 _REQUEST_TIME_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
                          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 FINISH_REASONS = ("stop", "length", "abort")
+# EngineOverloadedError.reason, plus the queue timeout.
+REJECT_REASONS = ("max_num_waiting_requests", "max_num_waiting_tokens", "request_timeout",
+                  "shutdown")
 
 
 def token_buckets(max_value: int) -> list[int]:
@@ -107,6 +114,8 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_swapped = gauge("vllm:num_requests_swapped", "Requests swapped out to host memory.")
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc",
                                     "KV cache usage; 1 means 100 percent.")
+        self.cpu_cache_usage = gauge("vllm:cpu_cache_usage_perc",
+                                     "Swap (host) KV block usage; 1 means 100 percent.")
         self.prefix_cache_queries = counter("vllm:prefix_cache_queries",
                                             "Prompt tokens looked up in the prefix cache.")
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits",
@@ -118,6 +127,11 @@ class PrometheusStatLogger(StatLoggerBase):
                                        labels + ["finished_reason"], registry=r)
         for reason in FINISH_REASONS:  # export zeros before the first request finishes
             self.request_success.labels(model_name, reason)
+        self.requests_rejected = Counter(
+            "vllm:num_requests_rejected", "Requests turned away before any output, by reason.",
+            labels + ["reason"], registry=r)
+        for reason in REJECT_REASONS:
+            self.requests_rejected.labels(model_name, reason)
         self._model_name = model_name
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
                               _TTFT_BUCKETS)
@@ -145,6 +159,9 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_waiting.set(s.num_waiting)
         self.num_swapped.set(s.num_swapped)
         self.kv_cache_usage.set(s.kv_cache_usage)
+        used_swap = s.num_total_swap_blocks - s.num_free_swap_blocks
+        self.cpu_cache_usage.set(used_swap / s.num_total_swap_blocks if s.num_total_swap_blocks
+                                 else 0.0)
         for name in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions"):
             delta = getattr(s, name) - getattr(self._last, name)
             if delta > 0:
@@ -166,3 +183,6 @@ class PrometheusStatLogger(StatLoggerBase):
             self.decode_time.observe(req.decode_time)
             self.request_prompt_tokens.observe(req.num_prompt_tokens)
             self.request_generation_tokens.observe(req.num_generation_tokens)
+
+    def record_rejected(self, reason: str) -> None:
+        self.requests_rejected.labels(self._model_name, reason).inc()

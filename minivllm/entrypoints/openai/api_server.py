@@ -7,12 +7,18 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from minivllm.engine.async_engine import AsyncLLMEngine
 from minivllm.engine.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
-from minivllm.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from minivllm.entrypoints.openai.limits import RequestLimits
+from minivllm.entrypoints.openai.middleware import (
+    ApiKeyMiddleware,
+    BodySizeLimitMiddleware,
+    HeaderSizeLimitMiddleware,
+)
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -22,8 +28,6 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-
-DEFAULT_MAX_REQUEST_BODY_MB = 16.0
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -46,12 +50,14 @@ def _package_version() -> str:
 
 
 def build_app(engine: AsyncLLMEngine, args) -> FastAPI:
-    """The app; `args` carries the server flags (api_key, chat_template, max_request_body_mb)."""
+    """The app; `args` carries the server flags (api_key, metrics_require_key,
+    allowed_origins, chat_template and RequestLimits' fields); missing ones keep defaults."""
     model_name = engine.config.model_name
     chat_template = load_chat_template(getattr(args, "chat_template", None))
-    base = OpenAIServing(engine, model_name, chat_template)
-    completions = OpenAIServingCompletion(engine, model_name, chat_template)
-    chat = OpenAIServingChat(engine, model_name, chat_template)
+    limits = RequestLimits.from_args(args)
+    base = OpenAIServing(engine, model_name, chat_template, limits)
+    completions = OpenAIServingCompletion(engine, model_name, chat_template, limits)
+    chat = OpenAIServingChat(engine, model_name, chat_template, limits)
     prometheus = next((s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)),
                       None)
     created = int(time.time())
@@ -63,6 +69,8 @@ def build_app(engine: AsyncLLMEngine, args) -> FastAPI:
     async def health() -> Response:
         if not engine.is_running:
             return error_response(f"engine is not running: {engine.dead_reason}", 503)
+        if engine.draining:
+            return error_response("the server is shutting down", 503)
         return Response(status_code=200)
 
     @app.get("/version")
@@ -93,7 +101,8 @@ def build_app(engine: AsyncLLMEngine, args) -> FastAPI:
         else:
             text = req.prompt
             add_special = req.add_special_tokens is not False
-        tokens = base.tokenizer.encode(text, add_special_tokens=add_special)
+        tokens = base.encode(text, "messages" if req.messages is not None else "prompt",
+                             add_special_tokens=add_special)
         token_strs = base.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs \
             else None
         return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens,
@@ -114,11 +123,19 @@ def build_app(engine: AsyncLLMEngine, args) -> FastAPI:
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
         return await cancel_on_disconnect(raw, chat.create(req))
 
-    # The last added is the outermost: the key is checked before a body is read.
-    max_mb = getattr(args, "max_request_body_mb", None) or DEFAULT_MAX_REQUEST_BODY_MB
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=int(max_mb * 1024 * 1024))
+    # The last added is the outermost: headers are measured first, CORS answers preflights
+    # (which carry no key) and labels every answer, then the key is checked, and only then
+    # is a body read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_body_bytes)
     api_key = getattr(args, "api_key", None)
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        open_paths = ("/health",) if getattr(args, "metrics_require_key", False) \
+            else ("/health", "/metrics")
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=open_paths)
+    origins = getattr(args, "allowed_origins", None)
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    app.add_middleware(HeaderSizeLimitMiddleware, max_bytes=limits.max_header_bytes)
     return app
 

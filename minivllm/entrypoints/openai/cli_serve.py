@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
+from minivllm.entrypoints.openai.limits import RequestLimits, add_limit_args
 
 logger = logging.getLogger("minivllm.serve")
 
@@ -21,14 +22,22 @@ def add_parser(subparsers) -> None:
                         "127.0.0.1; 0.0.0.0 exposes the server to the network)")
     parser.add_argument("--port", type=int, default=8000, help="(default: 8000)")
     parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on every route but /health")
+                        help="require 'Authorization: Bearer KEY' on every route but /health "
+                             "and /metrics")
+    parser.add_argument("--metrics-require-key", action="store_true",
+                        help="with --api-key, guard /metrics too (default: open, for scrapers)")
+    parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                        help="answer CORS requests from these origins ('*' for any); "
+                             "default: no CORS headers")
+    parser.add_argument("--shutdown-timeout", type=float, default=20.0,
+                        help="on SIGTERM, seconds for requests in flight to finish before they "
+                             "are aborted (default: 20)")
     parser.add_argument("--chat-template", default=None,
                         help="Jinja chat template file (or the template itself) for tokenizers "
                              "that have none")
     parser.add_argument("--log-interval", type=float, default=5.0,
                         help="seconds between two stats log lines while busy (default: 5)")
-    parser.add_argument("--max-request-body-mb", type=float, default=16.0,
-                        help="larger request bodies get 413 (default: 16)")
+    add_limit_args(parser)
     add_engine_args(parser)
     parser.set_defaults(func=run)
 
@@ -39,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     from minivllm.engine.async_engine import AsyncLLMEngine
     from minivllm.entrypoints.openai.api_server import build_app, load_chat_template
+    from minivllm.entrypoints.openai.lifecycle import ServingServer
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt="%m-%d %H:%M:%S")
     disable_created_metrics()  # as vLLM: no *_created series beside every counter
@@ -52,8 +62,13 @@ def run(args: argparse.Namespace) -> int:
         logger.info("serving %s at http://%s:%d (OpenAI API under /v1; docs at /docs)",
                     config.model_name, args.host, args.port)
         # log_config=None: uvicorn's loggers (the access log among them) use the format above.
-        uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=True,
-                    timeout_graceful_shutdown=5)
+        # h11 buffers a few times the header limit, so that HeaderSizeLimitMiddleware answers.
+        uvicorn_config = uvicorn.Config(
+            app, host=args.host, port=args.port, log_config=None, access_log=True,
+            timeout_graceful_shutdown=5,
+            h11_max_incomplete_event_size=4 * RequestLimits.from_args(args).max_header_bytes)
+        server = ServingServer(uvicorn_config, engine, args.shutdown_timeout)
+        server.run()
     finally:
         engine.shutdown()
-    return 0
+    return server.exit_code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
 
 from fastapi import Request
@@ -9,9 +10,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from minivllm.engine.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
+logger = logging.getLogger(__name__)
+
 MAX_MESSAGE_CHARS = 500  # never echo a huge input back
+RETRY_AFTER_S = 1  # what a 503 for a full queue or a shutdown tells the client to wait
 
 _TYPES = {
     400: "BadRequestError",
@@ -19,17 +29,20 @@ _TYPES = {
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     413: "RequestTooLargeError",
+    431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
 
 
 class OpenAIError(Exception):
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
+        self.headers = headers
 
 
 def error_body(message: str, status: int, param: str | None = None) -> ErrorResponse:
@@ -40,8 +53,38 @@ def error_body(message: str, status: int, param: str | None = None) -> ErrorResp
                                          code=status))
 
 
-def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param).model_dump(), status_code=status)
+def error_response(message: str, status: int, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param).model_dump(), status_code=status,
+                        headers=headers)
+
+
+def to_openai_error(exc: Exception) -> OpenAIError:
+    """Any exception a handler or a stream meets, as the error its client gets."""
+    retry_later = {"Retry-After": str(RETRY_AFTER_S)}
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, EngineOverloadedError):
+        return OpenAIError(f"server overloaded: {exc}", 503, headers=retry_later)
+    if isinstance(exc, RequestTimeoutError):
+        return OpenAIError(str(exc), 503, headers=retry_later)
+    if isinstance(exc, RequestFailedError):
+        return OpenAIError(f"the engine failed this request: {exc}", 500)
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(str(exc), 503)
+    if isinstance(exc, ValueError):  # the engine rejected the input
+        return OpenAIError(str(exc), 400)
+    return OpenAIError(f"internal server error: {type(exc).__name__}: {exc}", 500)
+
+
+# Errors that are part of serving, not bugs: their handler answers without a traceback.
+EXPECTED_ERRORS = (OpenAIError, EngineOverloadedError, RequestFailedError, EngineDeadError,
+                   ValueError)
+
+
+def log_if_unexpected(exc: Exception) -> None:
+    if not isinstance(exc, EXPECTED_ERRORS):
+        logger.error("request failed", exc_info=exc)
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -62,17 +105,15 @@ def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return error_response(str(exc.detail), exc.status_code)
 
 
-def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
-    return error_response(exc.message, exc.status, exc.param)
-
-
-def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    # Starlette still logs the traceback; the client gets the OpenAI shape, not plain text.
-    return error_response(f"internal server error: {type(exc).__name__}", 500)
+def _any_error(request: Request, exc: Exception) -> JSONResponse:
+    err = to_openai_error(exc)
+    return error_response(err.message, err.status, err.param, err.headers)
 
 
 def install_error_handlers(app) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(OpenAIError, _openai_error)
-    app.add_exception_handler(Exception, _internal_error)
+    for error_class in EXPECTED_ERRORS:
+        app.add_exception_handler(error_class, _any_error)
+    # Anything else is a bug: Starlette logs its traceback after this handler answers.
+    app.add_exception_handler(Exception, _any_error)

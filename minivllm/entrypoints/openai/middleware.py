@@ -1,4 +1,4 @@
-"""ASGI middleware: API-key check and request-body size limit, both answering in OpenAI's shape."""
+"""ASGI middleware: API-key check, header and body size limits, answering in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -8,23 +8,42 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from minivllm.entrypoints.openai.errors import error_response
 
-UNPROTECTED_PATHS = ("/health",)
-
 
 class ApiKeyMiddleware:
-    """Every route but /health needs `Authorization: Bearer <key>`."""
+    """Every route but the open ones (/health, and /metrics unless --metrics-require-key)
+    needs `Authorization: Bearer <key>`."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: tuple[str, ...]) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNPROTECTED_PATHS:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
         if not hmac.compare_digest(given, self.expected):
             message = "missing API key" if not given else "invalid API key"
             return await error_response(message, 401)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class HeaderSizeLimitMiddleware:
+    """431 for a request line plus headers over the limit (uvicorn's h11 parser buffers a
+    few times more, so that this answer, not its bare 400, is what such a client sees)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string", b""))
+            size += sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+            if size > self.max_bytes:
+                too_large = error_response(f"request line and headers are larger than "
+                                           f"{self.max_bytes} bytes (see --max-header-kb)", 431)
+                return await too_large(scope, receive, send)
         await self.app(scope, receive, send)
 
 

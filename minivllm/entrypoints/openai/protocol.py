@@ -1,7 +1,8 @@
 """Request and response models of the OpenAI-compatible API (OpenAI's and vLLM's field names).
 
 Requests accept and ignore fields they do not know (`user`, `parallel_tool_calls`, ...), as
-OpenAI clients send many. Ranges are checked by SamplingParams, which names the field.
+OpenAI clients send many. Ranges are checked by SamplingParams, which names the field; NaN and
+infinities (which Python's JSON parser accepts) are refused here, as are seeds outside int64.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ class StreamOptions(OpenAIModel):
 class SamplingRequest(OpenAIModel):
     """Fields that completions and chat completions share."""
 
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
     n: int = 1
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stream: bool = False

@@ -10,22 +10,30 @@ import jinja2
 from fastapi import Request, Response
 from starlette.responses import StreamingResponse
 
-from minivllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestFailedError
-from minivllm.entrypoints.openai.errors import OpenAIError, error_body
+from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.entrypoints.openai.errors import (
+    OpenAIError,
+    error_body,
+    log_if_unexpected,
+    to_openai_error,
+)
+from minivllm.entrypoints.openai.limits import RequestLimits
 from minivllm.entrypoints.openai.protocol import ChatMessage, SamplingRequest
-from minivllm.outputs import Logprob, RequestOutput
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, chat_template: str | None = None):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, chat_template: str | None = None,
+                 limits: RequestLimits = RequestLimits()) -> None:
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.chat_template = chat_template
+        self.limits = limits
 
     # ---- checks -------------------------------------------------------------------------
 
@@ -33,8 +41,9 @@ class OpenAIServing:
         if model is not None and model != self.model_name:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
 
-    def check_token_ids(self, token_ids: list[int], param: str) -> None:
-        if not token_ids:
+    def check_token_ids(self, token_ids: list[int], param: str, allow_empty: bool = False
+                        ) -> None:
+        if not token_ids and not allow_empty:
             raise OpenAIError(f"{param} must not be empty", 400, param)
         vocab_size = len(self.tokenizer)
         bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
@@ -56,20 +65,39 @@ class OpenAIServing:
                 f"{max_tokens} in the completion). Please reduce the length of the {where} or "
                 "completion.", 400, where)
 
+    def check_limit(self, param: str, value: int, limit: str) -> None:
+        """400 when `value` is over RequestLimits.<limit>, naming its flag."""
+        bound = getattr(self.limits, limit)
+        if value > bound:
+            flag = "--" + limit.replace("_", "-")
+            raise OpenAIError(f"{param} must be <= {bound} ({flag}), got {value}", 400, param)
+
     def sampling_params(self, req: SamplingRequest, max_tokens: int | None,
-                        logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
-        if req.n != 1:
-            raise OpenAIError(f"n: only n=1 is supported, got {req.n}", 400, "n")
+                        logprobs: int | None, prompt_logprobs: int | None = None,
+                        best_of: int | None = None, logprobs_param: str = "logprobs"
+                        ) -> SamplingParams:
+        """The request's SamplingParams, after the server's caps; `logprobs_param` is the
+        field that asked for logprobs (chat calls it top_logprobs)."""
         if req.stream_options is not None and not req.stream:
             raise OpenAIError("stream_options: only allowed when stream is true", 400,
                               "stream_options")
+        self.check_limit("n", req.n, "max_n")
+        if best_of is not None:
+            self.check_limit("best_of", best_of, "max_n")
+        stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        self.check_limit("stop", len(stop), "max_stop_strings")
+        self.check_limit("stop_token_ids", len(req.stop_token_ids or []), "max_stop_strings")
+        # The sampler bans stop tokens by id until min_tokens: they must be real ids.
+        self.check_token_ids(req.stop_token_ids or [], "stop_token_ids", allow_empty=True)
         max_logprobs = self.engine.config.max_logprobs
-        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        for name, value in ((logprobs_param, logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and value > max_logprobs:
                 raise OpenAIError(f"{name} must be <= {max_logprobs} (--max-logprobs), "
                                   f"got {value}", 400, name)
         try:
             return SamplingParams(
+                n=req.n,
+                best_of=best_of,
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
                 top_k=-1 if req.top_k in (None, 0) else req.top_k,  # vLLM: 0 also disables
@@ -92,6 +120,13 @@ class OpenAIServing:
             raise OpenAIError(str(e), 400, str(e).split(" ", 1)[0]) from e
 
     # ---- prompts ------------------------------------------------------------------------
+
+    def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        try:
+            text.encode()
+        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in JSON)
+            raise OpenAIError(f"{param}: not valid Unicode ({e.reason})", 400, param) from e
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
         template = self.chat_template or self.tokenizer.chat_template
@@ -119,27 +154,6 @@ class OpenAIServing:
                                     priority=priority)
 
 
-def to_openai_error(exc: Exception) -> OpenAIError:
-    if isinstance(exc, OpenAIError):
-        return exc
-    if isinstance(exc, ValueError):  # the engine rejected the input
-        return OpenAIError(str(exc), 400)
-    if isinstance(exc, RequestFailedError):
-        return OpenAIError(f"the engine failed this request: {exc}", 500)
-    if isinstance(exc, EngineDeadError):
-        return OpenAIError(str(exc), 503)
-    return OpenAIError(f"internal error: {type(exc).__name__}", 500)
-
-
-ENGINE_ERRORS = (ValueError, RequestFailedError, EngineDeadError)
-
-
-def check_not_aborted(output: RequestOutput) -> None:
-    # A live client's request is aborted only by the engine itself (--request-timeout).
-    if output.finished and output.outputs and output.outputs[0].finish_reason == "abort":
-        raise OpenAIError("the request was aborted by the engine (timed out?)", 503)
-
-
 async def gather_or_cancel(awaitables: Iterable[Awaitable]) -> list:
     """gather(), but a failure (or our own cancellation) cancels the siblings, which aborts them."""
     tasks = [asyncio.ensure_future(a) for a in awaitables]
@@ -156,7 +170,6 @@ async def last_output(gen: AsyncIterator[RequestOutput]) -> RequestOutput:
         last = None
         async for output in gen:
             last = output
-        check_not_aborted(last)
         return last
 
 
@@ -190,7 +203,6 @@ async def merge_streams(gens: list[AsyncIterator[RequestOutput]],
     pumps = [asyncio.ensure_future(pump(i, gen)) for i, gen in enumerate(gens)]
     try:
         for i, first in enumerate(firsts):
-            check_not_aborted(first)
             yield i, first
         running = len(gens)
         while running:
@@ -200,7 +212,6 @@ async def merge_streams(gens: list[AsyncIterator[RequestOutput]],
                 continue
             if isinstance(item, Exception):
                 raise item
-            check_not_aborted(item)
             yield i, item
     finally:
         for task in pumps:
@@ -208,12 +219,12 @@ async def merge_streams(gens: list[AsyncIterator[RequestOutput]],
         await asyncio.gather(*pumps, return_exceptions=True)
 
 
-def sendable_text_end(output: RequestOutput, params: SamplingParams, sent: int) -> int:
-    """How much of the cumulative text a stream may send now. Until the request finishes,
-    the last len(stop) - 1 characters stay back: a stop string that the next tokens complete
-    could still cut them off."""
-    text = output.outputs[0].text
-    if output.finished or not params.stop:
+def sendable_text_end(completion: CompletionOutput, params: SamplingParams, sent: int) -> int:
+    """How much of a choice's cumulative text a stream may send now. Until the choice
+    finishes, the last len(stop) - 1 characters stay back: a stop string that the next tokens
+    complete could still cut them off."""
+    text = completion.text
+    if completion.finish_reason is not None or not params.stop:
         return len(text)
     hold = max(len(stop) for stop in params.stop) - 1
     return max(sent, len(text) - hold)
@@ -224,6 +235,8 @@ def sse(payload) -> str:
 
 
 def sse_error(exc: Exception) -> str:
+    """The event that ends a stream which failed after it started."""
+    log_if_unexpected(exc)
     err = to_openai_error(exc)
     return sse(error_body(err.message, err.status, err.param))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import defaultdict
 
 from fastapi import Response
 from fastapi.responses import JSONResponse
@@ -23,7 +24,6 @@ from minivllm.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from minivllm.entrypoints.openai.serving import (
-    ENGINE_ERRORS,
     LOGPROB_FLOOR,
     SSE_DONE,
     OpenAIServing,
@@ -48,10 +48,11 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = req.max_tokens if req.max_completion_tokens is None \
             else req.max_completion_tokens
         params = self.sampling_params(req, max_tokens,
-                                      (req.top_logprobs or 0) if req.logprobs else None)
+                                      (req.top_logprobs or 0) if req.logprobs else None,
+                                      logprobs_param="top_logprobs")
         prompt = self.render_chat(req.messages, req.add_generation_prompt)
         # The template writes the special tokens (BOS ...) itself.
-        token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        token_ids = self.encode(prompt, "messages", add_special_tokens=False)
         self.check_token_ids(token_ids, "messages")
         self.check_context(len(token_ids), max_tokens, "messages")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -60,11 +61,11 @@ class OpenAIServingChat(OpenAIServing):
             firsts = await first_outputs([gen])
             return SSEResponse(self._stream(req, request_id, params, gen, firsts[0]))
         final = await last_output(gen)
-        c = final.outputs[0]
-        choice = ChatChoice(index=0, message=ChatResponseMessage(content=c.text),
-                            logprobs=self._logprobs(req, c.token_ids, c.logprobs),
-                            finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-        response = ChatCompletionResponse(id=request_id, model=self.model_name, choices=[choice],
+        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                              logprobs=self._logprobs(req, c.token_ids, c.logprobs),
+                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                   for c in final.outputs]
+        response = ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                           usage=self._usage(final))
         return JSONResponse(response.model_dump())
 
@@ -89,37 +90,45 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def _usage(final: RequestOutput) -> UsageInfo:
-        prompt, completion = len(final.prompt_token_ids), len(final.outputs[0].token_ids)
+        prompt = len(final.prompt_token_ids)
+        completion = sum(len(c.token_ids) for c in final.outputs)
         return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
                          total_tokens=prompt + completion)
 
     async def _stream(self, req, request_id, params, gen, first):
         created = int(time.time())
 
-        def chunk(delta: DeltaMessage, logprobs=None, finish_reason=None, stop_reason=None):
-            choice = ChatStreamChoice(index=0, delta=delta, logprobs=logprobs,
+        def chunk(index: int, delta: DeltaMessage, logprobs=None, finish_reason=None,
+                  stop_reason=None):
+            choice = ChatStreamChoice(index=index, delta=delta, logprobs=logprobs,
                                       finish_reason=finish_reason, stop_reason=stop_reason)
             return sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
                                            choices=[choice]))
 
         try:
-            yield chunk(DeltaMessage(role="assistant", content=""))
-            sent_text = sent_tokens = 0
+            for index in range(req.n):
+                yield chunk(index, DeltaMessage(role="assistant", content=""))
+            sent_text, sent_tokens = defaultdict(int), defaultdict(int)  # per choice
+            done: set[int] = set()
             async for _, output in merge_streams([gen], [first]):
-                c = output.outputs[0]
-                text_end = sendable_text_end(output, params, sent_text)
-                text, token_ids = c.text[sent_text:text_end], c.token_ids[sent_tokens:]
-                steps = (c.logprobs or [])[sent_tokens:]
-                sent_text, sent_tokens = text_end, len(c.token_ids)
-                finish_reason = c.finish_reason if output.finished else None
-                if text or token_ids or finish_reason:
-                    yield chunk(DeltaMessage(content=text),
-                                self._logprobs(req, token_ids, steps), finish_reason,
-                                c.stop_reason if finish_reason else None)
+                for c in output.outputs:
+                    if c.index in done:
+                        continue
+                    text_end = sendable_text_end(c, params, sent_text[c.index])
+                    text = c.text[sent_text[c.index]:text_end]
+                    token_ids = c.token_ids[sent_tokens[c.index]:]
+                    steps = (c.logprobs or [])[sent_tokens[c.index]:]
+                    sent_text[c.index], sent_tokens[c.index] = text_end, len(c.token_ids)
+                    if c.finish_reason is not None:
+                        done.add(c.index)
+                    if text or token_ids or c.finish_reason:
+                        yield chunk(c.index, DeltaMessage(content=text),
+                                    self._logprobs(req, token_ids, steps), c.finish_reason,
+                                    c.stop_reason)
                 if output.finished and req.stream_options and req.stream_options.include_usage:
                     yield sse(ChatCompletionChunk(id=request_id, created=created,
                                                   model=self.model_name, choices=[],
                                                   usage=self._usage(output)))
-        except (*ENGINE_ERRORS, OpenAIError) as e:
+        except Exception as e:  # whatever fails, the stream ends with an error event
             yield sse_error(e)
         yield SSE_DONE

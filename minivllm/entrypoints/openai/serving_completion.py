@@ -1,9 +1,13 @@
-"""POST /v1/completions: one engine request per prompt, answered whole or as a stream."""
+"""POST /v1/completions: one engine request per prompt, answered whole or as a stream.
+
+A request with several prompts and n > 1 has len(prompts) * n choices; the choice of
+prompt i's j-th completion has index i * n + j (as in vLLM and OpenAI)."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections import defaultdict
 
 from fastapi import Response
 from fastapi.responses import JSONResponse
@@ -17,7 +21,6 @@ from minivllm.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from minivllm.entrypoints.openai.serving import (
-    ENGINE_ERRORS,
     LOGPROB_FLOOR,
     SSE_DONE,
     OpenAIServing,
@@ -30,14 +33,16 @@ from minivllm.entrypoints.openai.serving import (
     sse,
     sse_error,
 )
-from minivllm.outputs import Logprob, RequestOutput
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, req: CompletionRequest) -> Response:
         self.check_model(req.model)
-        if req.best_of not in (None, 1):
-            raise OpenAIError(f"best_of: only 1 is supported, got {req.best_of}", 400, "best_of")
+        if req.stream and req.best_of is not None and req.best_of > req.n:
+            raise OpenAIError(f"best_of: must equal n when streaming (the best are known only "
+                              f"at the end), got best_of={req.best_of}, n={req.n}", 400,
+                              "best_of")
         prompts = self._tokenize_prompts(req.prompt)
         # lm-eval's loglikelihood requests: echo=true, max_tokens=0 wants only the prompt's
         # logprobs. The engine needs one token to generate; it is dropped from the answer.
@@ -45,7 +50,8 @@ class OpenAIServingCompletion(OpenAIServing):
         max_tokens = 1 if echo_only else req.max_tokens
         prompt_logprobs = req.logprobs if req.echo else None
         # One SamplingParams each: the engine fills in per-request fields.
-        params = [self.sampling_params(req, max_tokens, req.logprobs, prompt_logprobs)
+        params = [self.sampling_params(req, max_tokens, req.logprobs, prompt_logprobs,
+                                       best_of=req.best_of)
                   for _ in prompts]
         for _, token_ids in prompts:
             self.check_context(len(token_ids), max_tokens, "prompt")
@@ -59,11 +65,13 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = await gather_or_cancel(last_output(gen) for gen in gens)
         choices = []
         for i, final in enumerate(finals):
-            text, token_ids, steps = self._answer(req, prompts[i], final, echo_only, first=True)
-            choices.append(CompletionChoice(
-                index=i, text=text, logprobs=self._logprobs(req, token_ids, steps, 0),
-                finish_reason=final.outputs[0].finish_reason,
-                stop_reason=final.outputs[0].stop_reason))
+            for c in final.outputs:
+                text, token_ids, steps = self._answer(req, prompts[i], final, c, echo_only,
+                                                      first=True)
+                choices.append(CompletionChoice(
+                    index=i * req.n + c.index, text=text,
+                    logprobs=self._logprobs(req, token_ids, steps, 0),
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason))
         response = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                       usage=self._usage(finals, echo_only))
         return JSONResponse(response.model_dump())
@@ -74,19 +82,19 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt = [prompt]
         if not prompt:
             raise OpenAIError("prompt must not be empty", 400, "prompt")
+        self.check_limit("prompt", len(prompt), "max_prompts_per_request")
         prompts = []
         for p in prompt:
-            token_ids = self.tokenizer.encode(p) if isinstance(p, str) else list(p)
+            token_ids = self.encode(p, "prompt") if isinstance(p, str) else list(p)
             self.check_token_ids(token_ids, "prompt")
             prompts.append((p if isinstance(p, str) else None, token_ids))
         return prompts
 
     def _answer(self, req: CompletionRequest, prompt: tuple[str | None, list[int]],
-                output: RequestOutput, echo_only: bool, first: bool,
+                output: RequestOutput, c: CompletionOutput, echo_only: bool, first: bool,
                 sent_text: int = 0, text_end: int | None = None, sent_tokens: int = 0):
-        """Text, token ids and logprob steps not sent yet, with the prompt echoed in front
-        of the first part when asked."""
-        c = output.outputs[0]
+        """Choice c's text, token ids and logprob steps not sent yet, with the prompt echoed
+        in front of the first part when asked."""
         if echo_only:
             text, token_ids, steps = "", [], []
         else:
@@ -128,39 +136,46 @@ class OpenAIServingCompletion(OpenAIServing):
     @staticmethod
     def _usage(finals: list[RequestOutput], echo_only: bool) -> UsageInfo:
         prompt = sum(len(f.prompt_token_ids) for f in finals)
-        completion = 0 if echo_only else sum(len(f.outputs[0].token_ids) for f in finals)
+        completion = 0 if echo_only else sum(len(c.token_ids) for f in finals
+                                              for c in f.outputs)
         return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
                          total_tokens=prompt + completion)
 
     async def _stream(self, req, request_id, prompts, params, gens, firsts, echo_only):
         created = int(time.time())
-        n = len(gens)
-        sent_text, sent_tokens, offsets = [0] * n, [0] * n, [0] * n
-        started = [False] * n
+        # Per choice index: characters and tokens sent, logprob text offset.
+        sent_text, sent_tokens, offsets = defaultdict(int), defaultdict(int), defaultdict(int)
+        started: set[int] = set()
+        done: set[int] = set()
         finals: list[RequestOutput] = []
         try:
             async for i, output in merge_streams(gens, firsts):
-                c = output.outputs[0]
-                text_end = sendable_text_end(output, params[i], sent_text[i])
-                text, token_ids, steps = self._answer(req, prompts[i], output, echo_only,
-                                                      not started[i], sent_text[i], text_end,
-                                                      sent_tokens[i])
-                started[i] = True
-                sent_text[i], sent_tokens[i] = text_end, len(c.token_ids)
-                finish_reason = c.finish_reason if output.finished else None
-                if not (text or token_ids or finish_reason):
-                    continue
-                choice = CompletionChoice(
-                    index=i, text=text, logprobs=self._logprobs(req, token_ids, steps, offsets[i]),
-                    finish_reason=finish_reason, stop_reason=c.stop_reason if finish_reason else None)
-                offsets[i] += len(text)
-                yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                             choices=[choice]))
+                for c in output.outputs:
+                    index = i * req.n + c.index
+                    if index in done:
+                        continue
+                    text_end = sendable_text_end(c, params[i], sent_text[index])
+                    text, token_ids, steps = self._answer(
+                        req, prompts[i], output, c, echo_only, index not in started,
+                        sent_text[index], text_end, sent_tokens[index])
+                    started.add(index)
+                    sent_text[index], sent_tokens[index] = text_end, len(c.token_ids)
+                    if c.finish_reason is not None:
+                        done.add(index)
+                    if not (text or token_ids or c.finish_reason):
+                        continue
+                    choice = CompletionChoice(
+                        index=index, text=text,
+                        logprobs=self._logprobs(req, token_ids, steps, offsets[index]),
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                    offsets[index] += len(text)
+                    yield sse(CompletionResponse(id=request_id, created=created,
+                                                 model=self.model_name, choices=[choice]))
                 if output.finished:
                     finals.append(output)
             if req.stream_options and req.stream_options.include_usage:
                 yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name,
                                              choices=[], usage=self._usage(finals, echo_only)))
-        except (*ENGINE_ERRORS, OpenAIError) as e:
+        except Exception as e:  # whatever fails, the stream ends with an error event
             yield sse_error(e)
         yield SSE_DONE
