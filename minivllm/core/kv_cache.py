@@ -153,10 +153,12 @@ class KVCacheManager:
                 and self.blocks[request.block_ids[-1]].ref_cnt > 1)
 
     def fork(self, parent: Request, child: Request) -> None:
-        """The child shares every block of the parent (parallel sampling: one prefill)."""
-        for block_id in parent.block_ids:
+        """The child shares the parent's blocks that hold computed tokens (parallel sampling:
+        one prefill); a block allocated for the parent's next token stays the parent's."""
+        shared = parent.block_ids[:self.blocks_needed(parent.num_computed_tokens)]
+        for block_id in shared:
             self.blocks[block_id].ref_cnt += 1
-        child.block_ids = list(parent.block_ids)
+        child.block_ids = list(shared)
 
     def free(self, request: Request) -> None:
         """Release the request's device blocks, tail first, so that the tail of a shared

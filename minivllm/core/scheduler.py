@@ -209,13 +209,10 @@ class Scheduler:
                 return
             cached = self.kv.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
             num_cached = len(cached) * self.config.block_size
-            if request.pending_forks and num_cached == request.num_tokens - 1:
-                # All but the last prompt token is cached (or the prompt is one token long):
-                # the group forks before anything is computed.
-                self.kv.allocate_slots(request, 0, cached)
-                request.num_computed_tokens, cached = num_cached, []
-                self._fork(request)
-            num_new = self._chunk(request, num_cached, budget[0])
+            # All but the last prompt token cached (or a one-token prompt): the group forks
+            # as soon as the head is admitted, and the head computes that last token.
+            fork_now = bool(request.pending_forks) and num_cached == request.num_tokens - 1
+            num_new = 1 if fork_now else self._chunk(request, num_cached, budget[0])
             if num_new == 0:
                 return
             while self.kv.allocate_slots(request, num_new, cached) is None:
@@ -228,6 +225,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached
             self.waiting.remove(request)
             self._admit(request, out, budget, num_new)
+            if fork_now:
+                self._fork(request)
 
     def _admit(self, request: Request, out: SchedulerOutput, budget: list[int], num_new: int) -> None:
         request.status = RequestStatus.RUNNING

@@ -144,6 +144,9 @@ class LLMEngine:
                if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[0]!r}")
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {self.vocab_size}), got {bad[0]}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.config.max_logprobs:
