@@ -319,3 +319,17 @@ def test_chat_n_choices_stream_and_not(client, model_name):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert whole.usage.completion_tokens == 3 * 12 or any(
         c.finish_reason == "stop" for c in whole.choices)
+
+
+def test_cache_salt_isolates_prefix_cache(server, client, model_name):
+    prompt = "Tom and his dog went to the big green park near the river to play ball " * 3
+
+    def hits_after(**extra):
+        before = server.metrics()["vllm:prefix_cache_hits_total"]
+        client.completions.create(model=model_name, prompt=prompt, max_tokens=1,
+                                  extra_body=extra)
+        return server.metrics()["vllm:prefix_cache_hits_total"] - before
+
+    hits_after(cache_salt="tenant-a")  # fills the cache for tenant a
+    assert hits_after(cache_salt="tenant-b") == 0
+    assert hits_after(cache_salt="tenant-a") > 0

@@ -45,6 +45,7 @@ class SamplingRequest(OpenAIModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: int = 0
+    cache_salt: str | None = None  # requests with different salts never share prefix cache
 
 
 class CompletionRequest(SamplingRequest):

@@ -149,9 +149,9 @@ class OpenAIServing:
     # ---- engine calls -------------------------------------------------------------------
 
     def generate(self, request_id: str, prompt: str | None, token_ids: list[int],
-                 params: SamplingParams, priority: int) -> AsyncIterator[RequestOutput]:
+                 params: SamplingParams, req: SamplingRequest) -> AsyncIterator[RequestOutput]:
         return self.engine.generate(prompt, params, request_id, prompt_token_ids=token_ids,
-                                    priority=priority)
+                                    priority=req.priority, cache_salt=req.cache_salt)
 
 
 async def gather_or_cancel(awaitables: Iterable[Awaitable]) -> list:

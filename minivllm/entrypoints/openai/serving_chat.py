@@ -56,7 +56,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_token_ids(token_ids, "messages")
         self.check_context(len(token_ids), max_tokens, "messages")
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        gen = self.generate(request_id, prompt, token_ids, params, req.priority)
+        gen = self.generate(request_id, prompt, token_ids, params, req)
         if req.stream:
             firsts = await first_outputs([gen])
             return SSEResponse(self._stream(req, request_id, params, gen, firsts[0]))

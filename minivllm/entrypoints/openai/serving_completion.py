@@ -56,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
         for _, token_ids in prompts:
             self.check_context(len(token_ids), max_tokens, "prompt")
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        gens = [self.generate(f"{request_id}-{i}", text, token_ids, params[i], req.priority)
+        gens = [self.generate(f"{request_id}-{i}", text, token_ids, params[i], req)
                 for i, (text, token_ids) in enumerate(prompts)]
         if req.stream:
             firsts = await first_outputs(gens)
