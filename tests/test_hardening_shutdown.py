@@ -64,7 +64,9 @@ def test_idle_sigterm_exits_zero_at_once(tmp_path):
     server = ServerProcess(stories_model(), FAST_ENGINE_ARGS, tmp_path / "server.log")
     start = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(timeout=10) == 0
-    assert time.monotonic() - start < 3
+    assert server.proc.wait(timeout=15) == 0
+    # Idle: nothing to wait for, so far below the 20 s --shutdown-timeout (the bound leaves
+    # room for a busy shared machine).
+    assert time.monotonic() - start < 8
     assert "every request in flight finished" in server.log()
     server.stop()
