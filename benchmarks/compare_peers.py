@@ -94,6 +94,8 @@ def main() -> None:
             cells.append(f"{tps:.1f} | {ratio:.2f}x")
         print(f"| {name} | " + " | ".join(cells) + " |")
     print("\n'vs minivllm' = minivllm's tok/s divided by that engine's (above 1: minivllm faster).")
+    print("llama.cpp: f32 GGUF, f32 KV, flash attention off — the settings whose greedy output "
+          "matches transformers (LLAMACPP_DTYPE / LLAMACPP_KV / LLAMACPP_FLASH_ATTN change it)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install the peers that benchmarks/compare_peers.py measures minivllm against, each in its
-# own venv under peers/ (git-ignored). Usage: scripts/install_peers.sh [transformers|llamacpp|vllm|all]
+# own venv under peers/ (git-ignored). Usage: scripts/install_peers.sh [llamacpp|vllm|all]
+# (transformers runs from the project's own venv.) Check the llama.cpp conversion with
+# peers/llamacpp/bin/python benchmarks/peers/run_llamacpp.py --check
 # Peers are black boxes: we only install and run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,0 +1,29 @@
+"""Runner: minivllm's offline LLM on the given token-id prompts (same protocol as peers)."""
+
+import json
+import sys
+import time
+
+from minivllm import LLM, SamplingParams
+
+
+def main() -> None:
+    spec = json.loads(sys.stdin.read())
+    llm = LLM(spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
+              max_num_seqs=max(spec["batch_sizes"]), kv_cache_space=2.0, swap_space=0.1)
+    params = SamplingParams(temperature=0, max_tokens=spec["output_len"], ignore_eos=True)
+    llm.generate([{"prompt_token_ids": spec["prompts"][0]}], SamplingParams(max_tokens=4),
+                 use_tqdm=False)  # warm-up
+    results = {}
+    for batch in spec["batch_sizes"]:
+        prompts = [{"prompt_token_ids": p} for p in spec["prompts"][:batch]]
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        results[str(batch)] = {"elapsed_s": elapsed, "output_tokens": tokens}
+    print("RESULT " + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
