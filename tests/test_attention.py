@@ -1,9 +1,13 @@
 """The batched attention path against the per-request reference, on random paged caches."""
 
+import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.model.attention import AttentionMetadata, paged_attention, reference_attention
+from minivllm.model.kernels import cpu
+
+KERNEL_BUILT = cpu.available(torch.device("cpu"), torch.float32)
 
 
 def _meta(query_lens, seq_lens, tables, block_size, **split):
@@ -13,7 +17,8 @@ def _meta(query_lens, seq_lens, tables, block_size, **split):
                              block_size=block_size, **split)
 
 
-def test_mixed_batch_fast_path_matches_reference():
+@pytest.mark.parametrize("use_kernel", [False, True] if KERNEL_BUILT else [False])
+def test_mixed_batch_fast_path_matches_reference(use_kernel):
     torch.manual_seed(0)
     block_size, heads, kv_heads, dim = 4, 6, 2, 8
     k_cache = torch.randn(32, block_size, kv_heads, dim)
@@ -28,7 +33,7 @@ def test_mixed_batch_fast_path_matches_reference():
                  decode_block_table=torch.tensor([tables[i] + [0] * (width - len(tables[i]))
                                                   for i in decodes]),
                  decode_seq_lens=torch.tensor([seq_lens[i] for i in decodes]),
-                 prefill_indices=[1, 3])
+                 prefill_indices=[1, 3], use_kernel=use_kernel)
     expected = reference_attention(q, k_cache, v_cache, fast, 0.3)
     torch.testing.assert_close(paged_attention(q, k_cache, v_cache, fast, 0.3), expected)
 

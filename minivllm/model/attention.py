@@ -3,8 +3,10 @@
 K and V of every layer live in blocks: [num_blocks, block_size, num_kv_heads, head_dim].
 Each step writes its new K/V at the tokens' slots, then every request attends over its
 own blocks. `reference_attention` gathers each request's blocks and runs one causal SDPA
-per request — the oracle. The fast path batches all one-token (decode) requests into a
-single masked SDPA and keeps per-request SDPA only for multi-token (prefill) chunks.
+per request — the oracle. The fast path batches all one-token (decode) requests together —
+in the C kernel reading blocks through the block table when it is available (CPU, fp32),
+else as one masked SDPA over padded gathered contexts — and keeps per-request SDPA only
+for multi-token (prefill) chunks.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from minivllm.model.kernels import cpu
 
 
 @dataclass
@@ -23,6 +27,7 @@ class AttentionMetadata:
     block_tables: list[torch.Tensor]  # per request: its block ids (long)
     block_size: int
     use_reference: bool = False
+    use_kernel: bool = False  # decodes through the C kernel (CPU, fp32, kernels built)
     # The fast path's split: decodes batched, prefill chunks one by one.
     decode_token_index: torch.Tensor | None = None  # [B] rows of the decodes in the batch
     decode_block_table: torch.Tensor | None = None  # [B, max_blocks], padded with block 0
@@ -67,7 +72,16 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q: [B, H, D], one new token per request: gather padded contexts, one masked SDPA."""
+    """q: [B, H, D], one new token per request."""
+    if meta.use_kernel:
+        return cpu.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_table,
+                                          meta.decode_seq_lens, scale)
+    return padded_decode_attention(q, k_cache, v_cache, meta, scale)
+
+
+def padded_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """The portable decode path: gather padded contexts, one masked SDPA."""
     table, seq_lens = meta.decode_block_table, meta.decode_seq_lens
     max_blocks = table.shape[1]
     k = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, KVH, L, D]

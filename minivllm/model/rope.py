@@ -34,15 +34,25 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(positions, inv_freq.float())
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        # rotate_half(x) * sin == x.roll(half) * sin with the first half's sign flipped.
+        sin = emb.sin() * scaling
+        sin[:, :head_dim // 2].neg_()
+        self.register_buffer("signed_sin", sin, persistent=False)
 
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    @property
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin of every position, [max_positions, D] float32."""
+        return self.cos, self.signed_sin
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+    def at(self, positions: torch.Tensor, dtype: torch.dtype
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin at the positions, [T, 1, D]."""
+        return (self.cos[positions].unsqueeze(1).to(dtype),
+                self.signed_sin[positions].unsqueeze(1).to(dtype))
+
+
+def apply_rope(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x: [T, heads, D] (q and k heads together). Bit-identical to transformers'
+    x * cos + rotate_half(x) * sin."""
+    cos, signed_sin = cos_sin
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin

@@ -6,6 +6,7 @@ The only part of minivllm that touches tensors and devices.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 
 import torch
@@ -13,6 +14,8 @@ import torch
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler import SchedulerOutput
 from minivllm.model.attention import AttentionMetadata
+from minivllm.model.kernels import cpu
+from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.loader import load_state_dict, resolve_device, resolve_dtype
 from minivllm.model.models import build_model, head_dim
 from minivllm.model.sampler import SampleResult, SamplingRow, sample, top_logprobs
@@ -32,9 +35,13 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_path, hf_config) -> None:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        # Without a fixed thread count, follow the cores other processes leave free.
+        self.threads = (ThreadGovernor(torch.get_num_threads())
+                        if not config.num_threads and torch.get_num_threads() > 1 else None)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, hf_config)
-        weights = {k: v.to(self.dtype) for k, v in load_state_dict(model_path).items()}
+        weights = {k: v.to(self.device, self.dtype)
+                   for k, v in load_state_dict(model_path).items()}
         self.model = build_model(hf_config, weights).to(self.device)
         self.block_size = config.block_size
         layers, kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
@@ -43,17 +50,28 @@ class ModelRunner:
         self.num_blocks = config.num_kv_blocks or max(1, int(config.kv_cache_space * GiB // block_bytes))
         self.num_swap_blocks = int(config.swap_space * GiB // block_bytes)
         cache_shape = (layers, self.num_blocks, *shape[1:])
-        # Zeroed: attention masks unused slots, and masked garbage must not be NaN.
-        self.k_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
+        self.k_cache = self._zeros(cache_shape)
+        self.v_cache = self._zeros(cache_shape)
         # The host swap pool is filled lazily: only swapped-out blocks are ever read.
         host_shape = (layers, self.num_swap_blocks, *shape[1:])
         pin = self.device.type == "cuda"
         self.k_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
         self.v_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
         # The per-request attention oracle instead of the batched fast path (tests).
         self.use_reference_attention = False
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """Zeroed, as the padded decode path masks unused slots and masked garbage must not
+        be NaN. On the CPU an anonymous mapping: the OS hands out zero pages as they are
+        first touched, where torch.zeros would write every byte of a multi-GiB cache before
+        the engine can start (numpy.zeros would too, and asks for huge pages, which here
+        made every first touch stall on memory compaction)."""
+        if self.device.type != "cpu":
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        pages = mmap.mmap(-1, torch.Size(shape).numel() * self.dtype.itemsize)
+        return torch.frombuffer(pages, dtype=self.dtype).view(shape)
 
     def make_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -93,7 +111,8 @@ class ModelRunner:
         as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
         meta = AttentionMetadata(
             slot_mapping=as_tensor(slots), query_lens=query_lens, seq_lens=seq_lens,
-            block_tables=[as_tensor(t) for t in tables], block_size=self.block_size)
+            block_tables=[as_tensor(t) for t in tables], block_size=self.block_size,
+            use_kernel=self.use_kernels)
         if self.use_reference_attention:
             meta.use_reference = True
             return as_tensor(tokens), as_tensor(positions), meta
@@ -113,6 +132,8 @@ class ModelRunner:
                 stop_ids: dict[str, set[int]]) -> StepResult:
         """Copies, one forward, sampling for the requests in `rows` (those whose last token
         is computed this step) and prompt logprobs for requests that asked for them."""
+        if self.threads is not None:
+            self.threads.update()
         self.copy_blocks(out)
         result = StepResult()
         if not out.scheduled:
@@ -140,13 +161,17 @@ class ModelRunner:
             offset += n
         if not wanted:
             return result
-        logits = self.model.compute_logits(hidden[torch.tensor(wanted, device=self.device)])
+        if len(wanted) < hidden.shape[0]:  # else every row, in order (all decodes)
+            hidden = hidden[torch.tensor(wanted, device=self.device)]
+        logits = self.model.compute_logits(hidden)
         for request_id, first, at, targets, num in prompt_spans:
             logprobs = torch.log_softmax(logits[at:at + len(targets)], dim=-1)
             result.prompt_logprobs[request_id] = (first, [
                 top_logprobs(logprobs[j], token, num) for j, token in enumerate(targets)])
         if sample_rows:
-            sampled_logits = logits[torch.tensor([at for _, at in sample_rows])]
+            sampled_logits = logits
+            if len(sample_rows) < logits.shape[0]:  # else every row, in order: no copy
+                sampled_logits = logits[torch.tensor([at for _, at in sample_rows])]
             ids = [request_id for request_id, _ in sample_rows]
             results = sample(sampled_logits, [rows[i] for i in ids],
                              [stop_ids.get(i, set()) for i in ids], self.generator)

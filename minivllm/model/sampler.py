@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.model.kernels import cpu
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import SamplingParams
 
@@ -82,7 +83,8 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], stop_ids: list[set[int
     greedy_all = all(r.params.greedy and not r.params.needs_penalties and not r.params.min_tokens
                      for r in rows)
     if greedy_all:  # fast path: one argmax for the whole batch
-        token_ids = logits.argmax(dim=-1).tolist()
+        fast = cpu.available(logits.device, logits.dtype) and logits.is_contiguous()
+        token_ids = (cpu.argmax(logits) if fast else logits.argmax(dim=-1)).tolist()
     else:
         logits = logits.clone()
         token_ids = []

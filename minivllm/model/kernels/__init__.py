@@ -1,0 +1,13 @@
+"""CPU fast paths: oneDNN linear layers and a C paged-attention kernel for decode steps.
+
+Each has a pure-torch reference it is tested against. MINIVLLM_DISABLE_KERNELS=1 turns
+them all off (the reference paths then run everywhere).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def enabled() -> bool:
+    return not os.environ.get("MINIVLLM_DISABLE_KERNELS")

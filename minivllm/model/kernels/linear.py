@@ -1,0 +1,53 @@
+"""Linear layers that run through oneDNN on the CPU.
+
+PyTorch's fp32 `F.linear` calls MKL, which on this AMD CPU reaches about half the speed
+of oneDNN's JIT kernels (measured in docs/performance.md). oneDNN also wants its weights
+reordered once into its blocked layout; the residual add can ride along as a post-op.
+oneDNN compiles and keeps a kernel per row count, so row counts are rounded up to a few
+buckets (padding rows): without that, memory grew with every new batch size a server saw.
+Anywhere else (CUDA, float16, a torch without mkldnn) this is plain `F.linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# The batch size oneDNN's weight layout is chosen for; measured as good from 1 to 2048 rows.
+_PACK_BATCH = 64
+
+
+def _bucket(rows: int) -> int:
+    """Exact up to 16 rows, then multiples of 16 up to 64, then multiples of 64."""
+    step = 1 if rows <= 16 else 16 if rows <= 64 else 64
+    return -(-rows // step) * step
+
+
+def onednn_usable(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available())
+
+
+class Linear:
+    """y = x @ weight.T + bias (+ residual). x: [T, in_features], 2-D."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 onednn: bool = True) -> None:
+        self.bias = bias
+        self.onednn = onednn and onednn_usable(weight)
+        self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH)
+                       if self.onednn else weight)
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.onednn:
+            y = F.linear(x, self.weight, self.bias)
+            return y if residual is None else residual + y
+        rows = x.shape[0]
+        if _bucket(rows) != rows:
+            pad = (0, 0, 0, _bucket(rows) - rows)
+            residual = None if residual is None else F.pad(residual, pad)
+            return self(F.pad(x, pad), residual)[:rows]
+        if residual is None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias,
+                                                         "add")

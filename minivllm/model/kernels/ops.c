@@ -1,0 +1,87 @@
+/* Fused per-token operations, fp32, CPU: each replaces one or several torch ops (and their
+ * dispatch overhead, which dominates at small batches) with one vectorized pass over the
+ * rows. Rows are split over OpenMP threads only when there is enough work to pay for it. */
+#include <math.h>
+#include <stdint.h>
+
+#define PARALLEL_MIN_ELEMENTS 32768
+
+/* out = weight * x / sqrt(mean(x^2) + eps), per row of x [rows, cols]. */
+void rms_norm_f32(const float *x, const float *weight, float *out, int64_t rows, int cols,
+                  float eps, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (rows * cols > PARALLEL_MIN_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *o = out + r * cols, squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+        for (int c = 0; c < cols; c++) squares += xr[c] * xr[c];
+        const float inv = 1.f / sqrtf(squares / cols + eps);
+#pragma omp simd
+        for (int c = 0; c < cols; c++) o[c] = weight[c] * (xr[c] * inv);
+    }
+}
+
+/* out = silu(gate) * up, per row of x [rows, 2 * half] = [gate | up]. */
+void silu_and_mul_f32(const float *x, float *out, int64_t rows, int half, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (rows * half > PARALLEL_MIN_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = x + r * 2 * half, *up = gate + half;
+        float *o = out + r * half;
+#pragma omp simd
+        for (int c = 0; c < half; c++) o[c] = gate[c] / (1.f + expf(-gate[c])) * up[c];
+    }
+}
+
+/* Rotary embedding of q and k, in place in the fused qkv rows, then k and v written to
+ * the paged caches at each token's slot.
+ *   qkv      [tokens, row_stride]: q (num_heads * D) | k (num_kv_heads * D) | v (same)
+ *   cos, signed_sin  [max_positions, D]: sin's first half negated, so that
+ *            x' = x * cos + roll(x, D / 2) * signed_sin  (transformers' rotate_half)
+ *   k/v_cache [num_slots, num_kv_heads * D]                                              */
+void rope_write_kv_f32(float *qkv, int64_t row_stride, const int64_t *positions,
+                       const float *cos, const float *signed_sin, const int64_t *slots,
+                       float *k_cache, float *v_cache, int64_t tokens, int num_heads,
+                       int num_kv_heads, int head_dim, int num_threads) {
+    const int half = head_dim / 2, heads = num_heads + num_kv_heads;
+    const int64_t kv_row = (int64_t)num_kv_heads * head_dim;
+#pragma omp parallel for num_threads(num_threads) \
+    if (tokens * row_stride > PARALLEL_MIN_ELEMENTS)
+    for (int64_t t = 0; t < tokens; t++) {
+        float *row = qkv + t * row_stride;
+        const float *c = cos + positions[t] * head_dim, *s = signed_sin + positions[t] * head_dim;
+        for (int h = 0; h < heads; h++) {
+            float *x = row + h * head_dim;
+            float first[half];
+#pragma omp simd
+            for (int d = 0; d < half; d++) {
+                first[d] = x[d];
+                x[d] = x[d] * c[d] + x[d + half] * s[d];
+            }
+#pragma omp simd
+            for (int d = 0; d < half; d++)
+                x[d + half] = x[d + half] * c[d + half] + first[d] * s[d + half];
+        }
+        const float *k = row + (int64_t)num_heads * head_dim, *v = k + kv_row;
+        float *kc = k_cache + slots[t] * kv_row, *vc = v_cache + slots[t] * kv_row;
+        for (int64_t i = 0; i < kv_row; i++) {
+            kc[i] = k[i];
+            vc[i] = v[i];
+        }
+    }
+}
+
+/* Index of each row's largest value, the first one on ties (as torch.argmax), x [rows, cols]:
+ * a vectorized max, then a scan for it (torch's argmax does not vectorize). */
+void argmax_rows_f32(const float *x, int64_t *out, int64_t rows, int64_t cols,
+                     int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (rows * cols > PARALLEL_MIN_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float best = xr[0];
+#pragma omp simd reduction(max : best)
+        for (int64_t c = 0; c < cols; c++) best = xr[c] > best ? xr[c] : best;
+        int64_t i = 0;
+        while (i < cols - 1 && xr[i] != best) i++;
+        out[r] = i;
+    }
+}
