@@ -31,7 +31,7 @@ _SIGNATURES = {
     "paged_decode_attention_f32": [_P] * 6 + [_I] * 6 + [_I64, _F, _I],
     "rms_norm_f32": [_P, _P, _P, _I64, _I, _F, _I],
     "silu_and_mul_f32": [_P, _P, _I64, _I, _I],
-    "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I64, _I, _I, _I, _I],
+    "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I64, _I, _I, _I],
     "argmax_rows_f32": [_P, _P, _I64, _I64, _I],
 }
 
@@ -130,7 +130,7 @@ def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor,
     _library().rope_write_kv_f32(
         qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(),
         signed_sin.data_ptr(), slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        qkv.shape[0], num_heads, num_kv_heads, head_dim, torch.get_num_threads())
+        qkv.shape[0], num_heads, num_kv_heads, head_dim)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
