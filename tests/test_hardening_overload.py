@@ -115,7 +115,9 @@ def test_token_bound_rejects_at_once(slow_server):
             return second, waited, await first
 
     second, waited, first = asyncio.run(scenario())
-    assert second.status_code == 503 and waited < 0.5
+    # At once: well under the seconds the blockers hold the batch (0.5 s on a quiet machine;
+    # the bound leaves room for a busy one).
+    assert second.status_code == 503 and waited < 1.5
     assert "max_num_waiting_tokens" in second.json()["error"]["message"]
     assert first.status_code in (200, 503)  # served, or timed out behind the blockers
     assert rejected(slow_server, "max_num_waiting_tokens") == 1

@@ -53,7 +53,7 @@ def test_sigterm_drains_then_exits_zero(tmp_path):
         assert events[-1] == "data: [DONE]"
         error = json.loads(events[-2][6:])["error"]
         assert error["code"] == 503 and "shut down before the request finished" in error["message"]
-        assert SHUTDOWN_TIMEOUT <= long_ended < SHUTDOWN_TIMEOUT + 2
+        assert SHUTDOWN_TIMEOUT <= long_ended < SHUTDOWN_TIMEOUT + 3  # room for a busy machine
         assert server.proc.wait(timeout=10) == 0
         assert "aborted 1 request(s) still in flight" in server.log()
     finally:

@@ -144,7 +144,9 @@ def test_stats_log_line_under_load(server):
     time.sleep(2 * LOG_INTERVAL)  # let the idle line of earlier traffic pass
     before = server.metrics()
     skip = len(stats_lines(server.log()))
-    prompts = PROMPTS[:12]  # more than --max-num-seqs: some wait
+    # Five waves of a full batch: a wave of 300 tokens can take under a second here, and a
+    # log line samples Running only once a second, so one wave alone may fall between lines.
+    prompts = PROMPTS + PROMPTS[:8]
 
     async def run_all():
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
@@ -168,7 +170,7 @@ def test_stats_log_line_under_load(server):
     # Throughput times the interval adds up to the tokens the engine counted.
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     prompt = after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
-    assert generated == 12 * 300
+    assert generated == len(prompts) * 300
     assert sum(line[1] for line in lines) * LOG_INTERVAL == pytest.approx(generated, rel=0.1)
     assert sum(line[0] for line in lines) * LOG_INTERVAL == pytest.approx(prompt, rel=0.1)
     # Quiet when idle: one all-zero line after the load, then nothing.
