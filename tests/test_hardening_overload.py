@@ -140,5 +140,5 @@ def test_request_timeout_fails_a_request_that_waited_too_long(slow_server):
     assert queued.status_code == 503 and queued.headers["Retry-After"] == "1"
     message = queued.json()["error"]["message"]
     assert "timed out" in message and "request_timeout=1.0s" in message
-    assert 1.0 <= waited < 3.0
+    assert 1.0 <= waited < 4.0  # room for a busy machine
     assert rejected(slow_server, "request_timeout") == before + 1

@@ -70,11 +70,22 @@ class LocalTokenizer:
         return self.tok.decode(ids, skip_special_tokens=False)
 
 
-async def token_pool(tokenizer) -> np.ndarray:
+async def token_pool(tokenizer, probe: int = 512) -> np.ndarray:
+    """Ordinary token ids to build prompts from: those of an English text, or, for a
+    tokenizer that knows no English (a word-level vocabulary of a benchmark model), the ids
+    among the first `probe` that survive a decode / encode round trip."""
     special = set(await tokenizer.encode(""))
     pool = sorted(set(await tokenizer.encode(POOL_TEXT)) - special)
     if len(pool) < 8:
-        raise RuntimeError(f"tokenizer gave only {len(pool)} ordinary ids for the pool text")
+        pool = []
+        for i in range(probe):
+            ids = [t for t in await tokenizer.encode(await tokenizer.decode([i]))
+                   if t not in special]
+            if ids == [i]:
+                pool.append(i)
+    if len(pool) < 8:
+        raise RuntimeError(f"tokenizer gave only {len(pool)} ordinary ids for the pool text "
+                           f"and the first {probe} ids")
     return np.asarray(pool)
 
 
