@@ -189,6 +189,12 @@ async def merge_streams(gens: list[AsyncIterator[RequestOutput]],
     """Yield (index, output) from several requests as they come, after their first outputs.
     One task per request pumps its outputs into a shared queue; closing this generator
     cancels the pumps, which aborts the requests still running."""
+    if len(gens) == 1:  # n=1, the common case: no pump task and no second queue per token
+        yield 0, firsts[0]
+        async with aclosing(gens[0]):
+            async for output in gens[0]:
+                yield 0, output
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, gen: AsyncIterator[RequestOutput]) -> None:
