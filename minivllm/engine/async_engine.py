@@ -2,7 +2,8 @@
 
 LLMEngine is not thread-safe, so one dedicated thread owns it: it drains an inbox of
 add / abort commands, steps while there is work and sleeps on an event when idle. Each
-request has its own asyncio.Queue, fed from that thread with loop.call_soon_threadsafe.
+request has its own asyncio.Queue, fed from that thread with loop.call_soon_threadsafe,
+once per step for all of the step's outputs.
 A thread beats a process here: torch releases the GIL inside its kernels, and outputs need
 no pickling (see the server notes in docs/server.md).
 """
@@ -53,8 +54,9 @@ class _RequestStream:
     @staticmethod
     def put_many(items: list[tuple[_RequestStream, RequestOutput | BaseException]]) -> None:
         """put() for a whole step's outputs, in one hand-off per event loop. Each hand-off
-        wakes the loop, and a woken loop takes the GIL from the engine thread: one per
-        request per step cost ~5 % of a busy server's throughput (docs/performance.md)."""
+        wakes the loop, and a woken loop takes the GIL from the engine thread: one hand-off
+        per request per step cost 5-8 % of the throughput in a controlled harness
+        (docs/performance.md)."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for stream, item in items:
             by_loop.setdefault(stream._loop, []).append((stream._queue, item))
