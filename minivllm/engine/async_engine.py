@@ -4,8 +4,8 @@ LLMEngine is not thread-safe, so one dedicated thread owns it: it drains an inbo
 add / abort commands, steps while there is work and sleeps on an event when idle. Each
 request has its own asyncio.Queue, fed from that thread with loop.call_soon_threadsafe,
 once per step for all of the step's outputs.
-A thread beats a process here: torch releases the GIL inside its kernels, and outputs need
-no pickling (see the server notes in docs/server.md).
+A thread beat a process on stories260K: torch releases the GIL inside its kernels, and
+outputs need no pickling (measured in the README, "How the server works").
 """
 
 from __future__ import annotations
