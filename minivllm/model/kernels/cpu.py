@@ -21,7 +21,8 @@ import torch
 from minivllm.model import kernels
 
 logger = logging.getLogger(__name__)
-_SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.c", "ops.c")]
+_SOURCES = [Path(__file__).with_name(name)
+            for name in ("paged_attention.c", "ops.c", "sampler.c")]
 # Compile with -ffast-math (vectorized expf), but link without it: linking with it adds
 # crtfastmath.o, which turns on flush-to-zero for the whole process at load time.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
@@ -33,6 +34,8 @@ _SIGNATURES = {
     "silu_and_mul_f32": [_P, _P, _I64, _I, _I],
     "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I64, _I, _I, _I],
     "argmax_rows_f32": [_P, _P, _I64, _I64, _I],
+    "sample_rows_f32": [_P, _I64, _I64] + [_P] * 10 + [_I],
+    "sampler_uniforms_f64": [_P, _P, _P, _I64],
 }
 
 
@@ -138,4 +141,27 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], dtype=torch.long)
     _library().argmax_rows_f32(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
                                torch.get_num_threads())
+    return out
+
+
+def sample_rows(logits: torch.Tensor, fparams: torch.Tensor, iparams: torch.Tensor,
+                seen: tuple, penalties: tuple, bans: tuple) -> torch.Tensor:
+    """One token per row of logits [N, V] (contiguous fp32): see sampler.c's sample_rows_f32
+    and minivllm/model/sampler.py. seen = (offsets, ids), penalties = (offsets, ids, deltas),
+    bans = (offsets, ids): numpy arrays (int64 offsets, int32 ids, fp32 deltas). The logits
+    are penalized in place during the call and restored, value for value."""
+    out = torch.empty(logits.shape[0], dtype=torch.long)
+    arrays = (*seen, *penalties, *bans)
+    _library().sample_rows_f32(logits.data_ptr(), logits.shape[0], logits.shape[1],
+                               fparams.data_ptr(), iparams.data_ptr(),
+                               *(a.ctypes.data for a in arrays), out.data_ptr(),
+                               torch.get_num_threads())
+    return out
+
+
+def sampler_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The sampler's uniform for each (key, position), both int64 [N] -> float64 [N]."""
+    out = torch.empty(keys.shape[0], dtype=torch.float64)
+    _library().sampler_uniforms_f64(keys.data_ptr(), positions.data_ptr(), out.data_ptr(),
+                                    keys.shape[0])
     return out
