@@ -6,6 +6,7 @@ Field names follow vLLM's keyword arguments; the CLI flags are the same names wi
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 DEMO_MODEL_NAME = "minivllm-demo"
@@ -41,6 +42,10 @@ class EngineConfig:
     request_timeout: float | None = None  # seconds a request may wait before it fails
     max_logprobs: int = 20
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # Sampling defaults (engine/generation_defaults.py): "auto" reads the model's
+    # generation_config.json, "vllm" ignores it, or a folder holding a generation_config.json.
+    generation_config: str = "auto"
+    override_generation_config: dict[str, Any] | None = None  # e.g. {"temperature": 0.5}
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -73,6 +78,17 @@ class EngineConfig:
                 raise bad(name, "must be >= 1")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise bad("request_timeout", "must be > 0")
+        if self.generation_config not in ("auto", "vllm"):
+            path = Path(self.generation_config).expanduser()
+            if not (path / "generation_config.json").is_file() and not path.is_file():
+                raise ValueError("generation_config (--generation-config) must be 'auto', "
+                                 "'vllm' or a folder holding a generation_config.json, got "
+                                 f"{self.generation_config!r}")
+        from minivllm.engine.generation_defaults import parse_override
+
+        self.override_generation_config = parse_override(
+            self.override_generation_config,
+            "override_generation_config (--override-generation-config)")
         if not self.enable_chunked_prefill and self.max_model_len is not None:
             if self.max_num_batched_tokens < self.max_model_len:
                 raise ValueError(

@@ -18,7 +18,22 @@ _HELP = {
     "scheduling_policy": " | ".join(POLICIES),
     "preemption_mode": "recompute | swap (default: swap for multi-sequence requests)",
     "active_preemption": "let a better-ranked waiting request preempt a running one",
+    "generation_config": "sampling defaults: 'auto' (the model's generation_config.json), "
+                         "'vllm' (ignore it: SamplingParams' defaults) or a folder holding a "
+                         "generation_config.json",
+    "override_generation_config": "JSON object merged over the generation config, e.g. "
+                                  "'{\"temperature\": 0.5, \"top_p\": 0.9}'",
 }
+
+
+def _json_object(text: str) -> dict:
+    """argparse type of a dict field (--override-generation-config): a JSON object."""
+    from minivllm.engine.generation_defaults import parse_override
+
+    try:
+        return parse_override(text, flag=None)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -32,6 +47,10 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ())
         help_text = _HELP.get(f.name, "") + f" (default: {default})"
         if "bool" in hint:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+            continue
+        if "dict" in hint:
+            parser.add_argument(flag, type=_json_object, default=default, metavar="JSON",
                                 help=help_text)
             continue
         if "int" in hint:

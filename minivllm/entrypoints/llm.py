@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from minivllm.config import EngineConfig
+from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 PromptType = str | dict[str, Any]
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -23,6 +26,16 @@ class LLM:
             kwargs["model"] = model
         self.llm_engine = LLMEngine(EngineConfig.from_kwargs(**kwargs))
         self._counter = itertools.count()
+        # The model's recommended sampling (generation_config.json; --generation-config)
+        self._sampling_defaults, source = load_sampling_defaults(self.llm_engine.config)
+        if self._sampling_defaults:
+            logger.info(describe(self._sampling_defaults, source))
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation config defaults (temperature, top_p,
+        top_k, min_p, repetition_penalty, max_new_tokens as max_tokens) where it sets them,
+        SamplingParams' own elsewhere; what generate() and chat() use when given none."""
+        return SamplingParams(**self._sampling_defaults)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -41,7 +54,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):

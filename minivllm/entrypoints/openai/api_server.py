@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -11,6 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from minivllm.entrypoints.openai.limits import RequestLimits
@@ -28,6 +30,8 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+
+logger = logging.getLogger("minivllm.serve")
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -55,9 +59,11 @@ def build_app(engine: AsyncLLMEngine, args) -> FastAPI:
     model_name = engine.config.model_name
     chat_template = load_chat_template(getattr(args, "chat_template", None))
     limits = RequestLimits.from_args(args)
-    base = OpenAIServing(engine, model_name, chat_template, limits)
-    completions = OpenAIServingCompletion(engine, model_name, chat_template, limits)
-    chat = OpenAIServingChat(engine, model_name, chat_template, limits)
+    defaults, source = load_sampling_defaults(engine.config)  # --generation-config
+    logger.info(describe(defaults, source))
+    base = OpenAIServing(engine, model_name, chat_template, limits, defaults)
+    completions = OpenAIServingCompletion(engine, model_name, chat_template, limits, defaults)
+    chat = OpenAIServingChat(engine, model_name, chat_template, limits, defaults)
     prometheus = next((s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)),
                       None)
     created = int(time.time())

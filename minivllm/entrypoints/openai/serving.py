@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import aclosing
 
@@ -11,6 +12,7 @@ from fastapi import Request, Response
 from starlette.responses import StreamingResponse
 
 from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.engine.generation_defaults import load_sampling_defaults
 from minivllm.entrypoints.openai.errors import (
     OpenAIError,
     error_body,
@@ -27,8 +29,14 @@ LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 
 class OpenAIServing:
     def __init__(self, engine: AsyncLLMEngine, model_name: str, chat_template: str | None = None,
-                 limits: RequestLimits = RequestLimits()) -> None:
+                 limits: RequestLimits = RequestLimits(),
+                 default_sampling: dict | None = None) -> None:
         self.engine = engine
+        # The model's generation config defaults (engine/generation_defaults.py), for the
+        # fields a request leaves unset; None: read them from the engine's config.
+        if default_sampling is None:
+            default_sampling = load_sampling_defaults(engine.config)[0]
+        self.default_sampling = default_sampling
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
@@ -94,17 +102,28 @@ class OpenAIServing:
             if value is not None and value > max_logprobs:
                 raise OpenAIError(f"{name} must be <= {max_logprobs} (--max-logprobs), "
                                   f"got {value}", 400, name)
+        # A field the request leaves unset (None) takes the model's default, else ours.
+        defaults = self.default_sampling
+
+        def unset_default(value, name: str, fallback):
+            return defaults.get(name, fallback) if value is None else value
+
+        top_k = unset_default(req.top_k, "top_k", -1)
+        cap = defaults.get("max_tokens")  # vLLM: the config's max_new_tokens caps max_tokens
+        if cap is not None and max_tokens is not None:  # None: capped in generate()
+            max_tokens = min(max_tokens, cap)
         try:
             return SamplingParams(
                 n=req.n,
                 best_of=best_of,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=-1 if req.top_k in (None, 0) else req.top_k,  # vLLM: 0 also disables
-                min_p=req.min_p or 0.0,
+                temperature=unset_default(req.temperature, "temperature", 1.0),
+                top_p=unset_default(req.top_p, "top_p", 1.0),
+                top_k=-1 if top_k == 0 else top_k,  # vLLM: 0 also disables
+                min_p=unset_default(req.min_p, "min_p", 0.0),
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                repetition_penalty=unset_default(req.repetition_penalty, "repetition_penalty",
+                                                 1.0),
                 seed=req.seed,
                 stop=req.stop,
                 stop_token_ids=req.stop_token_ids,
@@ -150,6 +169,10 @@ class OpenAIServing:
 
     def generate(self, request_id: str, prompt: str | None, token_ids: list[int],
                  params: SamplingParams, req: SamplingRequest) -> AsyncIterator[RequestOutput]:
+        cap = self.default_sampling.get("max_tokens")
+        room = self.max_model_len - len(token_ids)
+        if params.max_tokens is None and cap is not None and room >= 1:
+            params = dataclasses.replace(params, max_tokens=min(cap, room))  # vLLM's rule
         return self.engine.generate(prompt, params, request_id, prompt_token_ids=token_ids,
                                     priority=req.priority, cache_salt=req.cache_salt)
 
