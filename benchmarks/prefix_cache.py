@@ -14,17 +14,23 @@ import platform
 import statistics
 import time
 
-from minivllm import SamplingParams
+from minivllm.bench.sampling import (
+    add_sampling_args,
+    model_defaults,
+    offline_params,
+    sampling_fields,
+)
 from minivllm.bench.throughput import random_prompts
 from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 
 
 def run(model: str, prompts: list[list[int]], output_len: int, interval_s: float,
-        caching: bool) -> tuple[float, float, float]:
+        caching: bool, sampling: dict) -> tuple[float, float, float]:
     engine = LLMEngine(EngineConfig(model=model, enable_prefix_caching=caching,
                                     kv_cache_space=0.5, swap_space=0.01))
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    params = offline_params(sampling, model_defaults(engine.config), max_tokens=output_len,
+                            ignore_eos=True)
     ttfts, pending, start = [], list(enumerate(prompts)), time.perf_counter()
     while pending or engine.has_unfinished_requests():
         now = time.perf_counter()
@@ -46,6 +52,7 @@ def main() -> None:
     parser.add_argument("--user-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--interval-ms", type=float, default=20)
+    add_sampling_args(parser, greedy=True)
     args = parser.parse_args()
     vocab = LLMEngine(EngineConfig(model=args.model, num_kv_blocks=1)).vocab_size
     system = random_prompts(1, args.system_len, vocab, seed=1)[0]
@@ -56,7 +63,7 @@ def main() -> None:
     results = {}
     for caching in (False, True):
         ttft, total, hit_rate = run(args.model, prompts, args.output_len,
-                                    args.interval_ms / 1000, caching)
+                                    args.interval_ms / 1000, caching, sampling_fields(args))
         results[caching] = (ttft, total)
         print(f"prefix caching {'on ' if caching else 'off'}: mean TTFT {ttft * 1000:8.1f} ms, "
               f"total {total:6.2f} s, hit rate {hit_rate:.1%}")

@@ -17,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
 MAX_MODEL_LEN = 512
@@ -228,6 +229,7 @@ def test_bench_policies_replays_the_same_trace_per_server(tmp_path, monkeypatch)
     key = sorted((str(b["prompt"]), b["max_tokens"]) for b in fcfs)
     assert len(fcfs) == 12 and key == sorted((str(b["prompt"]), b["max_tokens"]) for b in prio)
     assert all("priority" not in b for b in fcfs) and all("priority" in b for b in prio)
+    assert all(b["temperature"] == 0.0 for b in fcfs + prio)  # policies: greedy by default
     md = (tmp_path / "comparison.md").read_text()
     assert md.count("| fcfs |") == 3 and md.count("| priority |") == 3
     assert "priority vs fcfs" in md
@@ -235,6 +237,70 @@ def test_bench_policies_replays_the_same_trace_per_server(tmp_path, monkeypatch)
                  "fcfs/run.json", "priority/run.json", "server-fcfs.log"):
         assert (tmp_path / name).exists()
     check_accounting(json.loads((tmp_path / "priority" / "run.json").read_text()), 12)
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def test_bench_serve_sends_no_sampling_fields_unless_given(tmp_path):
+    server = FakeServer()
+    with server as url:
+        assert bench("serve", "--base-url", url, "--workload", "random", "--num-prompts", "4",
+                     "--input-len", "8", "--output-len", "3", "--output", str(tmp_path / "a"),
+                     "--disable-tqdm") == 0
+        default = list(server.record)
+        server.record.clear()
+        assert bench("serve", "--base-url", url, "--workload", "random", "--num-prompts", "4",
+                     "--input-len", "8", "--output-len", "3", "--temperature", "0.8",
+                     "--top-p", "0.95", "--top-k", "20", "--min-p", "0.05",
+                     "--repetition-penalty", "1.1", "--output", str(tmp_path / "b"),
+                     "--disable-tqdm") == 0
+        sampled = list(server.record)
+    # absent flags: nothing sent, the server's default applies (as in vllm bench serve)
+    assert len(default) == 4 and not any(k in b for b in default for k in SAMPLING_KEYS)
+    want = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.05,
+            "repetition_penalty": 1.1}
+    assert len(sampled) == 4 and all({k: b[k] for k in SAMPLING_KEYS} == want for b in sampled)
+    meta = json.loads((tmp_path / "b" / "run.json").read_text())["meta"]
+    assert meta["sampling"] == want and "temperature 0.8, top_p 0.95" in meta["title"]
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["meta"]["sampling"] == {}
+
+
+def test_backend_openai_chat_and_prompt_seed(tmp_path):
+    server = FakeServer()
+    common = ["--workload", "random", "--num-prompts", "3", "--input-len", "12",
+              "--output-len", "2", "--disable-tqdm"]
+    with server as url:
+        assert bench("serve", "--base-url", url, "--backend", "openai-chat", *common,
+                     "--output", str(tmp_path / "chat")) == 0
+        assert all("messages" in b for b in server.record)
+        server.record.clear()
+        for name, extra in (("a", []), ("b", ["--prompt-seed", "7"])):
+            assert bench("serve", "--base-url", url, "--backend", "openai", *common, *extra,
+                         "--output", str(tmp_path / name)) == 0
+        with pytest.raises(SystemExit, match="contradicts"):
+            bench("serve", "--base-url", url, "--backend", "openai-chat", "--endpoint",
+                  "completions", *common, "--output", str(tmp_path / "x"))
+    first, second = server.record[:3], server.record[3:]
+    # the same trace (lengths, arrivals), other prompts: no prefix-cache hits between runs
+    assert [len(b["prompt"]) for b in first] == [len(b["prompt"]) for b in second]
+    assert [b["prompt"] for b in first] != [b["prompt"] for b in second]
+
+
+def test_make_payload_and_policy_flags_carry_sampling():
+    from minivllm.bench import cli, client
+    from minivllm.bench.sampling import offline_params, sampling_flags
+
+    body = client.make_payload("m", [1, 2], 4, False, None, 0, {"temperature": 0.7})
+    assert body["temperature"] == 0.7 and body["prompt"] == [1, 2] and "top_p" not in body
+    assert "temperature" not in client.make_payload("m", [1, 2], 4, False, None, 0)
+    assert sampling_flags({"temperature": 0.8, "top_p": 0.95}) == [
+        "--temperature", "0.8", "--top-p", "0.95"]
+    params = offline_params({"top_k": 0, "temperature": 0.5}, max_tokens=3)
+    assert (params.top_k, params.temperature, params.max_tokens) == (-1, 0.5, 3)
+    # bench policies passes --override-generation-config on as JSON
+    args = argparse.Namespace(override_generation_config={"temperature": 0.5})
+    assert cli.engine_flags(args) == ["--override-generation-config", '{"temperature": 0.5}']
 
 
 if __name__ == "__main__":

@@ -5,13 +5,16 @@ import sys
 import time
 
 from minivllm import LLM, SamplingParams
+from minivllm.bench.sampling import offline_params
 
 
 def main() -> None:
     spec = json.loads(sys.stdin.read())
     llm = LLM(spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
               max_num_seqs=max(spec["batch_sizes"]), kv_cache_space=2.0, swap_space=0.1)
-    params = SamplingParams(temperature=0, max_tokens=spec["output_len"], ignore_eos=True)
+    params = offline_params(spec.get("sampling", {"temperature": 0.0}),
+                            llm.get_default_sampling_params(), max_tokens=spec["output_len"],
+                            ignore_eos=True)
     llm.generate([{"prompt_token_ids": spec["prompts"][0]}], SamplingParams(max_tokens=4),
                  use_tqdm=False)  # warm-up
     results = {}

@@ -13,7 +13,8 @@ def main() -> None:
     spec = json.loads(sys.stdin.read())
     llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
               max_num_seqs=max(spec["batch_sizes"]), seed=0)
-    params = SamplingParams(temperature=0, max_tokens=spec["output_len"], ignore_eos=True)
+    sampling = spec.get("sampling", {"temperature": 0.0})  # vLLM's field names
+    params = SamplingParams(**sampling, max_tokens=spec["output_len"], ignore_eos=True)
     results = {}
     llm.generate([TokensPrompt(prompt_token_ids=spec["prompts"][0])],
                  SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -16,15 +17,20 @@ from pathlib import Path
 import aiohttp
 
 from minivllm.bench import client, metrics, prompts, report, workload
+from minivllm.bench.sampling import add_sampling_args, describe, sampling_fields
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args
 
 SKIPPED_ENGINE_ARGS = ("model", "seed", "scheduling_policy", "tokenizer")
+BACKENDS = {"openai": "completions", "openai-chat": "chat"}
 
 
 def _add_workload_args(p: argparse.ArgumentParser, default_priority: str) -> None:
     p.add_argument("--workload", choices=workload.WORKLOADS, default="seed-high")
     p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
+    p.add_argument("--prompt-seed", type=int, default=None,
+                   help="prompt seed alone (default: --seed): the same arrivals and lengths "
+                        "with other prompts, so a second run misses the prefix cache")
     p.add_argument("--num-prompts", type=int, default=None,
                    help="random: number of requests (default 100); seed-*: keep the first N")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="random: req/s")
@@ -38,7 +44,11 @@ def _add_workload_args(p: argparse.ArgumentParser, default_priority: str) -> Non
     p.add_argument("--priority", choices=("none", "user", "length"), default=default_priority,
                    help="priority each request carries: by user or by prompt-length bucket")
     p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default=None,
+                   help="(default: completions)")
+    p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
+                   help="vllm bench serve's spelling: openai = --endpoint completions, "
+                        "openai-chat = --endpoint chat")
     p.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
                    help="send token ids (exact; default for completions) or text (chat)")
     p.add_argument("--goodput", nargs="+", default=None, metavar="SLO",
@@ -58,18 +68,21 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--max-model-len", type=int, default=None,
                        help="server context (default: from /v1/models or /tokenize)")
     _add_workload_args(serve, "none")
+    add_sampling_args(serve)
     serve.set_defaults(func=run_serve)
     pol = sub.add_parser("policies", help="start a minivllm server per policy; compare them")
     pol.add_argument("--model", required=True, help="model directory or name to serve")
     pol.add_argument("--policies", default="fcfs,priority,sjf")
     pol.add_argument("--server-timeout", type=float, default=600, help="seconds to wait for /health")
     _add_workload_args(pol, "length")
+    add_sampling_args(pol, greedy=True)  # the README's policy table was measured greedy
     add_engine_args(pol, skip=SKIPPED_ENGINE_ARGS)
     pol.set_defaults(func=run_policies)
     thr = sub.add_parser("throughput", help="offline engine throughput on random prompts")
     thr.add_argument("--num-prompts", type=int, default=64)
     thr.add_argument("--input-len", type=int, default=128)
     thr.add_argument("--output-len", type=int, default=128)
+    add_sampling_args(thr)  # absent: the model's defaults (LLM.get_default_sampling_params)
     add_engine_args(thr)
     thr.set_defaults(func=run_throughput)
 
@@ -79,10 +92,13 @@ def run_throughput(args) -> int:
     from minivllm.entrypoints.engine_args import config_from_args
 
     config = config_from_args(args)
+    fields = sampling_fields(args)
     result = run_minivllm(config.model, None, args.output_len, num_prompts=args.num_prompts,
-                          input_len=args.input_len, **{k: v for k, v in vars(config).items()
-                                                       if k != "model"})
-    print(f"{result.num_requests} requests, {result.input_len} in / {result.output_len} out: "
+                          input_len=args.input_len, sampling=fields,
+                          **{k: v for k, v in vars(config).items() if k != "model"})
+    sampling = describe(fields).replace("the server's", "the model's")
+    print(f"{result.num_requests} requests, {result.input_len} in / {result.output_len} out, "
+          f"{sampling}: "
           f"{result.elapsed_s:.2f} s, {result.output_tokens_per_s:.1f} output tok/s, "
           f"{result.total_tokens_per_s:.1f} total tok/s")
     return 0
@@ -111,7 +127,8 @@ async def prepare(args, base_url: str, model: str | None, max_model_len: int | N
             input_len=args.input_len, output_len=args.output_len, request_rate=args.request_rate,
             burstiness=args.burstiness, priority=args.priority)
         mode = args.prompt_mode or ("text" if args.endpoint == "chat" else "ids")
-        texts, counts = await prompts.build_prompts(trace, tok, mode, args.seed)
+        prompt_seed = args.seed if args.prompt_seed is None else args.prompt_seed
+        texts, counts = await prompts.build_prompts(trace, tok, mode, prompt_seed)
     e = trace.entries
     span = e[-1].send_time if e else 0.0
     scale = "" if trace.workload == "random" else f"length scale {trace.length_scale:.4g}" + (
@@ -120,30 +137,43 @@ async def prepare(args, base_url: str, model: str | None, max_model_len: int | N
           f"context {ctx or 'unknown (2048 assumed)'}, {scale}"
           f"buckets short < {trace.buckets[0]:.0f} <= medium <= {trace.buckets[1]:.0f} < long, "
           f"{sum(x.prompt_tokens for x in e)} prompt + {sum(x.output_tokens for x in e)} output "
-          f"tokens, {trace.num_capped} prompts cut to fit the context, prompts as {mode}")
+          f"tokens, {trace.num_capped} prompts cut to fit the context, prompts as {mode}, "
+          f"{describe(sampling_fields(args))}")
     return trace, texts, counts, model, ctx
 
 
 def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path, title: str,
             send_priority: bool = True) -> tuple[dict, list]:
+    sampling = sampling_fields(args)
     results, duration = asyncio.run(client.run_trace(
         trace, texts, counts, base_url, model, endpoint=args.endpoint,
         max_concurrency=args.max_concurrency, send_priority=send_priority,
-        progress=not args.disable_tqdm))
+        progress=not args.disable_tqdm, sampling=sampling))
     summary = metrics.summarize(results, duration, trace.buckets, metrics.parse_goodput(args.goodput))
     meta = {"title": title, "base_url": base_url, "model": model, "workload": trace.workload,
             "seed": args.seed, "length_scale": trace.length_scale, "endpoint": args.endpoint,
             "max_concurrency": args.max_concurrency, "priority": args.priority,
-            "priority_sent": send_priority, "argv": sys.argv[1:]}
+            "priority_sent": send_priority, "sampling": sampling,
+            "prompt_seed": args.prompt_seed, "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, results, summary)
     return summary, results
 
 
+def resolve_endpoint(args) -> None:
+    """--backend (vllm bench serve's name) and --endpoint: one endpoint, or an error."""
+    from_backend = BACKENDS[args.backend] if args.backend else None
+    if from_backend and args.endpoint and from_backend != args.endpoint:
+        raise SystemExit(f"--backend {args.backend} contradicts --endpoint {args.endpoint}")
+    args.endpoint = args.endpoint or from_backend or "completions"
+
+
 def run_serve(args) -> int:
     metrics.parse_goodput(args.goodput)  # fail on a bad SLO before any work
+    resolve_endpoint(args)
     trace, texts, counts, model, _ = asyncio.run(
         prepare(args, args.base_url, args.model, args.max_model_len))
-    title = f"{trace.workload} (seed {args.seed}) against {model}"
+    title = (f"{trace.workload} (seed {args.seed}) against {model}, "
+             f"{describe(sampling_fields(args))}")
     summary, _ = measure(args, trace, texts, counts, args.base_url, model, Path(args.output), title)
     print(report.markdown_summary(summary, title))
     print(f"report written to {args.output}/")
@@ -160,6 +190,8 @@ def engine_flags(args) -> list[str]:
         flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict):  # --override-generation-config
+            flags += [flag, json.dumps(value)]
         else:
             flags += [flag, str(value)]
     return flags
@@ -207,6 +239,7 @@ def run_policies(args) -> int:
     if not policies:
         raise SystemExit("--policies is empty")
     metrics.parse_goodput(args.goodput)
+    resolve_endpoint(args)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     flags, runs, prepared = engine_flags(args), {}, None
@@ -233,7 +266,8 @@ def run_policies(args) -> int:
     meta = {"title": f"Policies on {trace.workload} (seed {args.seed}, length scale "
                      f"{trace.length_scale:.4g}, model {model})",
             "policies": policies, "engine_flags": flags, "workload": trace.workload,
-            "seed": args.seed, "length_scale": trace.length_scale, "priority": args.priority}
+            "seed": args.seed, "length_scale": trace.length_scale, "priority": args.priority,
+            "sampling": sampling_fields(args)}
     report.write_comparison(out, meta, runs)
     print((out / "comparison.md").read_text())
     print(f"report written to {out}/")

@@ -1,7 +1,8 @@
 """Async streaming client: replays a trace against any OpenAI-compatible server, timing each token.
 
 Each request streams /v1/completions (or /v1/chat/completions) with ignore_eos, a fixed
-max_tokens, temperature 0 and usage in the last chunk. A chunk carrying text is one token
+max_tokens, usage in the last chunk and the sampling fields given (bench/sampling.py: none by
+default, so the server's default sampling applies, as in `vllm bench serve`). A chunk carrying text is one token
 arrival (a final chunk with empty text and a finish_reason is only the end marker); the output
 token count is the server's usage.completion_tokens when sent, else the number of arrivals.
 A request succeeds when it has a first token, no error and the closing `data: [DONE]`; anything
@@ -48,9 +49,11 @@ async def server_info(session: aiohttp.ClientSession, base_url: str) -> tuple[st
 
 
 def make_payload(model: str, prompt: list[int] | str, max_tokens: int, chat: bool,
-                 priority: int | None, user: int) -> dict:
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, "user": f"user-{user}"}
+                 priority: int | None, user: int, sampling: dict | None = None) -> dict:
+    """One request's body; `sampling` (temperature, top_p, ...) is sent as given."""
+    body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "user": f"user-{user}",
+            **(sampling or {})}
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -116,6 +119,7 @@ async def run_trace(trace: Trace, prompts: list, prompt_counts: list[int], base_
                     model: str, *,
                     endpoint: str = "completions", max_concurrency: int | None = None,
                     send_priority: bool = True, progress: bool = True,
+                    sampling: dict | None = None,
                     ) -> tuple[list[RequestResult], float]:
     """Send every entry at its send_time (held back by max_concurrency); (results, seconds)."""
     chat = endpoint == "chat"
@@ -128,7 +132,8 @@ async def run_trace(trace: Trace, prompts: list, prompt_counts: list[int], base_
     async def one(session: aiohttp.ClientSession, i: int, t0: float) -> None:
         entry, res = trace.entries[i], results[i]
         priority = entry.priority if send_priority else None
-        payload = make_payload(model, prompts[i], entry.output_tokens, chat, priority, entry.user)
+        payload = make_payload(model, prompts[i], entry.output_tokens, chat, priority, entry.user,
+                               sampling)
         if limit is None:
             await send_request(session, url, payload, chat, res, t0)
         else:

@@ -29,14 +29,22 @@ def random_prompts(num: int, length: int, vocab_size: int, seed: int = 0) -> lis
 
 
 def run_minivllm(model: str, prompts: list[list[int]] | None, output_len: int,
-                 num_prompts: int = 0, input_len: int = 0, **engine_kwargs) -> ThroughputResult:
-    """Greedy, EOS ignored, every request exactly output_len tokens. Without `prompts`,
-    num_prompts random prompts of input_len tokens."""
+                 num_prompts: int = 0, input_len: int = 0, sampling: dict | None = None,
+                 **engine_kwargs) -> ThroughputResult:
+    """EOS ignored, every request exactly output_len tokens. Without `prompts`, num_prompts
+    random prompts of input_len tokens. `sampling` (bench/sampling.py fields): None is greedy;
+    a dict is set over the model's defaults (LLM.get_default_sampling_params), so {} means the
+    model's defaults, as a server would apply them."""
     from minivllm import LLM, SamplingParams
+    from minivllm.bench.sampling import offline_params
 
     llm = LLM(model, **engine_kwargs)
     prompts = prompts or random_prompts(num_prompts, input_len, llm.llm_engine.vocab_size)
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    if sampling is None:
+        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    else:
+        params = offline_params(sampling, llm.get_default_sampling_params(),
+                                max_tokens=output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=2),
                  use_tqdm=False)  # warm-up
     start = time.perf_counter()
