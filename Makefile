@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 PORT ?= 8000
 MODEL ?= minivllm-demo
 
-.PHONY: install test lint serve clean
+.PHONY: install test lint serve profile-serve clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,6 +27,15 @@ test: install lint
 serve: install
 	@echo "Try: curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(MODEL)\", \"messages\": [{\"role\": \"user\", \"content\": \"Tell me a story about a cat.\"}]}'"
 	$(VENV)/bin/minivllm serve $(MODEL) --port $(PORT)
+
+$(VENV)/.profile-installed: $(VENV)/.installed
+	$(PIP) install -q -e '.[profile]'
+	touch $@
+
+# py-spy on `minivllm serve` under the standard bench serve trace: the engine thread's top
+# functions and lines, and who holds the GIL. PROFILE_ARGS="--num-prompts 32" is a shorter run.
+profile-serve: $(VENV)/.profile-installed
+	$(PY) benchmarks/profile_serve.py $(PROFILE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
