@@ -54,3 +54,23 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     error: str | None = field(default=None)  # set when the request failed inside the engine
+
+    def add(self, later: RequestOutput) -> None:
+        """Fold a later DELTA output of the same request into this one (a reader that fell
+        behind reads both as one)."""
+        by_index = {c.index: c for c in self.outputs}
+        for c in later.outputs:
+            mine = by_index.get(c.index)
+            if mine is None:
+                self.outputs.append(c)
+                continue
+            mine.text += c.text
+            mine.token_ids += c.token_ids
+            if c.logprobs is not None:
+                mine.logprobs = (mine.logprobs or []) + c.logprobs
+            mine.cumulative_logprob = c.cumulative_logprob
+            mine.finish_reason, mine.stop_reason = c.finish_reason, c.stop_reason
+        self.outputs.sort(key=lambda c: c.index)
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
+        self.finished, self.metrics, self.error = later.finished, later.metrics, later.error

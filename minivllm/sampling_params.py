@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+from dataclasses import dataclass
+
+
+class RequestOutputKind(enum.Enum):
+    """What each RequestOutput of a request carries (vLLM's names)."""
+
+    CUMULATIVE = 0  # everything so far, every step
+    DELTA = 1  # only what is new since the last output: what streaming clients consume
+    FINAL_ONLY = 2  # one output, when the request finishes
 
 
 @dataclass
@@ -26,8 +35,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    # Filled from the model's generation_config / tokenizer by the engine.
-    all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if self.stop is None:

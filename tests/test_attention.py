@@ -10,32 +10,27 @@ from minivllm.model.kernels import cpu
 KERNEL_BUILT = cpu.available(torch.device("cpu"), torch.float32)
 
 
-def _meta(query_lens, seq_lens, tables, block_size, **split):
-    tensors = [torch.tensor(t) for t in tables]
-    return AttentionMetadata(slot_mapping=torch.zeros(0, dtype=torch.long),
-                             query_lens=query_lens, seq_lens=seq_lens, block_tables=tensors,
-                             block_size=block_size, **split)
-
-
 @pytest.mark.parametrize("use_kernel", [False, True] if KERNEL_BUILT else [False])
 def test_mixed_batch_fast_path_matches_reference(use_kernel):
+    """Decodes first (as the runner orders a batch), then prefill chunks with cached context."""
     torch.manual_seed(0)
     block_size, heads, kv_heads, dim = 4, 6, 2, 8
     k_cache = torch.randn(32, block_size, kv_heads, dim)
     v_cache = torch.randn(32, block_size, kv_heads, dim)
-    query_lens, seq_lens = [1, 5, 1, 3, 1], [9, 5, 3, 11, 16]
-    tables = [[3, 7, 1], [2, 9], [4], [5, 6, 8], [10, 11, 12, 13]]
+    query_lens, seq_lens = [1, 1, 1, 5, 3], [9, 3, 16, 5, 11]
+    tables = [[3, 7, 1], [4], [10, 11, 12, 13], [2, 9], [5, 6, 8]]
+    width = max(len(t) for t in tables)
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(0, dtype=torch.long),
+        block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        seq_lens=torch.tensor(seq_lens), query_start_loc=torch.tensor(starts), num_decodes=3,
+        block_size=block_size, use_kernel=use_kernel)
     q = torch.randn(sum(query_lens), heads, dim)
-    decodes = [i for i, n in enumerate(query_lens) if n == 1]
-    width = max(len(tables[i]) for i in decodes)
-    fast = _meta(query_lens, seq_lens, tables, block_size,
-                 decode_token_index=torch.tensor([0, 6, 10]),
-                 decode_block_table=torch.tensor([tables[i] + [0] * (width - len(tables[i]))
-                                                  for i in decodes]),
-                 decode_seq_lens=torch.tensor([seq_lens[i] for i in decodes]),
-                 prefill_indices=[1, 3], use_kernel=use_kernel)
-    expected = reference_attention(q, k_cache, v_cache, fast, 0.3)
-    torch.testing.assert_close(paged_attention(q, k_cache, v_cache, fast, 0.3), expected)
+    expected = reference_attention(q, k_cache, v_cache, meta, 0.3)
+    torch.testing.assert_close(paged_attention(q, k_cache, v_cache, meta, 0.3), expected)
 
 
 def test_engine_greedy_identical_on_reference_and_fast_paths(tiny_llama):

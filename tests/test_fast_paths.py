@@ -37,11 +37,10 @@ def _decode_batch(seq_lens, heads, kv_heads, dim, block_size, seed=0):
         start += w
     width = max(widths)
     meta = AttentionMetadata(
-        slot_mapping=torch.zeros(0, dtype=torch.long), query_lens=[1] * len(seq_lens),
-        seq_lens=list(seq_lens), block_tables=[torch.tensor(t) for t in tables],
-        block_size=block_size, all_decode=True, use_kernel=kernel_built,
-        decode_block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
-        decode_seq_lens=torch.tensor(seq_lens), decode_token_index=torch.arange(len(seq_lens)))
+        slot_mapping=torch.zeros(0, dtype=torch.long),
+        block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        seq_lens=torch.tensor(seq_lens), query_start_loc=torch.arange(len(seq_lens) + 1),
+        num_decodes=len(seq_lens), block_size=block_size, use_kernel=kernel_built)
     q = torch.randn(len(seq_lens), heads, dim, generator=gen)
     return q, k_cache, v_cache, meta
 
@@ -58,13 +57,13 @@ SHAPES = [  # seq_lens, heads, kv_heads, head_dim, block_size
 def test_c_decode_kernel_matches_reference(seq_lens, heads, kv_heads, dim, block_size):
     q, k_cache, v_cache, meta = _decode_batch(seq_lens, heads, kv_heads, dim, block_size)
     expected = reference_attention(q, k_cache, v_cache, meta, dim ** -0.5)
-    got = cpu.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_table,
-                                        meta.decode_seq_lens, dim ** -0.5)
+    got = cpu.paged_decode_attention(q, k_cache, v_cache, meta.block_table,
+                                        meta.seq_lens, dim ** -0.5)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     # q may be a strided view (the engine passes q out of the fused q/k tensor)
     wide = torch.cat([q, torch.randn(q.shape[0], kv_heads, dim)], dim=1)[:, :heads]
     torch.testing.assert_close(cpu.paged_decode_attention(
-        wide, k_cache, v_cache, meta.decode_block_table, meta.decode_seq_lens, dim ** -0.5),
+        wide, k_cache, v_cache, meta.block_table, meta.seq_lens, dim ** -0.5),
         expected, rtol=1e-5, atol=1e-5)
 
 
@@ -78,8 +77,9 @@ def test_loading_the_kernels_keeps_subnormal_floats():
 @pytest.mark.parametrize("seq_lens,heads,kv_heads,dim,block_size", SHAPES)
 def test_padded_decode_path_matches_reference(seq_lens, heads, kv_heads, dim, block_size):
     q, k_cache, v_cache, meta = _decode_batch(seq_lens, heads, kv_heads, dim, block_size)
-    torch.testing.assert_close(padded_decode_attention(q, k_cache, v_cache, meta, 0.2),
-                               reference_attention(q, k_cache, v_cache, meta, 0.2))
+    got = padded_decode_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens,
+                                  block_size, 0.2)
+    torch.testing.assert_close(got, reference_attention(q, k_cache, v_cache, meta, 0.2))
 
 
 @needs_kernels

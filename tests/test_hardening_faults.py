@@ -28,10 +28,12 @@ def _append_token(self, state, *args, _original=LLMEngine._append_token):
         raise RuntimeError("injected fault: detokenizer exploded")
     return _original(self, state, *args)
 
-def _execute(self, out, rows, stop_ids, _original=ModelRunner.execute):
-    if any(row.params.seed == {KILL_ENGINE_SEED} for row in rows.values()):
+def _execute(self, out, _original=ModelRunner.execute):
+    params = [new.sampling_params for new in out.scheduled_new_reqs]
+    params += [self.batch.requests[r].params for r in out.scheduled_cached_reqs.req_ids]
+    if any(p.seed == {KILL_ENGINE_SEED} for p in params):
         raise RuntimeError("injected fault: the forward pass exploded")
-    return _original(self, out, rows, stop_ids)
+    return _original(self, out)
 
 def _encode(self, text, *args, _original=OpenAIServing.encode, **kwargs):
     if "TOKENIZER-FAULT" in text:

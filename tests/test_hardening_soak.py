@@ -23,7 +23,7 @@ def test_soak_frees_every_block_and_keeps_memory_flat(tmp_path):
     template = tmp_path / "chat.jinja"
     template.write_text(CHAT_TEMPLATE)
     server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--max-num-seqs", "16",
-                                             "--num-kv-blocks", "64",
+                                             "--num-kv-blocks", "32",
                                              "--served-model-name", "stories",
                                              "--chat-template", str(template)],
                            tmp_path / "server.log")

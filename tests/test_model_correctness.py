@@ -39,6 +39,25 @@ def test_greedy_matches_transformers(kind, num_kv_blocks, tiny_model_dirs, refer
     assert_all_blocks_free(llm)
 
 
+@pytest.mark.parametrize("preemption_mode", ["swap", "recompute"])
+def test_greedy_matches_transformers_with_prefix_hits(preemption_mode, tiny_llama):
+    """Prompts sharing a long prefix, sent in two waves so that the second is served from
+    the prefix cache, in a cache small enough to preempt: still transformers' tokens."""
+    prefix = _prompts()[-1][:41]
+    prompts = [prefix + [(31 * k + 7 * i) % 500 + 3 for i in range(2 + 3 * k)]
+               for k in range(6)]
+    expected = [hf_greedy(tiny_llama, p, MAX_TOKENS)[0] for p in prompts]
+    llm = LLM(str(tiny_llama), block_size=4, num_kv_blocks=24, swap_space=0.001,
+              preemption_mode=preemption_mode, max_num_batched_tokens=32)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    first = llm.generate({"prompt_token_ids": prompts[0]}, params, use_tqdm=False)
+    rest = llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in first + rest] == expected
+    assert all(o.num_cached_tokens >= 40 for o in rest)  # the shared prefix was a hit
+    assert llm.stats().num_preemptions > 0
+    assert_all_blocks_free(llm)
+
+
 def test_prompt_logprobs_match_transformers(tiny_llama):
     llm = LLM(str(tiny_llama), block_size=4, num_kv_blocks=64, max_num_batched_tokens=8)
     prompt = _prompts()[5]

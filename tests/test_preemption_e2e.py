@@ -28,7 +28,7 @@ def record_preemptions(llm: LLM) -> Counter:
 
     def recording_schedule():
         out = schedule()
-        counts.update((r.request_id, r.status) for r in out.preempted)
+        counts.update((rid, scheduler.requests[rid].status) for rid in out.preempted_req_ids)
         return out
 
     scheduler.schedule = recording_schedule

@@ -120,7 +120,7 @@ def test_hash_collision_never_serves_wrong_kv():
     block = request.block_ids[0]
     # Forge a collision: the cache maps the other prompt's hash to a's first block.
     other = _request("b", [7, 8, 3])
-    forged = hash(kv._block_key(other, 0, None))
+    forged = kv.block_hashes(other)[0]
     kv.cached[forged] = block
     assert kv.find_cached_blocks(other) == []
 
@@ -131,18 +131,15 @@ def test_decodes_continue_every_step_while_a_long_prompt_is_chunked():
     short = _request("short", [1, 2, 3])
     short.max_tokens = 20
     scheduler.add_request(short)
-    for request in scheduler.update_after_step(scheduler.schedule()):
-        request.append_output_token(9)
+    scheduler.update_from_output(scheduler.schedule(), {"short": 9})
     scheduler.add_request(_request("long", list(range(1, 60))))
     chunks = 0
     while scheduler.requests["long"].num_computed_tokens < 59:
         out = scheduler.schedule()
-        by_id = {s.request.request_id: s.num_new_tokens for s in out.scheduled}
-        assert by_id["short"] == 1  # the decode runs in every step
-        assert out.num_batched_tokens <= 8
+        assert out.num_scheduled_tokens["short"] == 1  # the decode runs in every step
+        assert out.total_num_scheduled_tokens <= 8
         chunks += 1
-        for request in scheduler.update_after_step(out):
-            request.append_output_token(9)
+        scheduler.update_from_output(out, {"short": 9})
     assert chunks >= 59 // 7
 
 
@@ -174,8 +171,10 @@ def test_block_accounting_over_random_mixes(specs, num_blocks, block_size):
         if not scheduler.has_unfinished_requests():
             break
         out = scheduler.schedule()
-        for request in scheduler.update_after_step(out):
-            request.append_output_token(7)
+        sampled = {rid: 7 for rid, n in out.num_scheduled_tokens.items()
+                   if scheduler.requests[rid].num_computed_tokens + n
+                   == scheduler.requests[rid].num_tokens}
+        for request in scheduler.update_from_output(out, sampled):
             if request.num_output_tokens >= request.max_tokens:
                 scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
         for head, abort in live:

@@ -93,6 +93,6 @@ def test_top_k_one_equals_greedy_and_min_tokens_delays_eos(stories_llm):
 
 
 def test_request_that_can_never_fit_is_rejected(stories_llm):
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="maximum context length is 512 tokens"):
         stories_llm.generate(PROMPT, SamplingParams(max_tokens=100_000), use_tqdm=False)
     assert_all_blocks_free(stories_llm)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 from collections import Counter, defaultdict
 
 import pytest
 
 from minivllm.core.policy import POLICIES, make_policy
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.scheduler_output import SchedulerOutput
 
 
 class FakeClock:
@@ -30,12 +32,19 @@ class Sim:
     """Drives a Scheduler like the engine does, with a fake model: one clock second per step,
     one token for each request that samples, FINISHED_LENGTH at max_tokens.
 
-    The fake model keeps fake KV contents (a slot holds the prefix it encodes) and copies them
-    on swap, so a wrong block table, swap mapping or prefix hit shows up as a request reading
-    slots that are not its own. `check` asserts the budgets and the queue and block accounting
-    after every schedule()."""
+    The fake model keeps fake KV contents (a slot holds the prefix it encodes) and applies
+    every block mapping in the runner's order (swap-outs, copy-on-write copies all at once,
+    swap-ins), so a wrong block table, swap mapping, copy or prefix hit shows up as a request
+    reading slots that are not its own. It also keeps the runner's view of each block table,
+    built only from the output's diffs, and checks it against the scheduler's. `check`
+    asserts the budgets and the queue and block accounting after every schedule().
 
-    def __init__(self, policy: str = "fcfs", aging_s: float = 10.0, **config) -> None:
+    Tokens are a function of the request's history (siblings of one prompt then write the
+    same KV, as greedy ones would) unless `sample_seed` is given: then each sampled token is
+    random, so siblings diverge and a missing copy-on-write copy is caught."""
+
+    def __init__(self, policy: str = "fcfs", aging_s: float = 10.0,
+                 sample_seed: int | None = None, **config) -> None:
         config = {"num_blocks": 64, "block_size": 4, **config}
         self.clock = FakeClock()
         self.scheduler = Scheduler(SchedulerConfig(**config), make_policy(policy, aging_s),
@@ -52,13 +61,22 @@ class Sim:
         self.outputs: list[SchedulerOutput] = []
         self.preemptions: list[tuple[int, str, RequestStatus]] = []  # step, id, status after
         self._token_ids = itertools.count(1000)
+        self.rng = random.Random(sample_seed) if sample_seed is not None else None
+        self.runner_tables: dict[str, list[int]] = {}  # the runner's view, from diffs only
 
     def add(self, request_id: str, prompt_len: int = 4, max_tokens: int = 4, priority: int = 0,
-            prompt: list[int] | None = None) -> Request:
-        """A request arriving now; its prompt is fresh tokens unless given."""
+            prompt: list[int] | None = None, n: int = 1) -> Request:
+        """A request arriving now; its prompt is fresh tokens unless given. With n > 1 it
+        heads a group whose siblings fork from it, as the engine sets up parallel sampling."""
         if prompt is None:
             prompt = [next(self._token_ids) for _ in range(prompt_len)]
         request = Request(request_id, prompt, max_tokens, self.clock.now, priority)
+        for k in range(1, n):
+            sibling = Request(f"{request_id}#{k}", prompt, max_tokens, self.clock.now, priority)
+            sibling.group = request.group
+            request.group.append(sibling)
+            request.pending_forks.append(sibling)
+            self.requests[sibling.request_id] = sibling
         self.scheduler.add_request(request)
         self.requests[request_id] = request
         return request
@@ -67,13 +85,13 @@ class Sim:
         out = self.scheduler.schedule()
         self.step_time[out.step] = self.clock.now
         self.check(out)
-        self.preemptions += [(out.step, r.request_id, r.status) for r in out.preempted]
-        self.admitted += [s.request.request_id for s in out.scheduled
-                          if s.request.request_id not in self.admitted]
+        self.preemptions += [(out.step, rid, self.requests[rid].status)
+                             for rid in out.preempted_req_ids]
+        self.admitted += [rid for rid in out.num_scheduled_tokens if rid not in self.admitted]
+        self.apply_diffs(out)
         self.run_model(out)
-        for request in self.scheduler.update_after_step(out):
-            assert request.num_output_tokens < request.max_tokens
-            request.append_output_token(sum(request.all_token_ids) % 997)
+        for request in self.scheduler.update_from_output(out, self.sample(out)):
+            assert request.num_output_tokens <= request.max_tokens
             if request.num_output_tokens == request.max_tokens:
                 self.scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
                 self.finished_step[request.request_id] = out.step
@@ -92,7 +110,20 @@ class Sim:
 
     @staticmethod
     def scheduled_tokens(out: SchedulerOutput) -> dict[str, int]:
-        return {s.request.request_id: s.num_new_tokens for s in out.scheduled}
+        return dict(out.num_scheduled_tokens)
+
+    def scheduled(self, out: SchedulerOutput) -> list[tuple[Request, int]]:
+        known = {**self.requests, **self.scheduler.requests}  # the latter holds forked siblings
+        return [(known[rid], n) for rid, n in out.num_scheduled_tokens.items()]
+
+    def sample(self, out: SchedulerOutput) -> dict[str, int]:
+        """A token for each request whose last token is computed this step."""
+        tokens = {}
+        for r, n in self.scheduled(out):
+            if r.num_computed_tokens + n == r.num_tokens:
+                tokens[r.request_id] = (self.rng.randrange(997) if self.rng is not None
+                                        else sum(r.all_token_ids) % 997)
+        return tokens
 
     def abort(self, request_id: str) -> None:
         self.scheduler.finish_request(self.requests[request_id], RequestStatus.FINISHED_ABORTED)
@@ -103,17 +134,35 @@ class Sim:
         block_size = self.config.block_size
         return self.device[request.block_ids[position // block_size]], position % block_size
 
+    def apply_diffs(self, out: SchedulerOutput) -> None:
+        """The runner's side of the protocol: its block tables, from the output alone."""
+        for rid in out.finished_req_ids:
+            self.runner_tables.pop(rid)
+        for new in out.scheduled_new_reqs:
+            assert new.req_id not in self.runner_tables
+            self.runner_tables[new.req_id] = list(new.block_ids)
+        cached = out.scheduled_cached_reqs
+        for rid, block_ids, replace in zip(cached.req_ids, cached.new_block_ids,
+                                           cached.replace_block_ids):
+            table = self.runner_tables[rid]
+            self.runner_tables[rid] = list(block_ids) if replace else table + block_ids
+        for r, _ in self.scheduled(out):
+            assert self.runner_tables[r.request_id] == r.block_ids, r
+
     def run_model(self, out: SchedulerOutput) -> None:
         for device, host in out.swap_out:
             self.host[host] = list(self.device[device])
+        sources = [list(self.device[src]) for src, _ in out.copies]  # every read first
+        for (_, dst), contents in zip(out.copies, sources):
+            self.device[dst] = contents
         for host, device in out.swap_in:
             self.device[device] = list(self.host[host])
-        for s in out.scheduled:
-            r, start = s.request, s.request.num_computed_tokens
+        for r, n in self.scheduled(out):
+            start = r.num_computed_tokens
             for position in range(start):  # attention reads the cached prefix ...
                 slots, i = self.slot(r, position)
                 assert slots[i] == tuple(r.all_token_ids[:position + 1]), (r, position)
-            for position in range(start, start + s.num_new_tokens):  # ... and writes the new
+            for position in range(start, start + n):  # ... and writes the new
                 slots, i = self.slot(r, position)
                 slots[i] = tuple(r.all_token_ids[:position + 1])
 
@@ -123,14 +172,11 @@ class Sim:
         sched, kv, config = self.scheduler, self.kv, self.config
         assert not (out.swap_in and out.swap_out), "swap-in and swap-out in one step"
         assert len(sched.running) <= config.max_num_seqs
-        assert out.num_batched_tokens <= config.max_num_batched_tokens
-        ids = [s.request.request_id for s in out.scheduled]
-        assert len(ids) == len(set(ids))
-        for s in out.scheduled:
-            r = s.request
+        assert out.total_num_scheduled_tokens <= config.max_num_batched_tokens
+        for r, n in self.scheduled(out):
             assert r.status is RequestStatus.RUNNING and r in sched.running
-            assert 1 <= s.num_new_tokens <= r.num_tokens - r.num_computed_tokens
-            needed = r.num_computed_tokens + s.num_new_tokens
+            assert 1 <= n <= r.num_tokens - r.num_computed_tokens
+            needed = r.num_computed_tokens + n
             assert len(r.block_ids) * config.block_size >= needed
         # Every unfinished request is in exactly the queue its status names.
         queues = {RequestStatus.WAITING: sched.waiting, RequestStatus.RUNNING: sched.running,
@@ -221,8 +267,8 @@ def test_budgets_are_respected_and_used(policy):
     for i in range(10):
         sim.add(f"r{i}", prompt_len=3 + 3 * i, max_tokens=2 + i % 4, priority=i % 3)
     sim.run()  # Sim.check asserts both budgets at every step
-    assert max(len(out.scheduled) for out in sim.outputs) == 3
-    assert max(out.num_batched_tokens for out in sim.outputs) == 16  # chunked prefill fills it
+    assert max(len(out.num_scheduled_tokens) for out in sim.outputs) == 3
+    assert max(out.total_num_scheduled_tokens for out in sim.outputs) == 16  # chunked prefill fills it
     assert all(r.num_output_tokens == r.max_tokens for r in sim.requests.values())
     sim.assert_all_free()
 
@@ -235,10 +281,10 @@ def test_without_chunked_prefill_a_prompt_is_computed_in_one_piece():
         sim.add("too-long", prompt_len=15, max_tokens=2)  # it would wait forever
     sim.run()
     for out in sim.outputs:
-        for s in out.scheduled:
-            assert s.num_new_tokens == 1 or s.num_new_tokens == s.request.num_prompt_tokens
+        for r, n in sim.scheduled(out):
+            assert n == 1 or n == r.num_prompt_tokens
     # r1 (9 tokens) does not fit beside r0 (10) in step 1, and nobody overtakes it.
-    assert [s.request.request_id for s in sim.outputs[0].scheduled] == ["r0"]
+    assert list(sim.outputs[0].num_scheduled_tokens) == ["r0"]
     sim.assert_all_free()
 
 
@@ -251,7 +297,7 @@ def crowded(policy: str, requests, **config) -> Sim:
     for request_id, max_tokens, priority in requests:
         sim.add(request_id, prompt_len=8, max_tokens=max_tokens, priority=priority)
         sim.clock.now += 1.0
-    assert not sim.step().preempted
+    assert not sim.step().preempted_req_ids
     return sim
 
 
@@ -264,7 +310,7 @@ def crowded(policy: str, requests, **config) -> Sim:
 def test_victim_choice(policy, requests, victim):
     sim = crowded(policy, requests)
     out = sim.step()
-    assert [r.request_id for r in out.preempted] == [victim]
+    assert out.preempted_req_ids == [victim]
     sim.run()
     sim.assert_all_free()
 
@@ -283,7 +329,7 @@ def test_swap_or_recompute(mode, num_swap_blocks, siblings, expected):
     victim.group += [Request(f"c-sibling{i}", [1], 1, 0.0) for i in range(siblings)]
     device_blocks = list(victim.block_ids)
     out = sim.step()
-    assert out.preempted == [victim] and victim.status is expected
+    assert out.preempted_req_ids == [victim.request_id] and victim.status is expected
     assert not victim.block_ids
     if expected is RequestStatus.SWAPPED:
         assert [d for d, _ in out.swap_out] == device_blocks
@@ -340,7 +386,7 @@ def test_no_swap_out_in_a_step_that_swaps_in():
     sim.add("h2", max_tokens=1, priority=0)
     out = sim.step()
     assert out.swap_in and not out.swap_out
-    assert out.preempted == [v] and v.status is RequestStatus.WAITING
+    assert out.preempted_req_ids == [v.request_id] and v.status is RequestStatus.WAITING
     sim.run()
     sim.assert_all_free()
 
@@ -357,7 +403,7 @@ def test_no_swap_in_in_a_step_that_swaps_out():
     v = sim.add("v", prompt_len=16, max_tokens=8, priority=4)
     sim.step()
     sim.add("h", prompt_len=4, max_tokens=8, priority=0)
-    assert sim.step().preempted == [s]  # v has run for one step only
+    assert sim.step().preempted_req_ids == ["s"]  # v has run for one step only
     sim.run(until=lambda: v.status is RequestStatus.SWAPPED)
     assert sim.outputs[-1].swap_out and not sim.outputs[-1].swap_in
     assert sim.kv.num_free_blocks >= len(s.swap_block_ids)
@@ -458,7 +504,7 @@ def test_a_victim_preempted_mid_step_swaps_in_all_its_blocks():
     low = sim.add("low", prompt_len=14, max_tokens=1, priority=5)
     sim.step()  # a: 1 token, low: 8
     sim.add("h", prompt_len=22, max_tokens=1, priority=0)
-    assert sim.step().preempted == [low]  # it was given its last 6 tokens; h takes them
+    assert sim.step().preempted_req_ids == ["low"]  # it was given its last 6 tokens; h takes them
     assert len(low.swap_block_ids) == 14 and low.num_computed_tokens == 8
     assert sim.scheduled_tokens(sim.step()) == {"h": 9}  # the whole budget
     out = sim.step()  # 4 tokens of budget left for low, but 12 free blocks for its 14

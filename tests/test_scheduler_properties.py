@@ -79,3 +79,42 @@ def test_random_traffic_loses_nothing_and_leaks_nothing(config, arrivals, aborts
             assert request.status is RequestStatus.FINISHED_LENGTH
             assert request.num_output_tokens == request.max_tokens
     sim.assert_all_free()
+
+
+@settings(max_examples=300, deadline=None)
+@given(policy=st.sampled_from(sorted(POLICIES)),
+       block_size=st.integers(2, 8), num_blocks=st.integers(8, 40),
+       enable_prefix_caching=st.booleans(), active_preemption=st.booleans(),
+       preemption_mode=st.sampled_from([None, "swap", "recompute"]),
+       sample_seed=st.integers(0, 2**16),
+       groups=st.lists(st.tuples(st.integers(0, 8),  # arrival step
+                                 st.integers(1, 20),  # prompt length
+                                 st.integers(1, 6),  # n
+                                 st.integers(1, 12),  # max_tokens
+                                 st.integers(0, 3)),  # priority
+                       min_size=1, max_size=8))
+def test_parallel_sampling_reads_only_its_own_kv(policy, block_size, num_blocks,
+                                                 enable_prefix_caching, active_preemption,
+                                                 preemption_mode, sample_seed, groups):
+    """n > 1 with sampled siblings (each writes its own KV after the shared prompt) under
+    memory pressure: copy-on-write copies, swaps and recomputes in the same steps. The fake
+    KV store applies every mapping in the runner's order and fails a request that reads a
+    slot holding anything but its own history — a missing or misordered copy included."""
+    sim = Sim(policy, sample_seed=sample_seed, block_size=block_size, num_blocks=num_blocks,
+              num_swap_blocks=num_blocks, max_num_seqs=8, max_num_batched_tokens=32,
+              enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode,
+              active_preemption=active_preemption, min_run_quantum=1)
+    capacity = num_blocks * block_size
+    last_arrival = max(g[0] for g in groups)
+    for step in range(last_arrival + 2000):
+        for i, (when, prompt_len, n, max_tokens, priority) in enumerate(groups):
+            # Every sibling must fit the cache alone; shared prefixes make prefix hits.
+            if when == step and prompt_len + max_tokens <= capacity:
+                prompt = SHARED_PREFIX[:prompt_len // 2] + [200 + i] * (prompt_len - prompt_len // 2)
+                sim.add(f"g{i}", prompt=prompt, max_tokens=max_tokens, priority=priority, n=n)
+        if step > last_arrival and not sim.scheduler.has_unfinished_requests():
+            break
+        sim.step()
+    assert not sim.scheduler.has_unfinished_requests(), "a request never finished"
+    assert all(r.num_output_tokens == r.max_tokens for r in sim.requests.values())
+    sim.assert_all_free()

@@ -2,6 +2,16 @@
 reference counts, prefix-cache hashes with lazy LRU eviction, and a host swap pool.
 
 Pure Python: it hands out block ids; the model side owns the tensors they index.
+
+Block mappings and the order the model side applies them in (ModelRunner.copy_blocks):
+swap-outs, then copy-on-write copies (all at once: every source is read before any
+destination is written), then swap-ins. Blocks freed during a step may be handed out again
+in the same step, so that order is what keeps each mapping's reads intact:
+- a swap-out reads its blocks before anything this step can write them;
+- a copy source cannot be overwritten by a swap-in before it is read;
+- a copy belongs to the request whose block it fills: when that request is swapped out in
+  the same step, its host copy is taken from the copy's source (the destination is not
+  filled yet) and the copy is dropped; when the request is freed, the copy is dropped.
 """
 
 from __future__ import annotations
@@ -11,16 +21,13 @@ from dataclasses import dataclass
 
 from minivllm.core.request import Request
 
-# A cached block is identified by its parent's hash, its tokens and (first block only)
-# the request's cache salt. The key is kept with the block so a hit re-checks the tokens.
-BlockKey = tuple[int | None, tuple[int, ...], str | None]
-
 
 @dataclass
 class BlockMeta:
     ref_cnt: int = 0
-    key: BlockKey | None = None  # set once the block is full and registered in the cache
-    hash: int | None = None
+    hash: int | None = None  # set once the block is full and registered in the cache
+    parent_hash: int | None = None  # with `tokens`, re-checked on a hit: hashes collide
+    tokens: tuple[int, ...] = ()
 
 
 class KVCacheManager:
@@ -41,12 +48,11 @@ class KVCacheManager:
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.num_swap_blocks = num_swap_blocks
         self.free_swap_blocks: list[int] = list(range(num_swap_blocks - 1, -1, -1))
-        self._block_hashes: dict[str, list[int]] = {}  # request id -> hashes of its full blocks
+        self._num_registered: dict[str, int] = {}  # request id -> its blocks in the cache
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
-        # Copy-on-write copies (source block, new block) made by allocations, for the
-        # scheduler to hand to the model side.
-        self.pending_copies: list[tuple[int, int]] = []
+        # Copy-on-write copies made by allocations this step, destination -> source.
+        self.pending_copies: dict[int, int] = {}
 
     # ---- capacity -------------------------------------------------------------------
 
@@ -61,29 +67,53 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def num_blocks_freed_by(self, request: Request, keep: set[int] = frozenset()) -> int:
+        """Blocks that would return to the pool if the request let go of its own, not
+        counting those in `keep` (prefix hits about to be taken again)."""
+        return sum(1 for b in request.block_ids if self.blocks[b].ref_cnt == 1 and b not in keep)
+
     # ---- prefix cache ---------------------------------------------------------------
 
-    def _block_key(self, request: Request, index: int, parent_hash: int | None) -> BlockKey:
-        start = index * self.block_size
-        tokens = tuple(request.all_token_ids[start:start + self.block_size])
-        return (parent_hash, tokens, request.cache_salt if index == 0 else None)
+    def block_hashes(self, request: Request) -> list[int]:
+        """The chained hashes of the request's full blocks, each computed once, as it fills:
+        a block's hash covers its parent's hash, its tokens and (first block) the salt."""
+        hashes, size, tokens = request.block_hashes, self.block_size, request.all_token_ids
+        for index in range(len(hashes), len(tokens) // size):
+            parent = hashes[-1] if hashes else None
+            block = tuple(tokens[index * size:(index + 1) * size])
+            hashes.append(hash((parent, block, request.cache_salt if index == 0 else None)))
+        return hashes
+
+    def _max_hit_blocks(self, request: Request) -> int:
+        """A hit leaves at least one token to compute; prompt logprobs need every position."""
+        if not self.enable_prefix_caching or request.needs_prompt_logits:
+            return 0
+        return (request.num_tokens - 1) // self.block_size
 
     def find_cached_blocks(self, request: Request) -> list[int]:
-        """The longest run of cached full blocks matching the request's tokens, capped so
-        that at least one token is left to compute. Looks only; takes nothing."""
-        if not self.enable_prefix_caching or request.needs_prompt_logits:
-            return []
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        """The longest run of cached full blocks matching the request's tokens, re-checked
+        token by token. Looks only; takes nothing."""
+        hashes = self.block_hashes(request)
         hits: list[int] = []
-        parent: int | None = None
-        for index in range(max_blocks):
-            key = self._block_key(request, index, parent)
-            block_id = self.cached.get(hash(key))
-            if block_id is None or self.blocks[block_id].key != key:
+        for index in range(self._max_hit_blocks(request)):
+            block_id = self.cached.get(hashes[index])
+            if block_id is None:
+                break
+            meta, start = self.blocks[block_id], index * self.block_size
+            parent = hashes[index - 1] if index else None
+            if (meta.parent_hash != parent
+                    or meta.tokens != tuple(request.all_token_ids[start:start + self.block_size])):
                 break
             hits.append(block_id)
-            parent = hash(key)
         return hits
+
+    def num_cached_tokens_probe(self, request: Request) -> int:
+        """How many tokens the prefix cache would serve, by hashes alone (no token re-check):
+        cheap enough for a policy to call on every request at every sort."""
+        hashes, num = self.block_hashes(request), 0
+        while num < self._max_hit_blocks(request) and hashes[num] in self.cached:
+            num += 1
+        return num * self.block_size
 
     def record_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_query_tokens
@@ -93,16 +123,19 @@ class KVCacheManager:
         """Register the request's blocks that are now full of computed tokens."""
         if not self.enable_prefix_caching:
             return
-        hashes = self._block_hashes.setdefault(request.request_id, [])
         num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
-        for index in range(len(hashes), num_full):
-            key = self._block_key(request, index, hashes[-1] if hashes else None)
-            block_hash = hash(key)
-            hashes.append(block_hash)
-            meta = self.blocks[request.block_ids[index]]
-            if meta.key is None and block_hash not in self.cached:
-                meta.key, meta.hash = key, block_hash
+        done = self._num_registered.get(request.request_id, 0)
+        if num_full <= done:
+            return
+        hashes = self.block_hashes(request)
+        for index in range(done, num_full):
+            meta, block_hash = self.blocks[request.block_ids[index]], hashes[index]
+            if meta.hash is None and block_hash not in self.cached:
+                start = index * self.block_size
+                meta.hash, meta.parent_hash = block_hash, hashes[index - 1] if index else None
+                meta.tokens = tuple(request.all_token_ids[start:start + self.block_size])
                 self.cached[block_hash] = request.block_ids[index]
+        self._num_registered[request.request_id] = num_full
 
     # ---- allocation -----------------------------------------------------------------
 
@@ -111,7 +144,8 @@ class KVCacheManager:
         meta = self.blocks[block_id]
         if meta.hash is not None:  # evict from the prefix cache
             del self.cached[meta.hash]
-            meta.key = meta.hash = None
+            meta.hash = meta.parent_hash = None
+            meta.tokens = ()
         meta.ref_cnt = 1
         return block_id
 
@@ -121,6 +155,22 @@ class KVCacheManager:
             del self.free_queue[block_id]
         meta.ref_cnt += 1
 
+    def _num_blocks_to_take(self, request: Request, num_new_tokens: int,
+                            cached_blocks: list[int]) -> int:
+        total = (request.num_computed_tokens + len(cached_blocks) * self.block_size
+                 + num_new_tokens)
+        need = max(0, self.blocks_needed(total) - len(request.block_ids) - len(cached_blocks))
+        copy_on_write = self._shares_partial_block(request) and num_new_tokens > 0
+        # Cached hits now in the free queue leave it when touched.
+        reclaimed = sum(1 for b in cached_blocks if self.blocks[b].ref_cnt == 0)
+        return need + copy_on_write + reclaimed
+
+    def can_allocate(self, request: Request, num_new_tokens: int,
+                     cached_blocks: list[int] | None = None, extra_free: int = 0) -> bool:
+        """Whether allocate_slots would succeed (with `extra_free` more free blocks)."""
+        need = self._num_blocks_to_take(request, num_new_tokens, cached_blocks or [])
+        return need <= self.num_free_blocks + extra_free
+
     def allocate_slots(
         self, request: Request, num_new_tokens: int, cached_blocks: list[int] | None = None
     ) -> list[int] | None:
@@ -128,22 +178,20 @@ class KVCacheManager:
         are appended first. Returns the newly allocated block ids, or None when the pool
         cannot hold them (nothing is changed then; the scheduler preempts)."""
         cached_blocks = cached_blocks or []
-        num_cached_tokens = len(cached_blocks) * self.block_size
-        total = request.num_computed_tokens + num_cached_tokens + num_new_tokens
-        need = max(0, self.blocks_needed(total) - len(request.block_ids) - len(cached_blocks))
-        copy_on_write = self._shares_partial_block(request) and num_new_tokens > 0
-        reclaimed = sum(1 for b in cached_blocks if self.blocks[b].ref_cnt == 0)
-        if need + copy_on_write > self.num_free_blocks - reclaimed:
+        if not self.can_allocate(request, num_new_tokens, cached_blocks):
             return None
-        if copy_on_write:  # it will write into a block its siblings still read
+        if self._shares_partial_block(request) and num_new_tokens > 0:
+            # It will write into a block its siblings still read: give it its own copy.
             shared = request.block_ids[-1]
             self.blocks[shared].ref_cnt -= 1
             request.block_ids[-1] = self._take_free_block()
-            self.pending_copies.append((shared, request.block_ids[-1]))
+            self.pending_copies[request.block_ids[-1]] = shared
         for block_id in cached_blocks:
             self._touch(block_id)
         request.block_ids.extend(cached_blocks)
-        new_blocks = [self._take_free_block() for _ in range(need)]
+        total = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        new_blocks = [self._take_free_block()
+                      for _ in range(self.blocks_needed(total) - len(request.block_ids))]
         request.block_ids.extend(new_blocks)
         return new_blocks
 
@@ -151,6 +199,12 @@ class KVCacheManager:
         return (request.num_computed_tokens % self.block_size != 0
                 and len(request.block_ids) * self.block_size > request.num_computed_tokens
                 and self.blocks[request.block_ids[-1]].ref_cnt > 1)
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """This step's copy-on-write copies as (source, destination) pairs."""
+        copies = [(src, dst) for dst, src in self.pending_copies.items()]
+        self.pending_copies.clear()
+        return copies
 
     def fork(self, parent: Request, child: Request) -> None:
         """The child shares the parent's blocks that hold computed tokens (parallel sampling:
@@ -162,33 +216,36 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release the request's device blocks, tail first, so that the tail of a shared
-        prefix is evicted before its head."""
+        prefix is evicted before its head. A copy still pending into a released block is
+        dropped: nobody will read that block as the request's."""
         for block_id in reversed(request.block_ids):
             meta = self.blocks[block_id]
             meta.ref_cnt -= 1
             if meta.ref_cnt == 0:
+                self.pending_copies.pop(block_id, None)
                 self.free_queue[block_id] = None
                 if meta.hash is None:  # nothing worth keeping: reuse it first
                     self.free_queue.move_to_end(block_id, last=False)
         request.block_ids = []
-        self._block_hashes.pop(request.request_id, None)
+        self._num_registered.pop(request.request_id, None)
 
     # ---- swap -----------------------------------------------------------------------
 
     def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
         """Move the request's blocks to the host pool: (device block, host block) pairs,
-        or None when the host pool is too full (the caller falls back to recompute)."""
+        or None when the host pool is too full (the caller falls back to recompute). A block
+        still waiting for its copy-on-write copy is read from the copy's source."""
         if len(request.block_ids) > len(self.free_swap_blocks):
             return None
-        mapping = [(block_id, self.free_swap_blocks.pop()) for block_id in request.block_ids]
+        mapping = [(self.pending_copies.get(block_id, block_id), self.free_swap_blocks.pop())
+                   for block_id in request.block_ids]
         request.swap_block_ids = [host for _, host in mapping]
         self.free(request)
         return mapping
 
-    def swap_in(self, request: Request) -> list[tuple[int, int]] | None:
-        """Bring the request's blocks back: (host block, device block) pairs, or None."""
-        if len(request.swap_block_ids) > self.num_free_blocks:
-            return None
+    def swap_in(self, request: Request) -> list[tuple[int, int]]:
+        """Bring the request's blocks back: (host block, device block) pairs. The caller
+        has checked that enough blocks are free."""
         mapping = [(host, self._take_free_block()) for host in request.swap_block_ids]
         request.block_ids = [device for _, device in mapping]
         self.free_swap_blocks.extend(reversed(request.swap_block_ids))

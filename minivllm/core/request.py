@@ -2,11 +2,15 @@
 
 There is no prefill or decode phase: `num_computed_tokens` catches up with `num_tokens`
 one step at a time, which covers prefill, chunked prefill, decode and recompute alike.
+Token lists are kept current as tokens arrive (nothing concatenates prompt + output on
+the hot path), and the hashes of full blocks are computed once each, by the KV manager.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
+from typing import Any
 
 
 class RequestStatus(enum.Enum):
@@ -36,10 +40,14 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         needs_prompt_logits: bool = False,
+        sampling_params: Any = None,
+        seed: int | None = None,
+        banned_until_min_tokens: Iterable[int] = (),
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self.all_token_ids = list(prompt_token_ids)  # prompt, then outputs as they come
         self.max_tokens = max_tokens
         self.arrival_time = arrival_time
         self.priority = priority
@@ -47,10 +55,16 @@ class Request:
         # Prompt logprobs need logits at every prompt position, so such a request
         # never skips prompt tokens through the prefix cache.
         self.needs_prompt_logits = needs_prompt_logits
+        # What the model side needs to sample for it; opaque to the scheduler, which only
+        # hands it over once, when the request first reaches the runner.
+        self.sampling_params = sampling_params
+        self.seed = seed
+        self.banned_until_min_tokens = tuple(banned_until_min_tokens)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first admission)
         self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of its full blocks (KV manager)
         self.swap_block_ids: list[int] = []  # host blocks while SWAPPED
         self.num_preemptions = 0
         self.first_scheduled_step: int | None = None
@@ -71,11 +85,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        return len(self.all_token_ids)
 
     @property
     def max_total_tokens(self) -> int:
@@ -92,9 +102,27 @@ class Request:
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
 
     def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, {self.status.value}, "
             f"computed={self.num_computed_tokens}/{self.num_tokens})"
         )
+
+
+def check_context_length(num_prompt_tokens: int, max_tokens: int | None,
+                         max_model_len: int, where: str = "prompt") -> None:
+    """The one check that a prompt and its max_tokens fit the model's context; the message
+    is the one OpenAI clients know. max_tokens None: the rest of the context."""
+    if max_tokens is None and num_prompt_tokens >= max_model_len:
+        raise ValueError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"request has {num_prompt_tokens} input tokens. Please reduce the length of the "
+            f"{where}.")
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        raise ValueError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the "
+            f"{where}, {max_tokens} in the completion). Please reduce the length of the {where} "
+            "or completion.")

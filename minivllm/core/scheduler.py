@@ -1,6 +1,7 @@
 """The scheduler: waiting / running / swapped queues, token and sequence budgets, and
-preemption by recompute or swap. Pure Python; it emits a SchedulerOutput that the model
-side executes (block copies first, then one forward over the flattened batch).
+preemption by recompute or swap. Pure Python; it emits a SchedulerOutput — plain data and
+per-step diffs — that the model side executes (block mappings first, then one forward over
+the flattened batch), and takes back the sampled token ids.
 
 Each step: running requests first (so decodes keep flowing), then swapped ones are
 swapped back in, then waiting ones are admitted — all in the policy's order.
@@ -11,11 +12,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.policy import SchedulingPolicy
-from minivllm.core.request import Request, RequestStatus
+from minivllm.core.request import Request, RequestStatus, check_context_length
+from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -35,35 +37,6 @@ class SchedulerConfig:
     min_run_quantum: int = 8
 
 
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step computes the request's last token, so a new one is sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    step: int
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.scheduled or self.swap_out or self.swap_in or self.copies)
-
-
 class Scheduler:
     def __init__(
         self,
@@ -80,7 +53,7 @@ class Scheduler:
             config.enable_prefix_caching,
             config.num_swap_blocks,
         )
-        policy.cached_tokens = self._probe_cached_tokens
+        policy.cached_tokens = self.kv.num_cached_tokens_probe
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
@@ -88,17 +61,22 @@ class Scheduler:
         self.step_count = 0
         self.num_preemptions = 0
         self._last_preemption_log = float("-inf")
+        # What the runner holds: request id -> how many of its block ids it has (-1: it must
+        # be sent the whole table again), and the ids finished since the last step.
+        self._runner_blocks: dict[str, int] = {}
+        self._finished_ids: list[str] = []
+        # This step, while it is being scheduled: request id -> (request, new tokens).
+        self._scheduled: dict[str, tuple[Request, int]] = {}
 
     # ---- requests in and out ----------------------------------------------------------
 
-    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int, num_seqs: int = 1) -> None:
         """Reject a request that could never be served, naming the numbers."""
+        check_context_length(num_prompt_tokens, max_tokens, self.config.max_model_len)
         total = num_prompt_tokens + max_tokens
-        if total > self.config.max_model_len:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
-                f"exceeds the model's context length max_model_len={self.config.max_model_len}"
-            )
+        if num_seqs > self.config.max_num_seqs:
+            raise ValueError(f"n ({num_seqs} sequences) exceeds max_num_seqs="
+                             f"{self.config.max_num_seqs}")
         capacity = self.config.num_blocks * self.config.block_size
         if total > capacity:
             raise ValueError(
@@ -115,7 +93,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
-        self.check_fits(request.num_prompt_tokens, request.max_tokens)
+        self.check_fits(request.num_prompt_tokens, request.max_tokens, len(request.group))
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -133,6 +111,8 @@ class Scheduler:
         request.status = status
         request.pending_forks = []
         self.requests.pop(request.request_id, None)
+        if self._runner_blocks.pop(request.request_id, None) is not None:
+            self._finished_ids.append(request.request_id)
         if status is not RequestStatus.FINISHED_ABORTED:
             self.policy.on_finished(request)
 
@@ -145,14 +125,35 @@ class Scheduler:
         self.step_count += 1
         now = self.clock()
         out = SchedulerOutput(step=self.step_count)
+        self._scheduled = {}
         budget = [self.config.max_num_batched_tokens]
         self._schedule_running(out, budget, now)
         if not out.swap_out:  # swap-in and swap-out never share a step
             self._schedule_swapped(out, budget, now)
-        if not self.swapped and not out.preempted:
+        if not self.swapped and not out.preempted_req_ids:
             self._schedule_waiting(out, budget, now)
-        out.copies, self.kv.pending_copies = self.kv.pending_copies, []
+        self._emit(out)
         return out
+
+    def _emit(self, out: SchedulerOutput) -> None:
+        """Turn this step's decisions into data: new requests in full, the others as diffs."""
+        copied = self.kv.pending_copies  # destinations of this step's copy-on-write copies
+        for req_id, (request, num_new) in self._scheduled.items():
+            out.num_scheduled_tokens[req_id] = num_new
+            known = self._runner_blocks.get(req_id)
+            if known is None:
+                out.scheduled_new_reqs.append(NewRequestData(
+                    req_id, request.prompt_token_ids, list(request.output_token_ids),
+                    list(request.block_ids), request.num_computed_tokens,
+                    request.sampling_params, request.seed, request.banned_until_min_tokens))
+            else:
+                replace = known < 0 or (request.block_ids and request.block_ids[-1] in copied)
+                out.scheduled_cached_reqs.append(
+                    req_id, request.num_computed_tokens,
+                    list(request.block_ids) if replace else request.block_ids[known:], replace)
+            self._runner_blocks[req_id] = len(request.block_ids)
+        out.copies = self.kv.take_pending_copies()
+        out.finished_req_ids, self._finished_ids = self._finished_ids, []
 
     def _chunk(self, request: Request, computed: int, budget: int) -> int:
         """How many of the request's uncomputed tokens fit this step's token budget."""
@@ -180,12 +181,12 @@ class Scheduler:
                 if victim is request:
                     break
             if request.status is RequestStatus.RUNNING:
-                out.scheduled.append(ScheduledRequest(request, num_new))
+                self._scheduled[request.request_id] = (request, num_new)
                 budget[0] -= num_new
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
         for request in self.policy.order(self.swapped, now):
-            if len(self.running) >= self.config.max_num_seqs or budget[0] <= 0:
+            if self._seats_taken() >= self.config.max_num_seqs or budget[0] <= 0:
                 return
             num_new = self._chunk(request, request.num_computed_tokens, budget[0])
             # It may hold more blocks than it needs: those allocated in the step it was
@@ -197,75 +198,96 @@ class Scheduler:
             out.swap_in.extend(self.kv.swap_in(request))
             self.kv.allocate_slots(request, num_new)
             self.swapped.remove(request)
-            self._admit(request, out, budget, num_new)
+            self._admit(request, budget, num_new)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
         for request in self.policy.order(self.waiting, now):
             if budget[0] <= 0:
-                return
-            if len(self.running) >= self.config.max_num_seqs and not self._preempt_for(
-                request, out, budget, now
-            ):
                 return
             cached = self.kv.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
             num_cached = len(cached) * self.config.block_size
             # All but the last prompt token cached (or a one-token prompt): the group forks
             # as soon as the head is admitted, and the head computes that last token.
             fork_now = bool(request.pending_forks) and num_cached == request.num_tokens - 1
-            num_new = 1 if fork_now else self._chunk(request, num_cached, budget[0])
+
+            def tokens_for(budget: int, request=request, num_cached=num_cached, fork=fork_now):
+                return 1 if fork else self._chunk(request, num_cached, budget)
+
+            num_new = tokens_for(budget[0])
             if num_new == 0:
                 return
-            while self.kv.allocate_slots(request, num_new, cached) is None:
-                if not self._preempt_for(request, out, budget, now):
+            seats_full = self._seats_needed(request) > 0
+            if seats_full or not self.kv.can_allocate(request, num_new, cached):
+                if not self._preempt_for(request, tokens_for, cached, out, budget, now):
                     return
+                num_new = tokens_for(budget[0])  # the victims gave their tokens back
+            allocated = self.kv.allocate_slots(request, num_new, cached)
+            assert allocated is not None, "active preemption freed too few blocks"
             if self.config.enable_prefix_caching and not request.needs_prompt_logits:
                 self.kv.record_lookup(request.num_tokens, num_cached)
             if request.num_preemptions == 0:
                 request.num_cached_tokens = num_cached
             request.num_computed_tokens = num_cached
             self.waiting.remove(request)
-            self._admit(request, out, budget, num_new)
+            self._admit(request, budget, num_new)
             if fork_now:
                 self._fork(request)
 
-    def _admit(self, request: Request, out: SchedulerOutput, budget: list[int], num_new: int) -> None:
+    def _seats_needed(self, request: Request) -> int:
+        """Running seats missing to admit the request with the siblings it will fork."""
+        return self._seats_taken() + 1 + len(request.pending_forks) - self.config.max_num_seqs
+
+    def _seats_taken(self) -> int:
+        """Running sequences, and the siblings their heads will fork (seats kept for them)."""
+        return len(self.running) + sum(len(r.pending_forks) for r in self.running)
+
+    def _admit(self, request: Request, budget: list[int], num_new: int) -> None:
         request.status = RequestStatus.RUNNING
         request.last_admitted_step = self.step_count
         if request.first_scheduled_step is None:
             request.first_scheduled_step = self.step_count
         self.running.append(request)
-        out.scheduled.append(ScheduledRequest(request, num_new))
+        self._scheduled[request.request_id] = (request, num_new)
         budget[0] -= num_new
 
     # ---- preemption -------------------------------------------------------------------
 
-    def _preempt_for(
-        self, request: Request, out: SchedulerOutput, budget: list[int], now: float
-    ) -> bool:
-        """Active preemption: make room for a waiting request that outranks the worst
-        running one, once that one has run its minimum quantum."""
+    def _preempt_for(self, request: Request, tokens_for: Callable[[int], int],
+                     cached: list[int], out: SchedulerOutput, budget: list[int],
+                     now: float) -> bool:
+        """Active preemption: make room for a waiting request by evicting running ones it
+        outranks (each past its minimum quantum), worst first — but only when the evictions
+        are enough to admit it in this very step; otherwise nobody is evicted.
+        `tokens_for(budget)`: how many tokens it would compute with that budget."""
         if not self.config.active_preemption:
             return False
-        eligible = [
-            r for r in self.running
-            if self.step_count - r.last_admitted_step >= self.config.min_run_quantum
-        ]
-        if not eligible:
+        eligible = [r for r in self.running
+                    if self.step_count - r.last_admitted_step >= self.config.min_run_quantum]
+        victims, freed, returned, hits = [], 0, 0, set(cached)
+        while eligible:
+            victim = self.policy.victim(eligible, now)
+            if not self.policy.outranks(request, victim, now):
+                return False
+            eligible.remove(victim)
+            victims.append(victim)
+            freed += self.kv.num_blocks_freed_by(victim, keep=hits)
+            returned += self._scheduled.get(victim.request_id, (None, 0))[1]
+            if (self._seats_needed(request) <= len(victims)
+                    and self.kv.can_allocate(request, tokens_for(budget[0] + returned), cached,
+                                             extra_free=freed)):
+                break
+        else:
             return False
-        victim = self.policy.victim(eligible, now)
-        if not self.policy.outranks(request, victim, now):
-            return False
-        self._preempt(victim, out, budget, now, reason=f"outranked by {request.request_id}")
+        for victim in victims:
+            self._preempt(victim, out, budget, now, reason=f"outranked by {request.request_id}")
         return True
 
     def _preempt(
         self, victim: Request, out: SchedulerOutput, budget: list[int], now: float, reason: str
     ) -> None:
-        for scheduled in out.scheduled:  # it gives back what it was given this step
-            if scheduled.request is victim:
-                out.scheduled.remove(scheduled)
-                budget[0] += scheduled.num_new_tokens
-                break
+        given = self._scheduled.pop(victim.request_id, None)
+        if given is not None:  # it gives back what it was given this step
+            budget[0] += given[1]
         self.running.remove(victim)
         # vLLM V0's rule: swap a sequence whose group lives on, recompute a lone one.
         mode = self.config.preemption_mode or ("swap" if victim.num_siblings else "recompute")
@@ -280,9 +302,11 @@ class Scheduler:
             victim.num_computed_tokens = 0
             victim.status = RequestStatus.WAITING
             self.waiting.append(victim)
+        if victim.request_id in self._runner_blocks:
+            self._runner_blocks[victim.request_id] = -1  # its table will be sent whole
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        out.preempted.append(victim)
+        out.preempted_req_ids.append(victim.request_id)
         if now - self._last_preemption_log > 5.0:  # rate-limited
             self._last_preemption_log = now
             logger.warning(
@@ -292,17 +316,22 @@ class Scheduler:
 
     # ---- after the forward ------------------------------------------------------------
 
-    def update_after_step(self, out: SchedulerOutput) -> list[Request]:
-        """Advance computed counts; return the requests that now need a sampled token."""
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled_token_ids: dict[str, int]) -> list[Request]:
+        """Advance computed counts and append the sampled tokens; return the requests that
+        got a new token, in the step's order."""
         sampled = []
-        for scheduled in out.scheduled:
-            request = scheduled.request
-            samples = scheduled.samples
-            request.num_computed_tokens += scheduled.num_new_tokens
-            self.kv.cache_full_blocks(request)
-            if samples:
+        for req_id, num_new in out.num_scheduled_tokens.items():
+            request = self.requests.get(req_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += num_new
+            token = sampled_token_ids.get(req_id)
+            if token is not None:
+                request.append_output_token(token)
                 sampled.append(request)
-            elif request.pending_forks and request.num_computed_tokens == request.num_tokens - 1:
+            self.kv.cache_full_blocks(request)
+            if request.pending_forks and request.num_computed_tokens == request.num_tokens - 1:
                 self._fork(request)
         return sampled
 
@@ -317,6 +346,3 @@ class Scheduler:
             self.requests[child.request_id] = child
             self.running.append(child)
         parent.pending_forks = []
-
-    def _probe_cached_tokens(self, request: Request) -> int:
-        return len(self.kv.find_cached_blocks(request)) * self.config.block_size

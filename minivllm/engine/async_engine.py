@@ -28,7 +28,7 @@ from minivllm.engine.errors import (
 )
 from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,9 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
 class _RequestStream:
     """One request's outputs: put() on the engine thread, get() on the request's event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, delta: bool) -> None:
         self._loop = loop
+        self._delta = delta  # outputs carry only what is new (RequestOutputKind.DELTA)
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
     def put(self, item: RequestOutput | BaseException) -> None:
@@ -64,13 +65,19 @@ class _RequestStream:
             _call_soon(loop, _put_all, pairs)
 
     async def get(self) -> RequestOutput:
+        """The next output; a reader that fell behind gets what queued up as one: deltas
+        folded together, or the newest of cumulative outputs."""
         item = await self._queue.get()
-        # Outputs are cumulative, so a reader that fell behind only needs the newest one.
         while isinstance(item, RequestOutput) and not item.finished and not self._queue.empty():
             newer = self._queue.get_nowait()
-            if isinstance(newer, RequestOutput) and newer.prompt_logprobs is None:
-                newer.prompt_logprobs = item.prompt_logprobs
-            item = newer
+            if isinstance(newer, BaseException):
+                item = newer
+            elif self._delta:
+                item.add(newer)
+            else:
+                if newer.prompt_logprobs is None:
+                    newer.prompt_logprobs = item.prompt_logprobs
+                item = newer
         if isinstance(item, BaseException):
             raise item
         return item
@@ -160,7 +167,8 @@ class AsyncLLMEngine:
     async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None, priority: int = 0,
                        cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Yield the request's cumulative outputs; the last one has finished=True.
+        """Yield the request's outputs, of its params.output_kind; the last one has
+        finished=True.
 
         Raises ValueError for input the engine rejects, EngineOverloadedError when a queue
         bound is reached or the engine is draining, RequestFailedError (RequestTimeoutError)
@@ -169,7 +177,7 @@ class AsyncLLMEngine:
         KV blocks.
         """
         loop = asyncio.get_running_loop()
-        stream = _RequestStream(loop)
+        stream = _RequestStream(loop, params.output_kind is RequestOutputKind.DELTA)
         accepted = loop.create_future()
         self._submit(_Add(request_id, prompt, params, prompt_token_ids, priority, cache_salt,
                           stream, accepted))

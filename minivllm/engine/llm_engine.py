@@ -1,6 +1,8 @@
 """LLMEngine: add_request / abort_request / step. Glues the scheduler (core/) to the model
-runner (model/): each step schedules, runs one forward, samples, detokenizes, checks stops
-and returns the outputs of the requests that progressed."""
+runner (model/): each step schedules (a SchedulerOutput of data and diffs), runs one forward
+and samples (plain data back), detokenizes, checks stops and returns the outputs of the
+requests that progressed — in each request's output kind: cumulative, final only, or only
+what is new."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from minivllm.config import EngineConfig
 from minivllm.core.policy import make_policy
-from minivllm.core.request import Request, RequestStatus
+from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from minivllm.engine.errors import EngineOverloadedError
@@ -20,8 +22,7 @@ from minivllm.engine.request_state import RequestGroup, RequestState
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.model.loader import resolve_model_path
 from minivllm.model.runner import ModelRunner
-from minivllm.model.sampler import SamplingRow
-from minivllm.outputs import RequestMetrics, RequestOutput
+from minivllm.outputs import Logprob, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class LLMEngine:
         ), policy)
         self.groups: dict[str, RequestGroup] = {}  # by the caller's request id
         self.states: dict[str, RequestState] = {}  # by sequence id
-        self._finished_outside_step: list[RequestOutput] = []
+        self._failed: list[RequestGroup] = []  # aborted or failed: answered next step
         self.stat_loggers: list = []
         logger.info("minivllm engine: model %s, %d KV blocks of %d tokens, %d swap blocks, %s",
                     path, self.runner.num_blocks, config.block_size, self.runner.num_swap_blocks,
@@ -97,35 +98,34 @@ class LLMEngine:
                 raise ValueError("either prompt or prompt_token_ids is required")
             prompt_token_ids = self.tokenizer(prompt).input_ids
         self._validate(prompt_token_ids, params)
+        check_context_length(len(prompt_token_ids), params.max_tokens, self.max_model_len)
         max_tokens = params.max_tokens
         if max_tokens is None:  # the rest of the context
             max_tokens = self.max_model_len - len(prompt_token_ids)
-            if max_tokens < 1:
-                raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) leaves no room in "
-                                 f"the context (max_model_len={self.max_model_len})")
-        self.scheduler.check_fits(len(prompt_token_ids), max_tokens)
+        self.scheduler.check_fits(len(prompt_token_ids), max_tokens, params.best_of or params.n)
         self._check_queue_bounds(len(prompt_token_ids))
         arrival_time = arrival_time if arrival_time is not None else time.time()
         num_seqs = params.best_of or params.n
         group = RequestGroup(
             request_id=request_id, prompt=prompt, prompt_token_ids=list(prompt_token_ids),
             n=params.n, with_logprobs=params.logprobs is not None,
-            metrics=RequestMetrics(arrival_time=arrival_time),
+            metrics=RequestMetrics(arrival_time=arrival_time), output_kind=params.output_kind,
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
         if num_seqs > params.n and params.logprobs is None:  # best_of ranks by logprob
             params = dataclasses.replace(params, logprobs=0)
+        banned = self._stop_ids(params)  # until min_tokens
         for index in range(num_seqs):
             seq_id = request_id if num_seqs == 1 else f"{request_id}#{index}"
-            request = Request(seq_id, prompt_token_ids, max_tokens, arrival_time, priority,
-                              cache_salt, needs_prompt_logits=params.prompt_logprobs is not None
-                              and index == 0)
-            seed = None if params.seed is None else params.seed + index
+            request = Request(
+                seq_id, prompt_token_ids, max_tokens, arrival_time, priority, cache_salt,
+                needs_prompt_logits=params.prompt_logprobs is not None and index == 0,
+                sampling_params=params, banned_until_min_tokens=banned,
+                seed=None if params.seed is None else params.seed + index)
             group.sequences.append(RequestState(
                 request=request, params=params, group_id=request_id, index=index,
                 detokenizer=IncrementalDetokenizer(
                     self.tokenizer, prompt_token_ids, params.skip_special_tokens,
                     params.stop, params.include_stop_str_in_output),
-                generator=self.runner.make_generator(seed) if seed is not None else None,
                 logprobs=[] if params.logprobs is not None else None))
         head = group.sequences[0].request
         for state in group.sequences[1:]:
@@ -194,10 +194,10 @@ class LLMEngine:
                 state.finish_reason = "abort"
         group.error = error
         group.metrics.finished_time = time.time()
-        self._finished_outside_step.append(group.to_output(self.token_texts))
+        self._failed.append(group)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.groups) or bool(self._finished_outside_step)
+        return bool(self.groups) or bool(self._failed)
 
     def add_stat_logger(self, stat_logger) -> None:
         self.stat_loggers.append(stat_logger)
@@ -210,27 +210,25 @@ class LLMEngine:
         sched_out = self.scheduler.schedule()
         now = time.time()
         iteration = IterationStats(timestamp=now)
-        for s in sched_out.scheduled:
-            group = self.groups[self.states[s.request.request_id].group_id]
+        for req_id, num_new in sched_out.num_scheduled_tokens.items():
+            request = self.scheduler.requests[req_id]
+            group = self.groups[self.states[req_id].group_id]
             if group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
                 group.metrics.time_in_queue = now - group.metrics.arrival_time
-            start = s.request.num_computed_tokens
-            prompt_end = min(start + s.num_new_tokens, s.request.num_prompt_tokens)
-            iteration.num_prompt_tokens += max(0, prompt_end - start)
-        rows = {s.request.request_id: self._sampling_row(s.request.request_id)
-                for s in sched_out.scheduled}
-        stop_ids = {rid: self._stop_ids(rid) for rid in rows}
-        result = self.runner.execute(sched_out, rows, stop_ids)
+            start = request.num_computed_tokens
+            iteration.num_prompt_tokens += max(0, min(start + num_new,
+                                                      request.num_prompt_tokens) - start)
+        result = self.runner.execute(sched_out)
         for seq_id, (first, scored) in result.prompt_logprobs.items():
             self.groups[self.states[seq_id].group_id].add_prompt_logprobs(first, scored)
         progressed: dict[str, RequestGroup] = {}
         now = time.time()
-        for request in self.scheduler.update_after_step(sched_out):
+        for request in self.scheduler.update_from_output(sched_out, result.sampled_token_ids):
             state = self.states[request.request_id]
             group = self.groups[state.group_id]
             try:
-                status = self._append_token(state, group, result.sampled[request.request_id],
+                status = self._append_token(state, group, result.logprobs.get(request.request_id),
                                             now, iteration)
             except Exception as exc:  # one request's failure must not take down the others
                 logger.exception("request %s failed", state.group_id)
@@ -241,35 +239,35 @@ class LLMEngine:
             if status is not None:
                 self.scheduler.finish_request(request, status)
                 del self.states[request.request_id]
-        outputs, self._finished_outside_step = self._finished_outside_step, []
+        failed, self._failed = self._failed, []
         for group in progressed.values():
             if group.finished:
                 group.metrics.finished_time = now
                 del self.groups[group.request_id]
-            outputs.append(group.to_output(self.token_texts))
-        for output in outputs:
-            if output.finished:
-                self._record_finished(output, iteration)
+        outputs = []
+        for group in failed + list(progressed.values()):
+            if group.finished:
+                self._record_finished(group, iteration)
+            output = group.to_output(self.token_texts)
+            if output is not None:
+                outputs.append(output)
         self._log_stats(iteration)
         return outputs
 
-    def _sampling_row(self, request_id: str) -> SamplingRow:
-        state = self.states[request_id]
-        r = state.request
-        return SamplingRow(state.params, state.generator, r.prompt_token_ids, r.output_token_ids)
-
-    def _stop_ids(self, request_id: str) -> set[int]:
-        params = self.states[request_id].params
+    def _stop_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The tokens that end a sequence, banned by the sampler while it is below min_tokens."""
         ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             ids |= self.eos_token_ids
-        return ids
+        return tuple(sorted(ids))
 
-    def _append_token(self, state: RequestState, group: RequestGroup, sample, now: float,
+    def _append_token(self, state: RequestState, group: RequestGroup,
+                      logprobs: dict[int, Logprob] | None, now: float,
                       iteration: IterationStats) -> RequestStatus | None:
-        """Add the sampled token; return the finished status if the sequence is done."""
-        request, params, token = state.request, state.params, sample.token_id
-        request.append_output_token(token)
+        """Account for the token the scheduler appended; return the finished status if the
+        sequence is done."""
+        request, params = state.request, state.params
+        token = request.output_token_ids[-1]
         iteration.num_generation_tokens += 1
         metrics = group.metrics
         if metrics.first_token_time is None:
@@ -278,9 +276,9 @@ class LLMEngine:
         elif metrics.last_token_time != now:  # one latency per step, not per sequence
             iteration.inter_token_latencies.append(now - metrics.last_token_time)
         metrics.last_token_time = now
-        if sample.logprobs is not None:
-            state.logprobs.append(sample.logprobs)
-            state.cumulative_logprob += sample.logprobs[token].logprob
+        if logprobs is not None:
+            state.logprobs.append(logprobs)
+            state.cumulative_logprob += logprobs[token].logprob
         delta = state.detokenizer.add_token(token)
         can_stop = request.num_output_tokens >= params.min_tokens
         if can_stop and not params.ignore_eos and token in self.eos_token_ids:
@@ -298,14 +296,14 @@ class LLMEngine:
                 else RequestStatus.FINISHED_LENGTH)
 
     @staticmethod
-    def _record_finished(output: RequestOutput, iteration: IterationStats) -> None:
-        m = output.metrics  # a request aborted while waiting was never scheduled
+    def _record_finished(group: RequestGroup, iteration: IterationStats) -> None:
+        m = group.metrics  # a request aborted while waiting was never scheduled
         scheduled = m.first_scheduled_time or m.finished_time
         first_token = m.first_token_time or m.finished_time
         iteration.finished_requests.append(FinishedRequestStats(
-            finish_reason=output.outputs[0].finish_reason,
-            num_prompt_tokens=len(output.prompt_token_ids),
-            num_generation_tokens=sum(len(c.token_ids) for c in output.outputs),
+            finish_reason=group.sequences[0].finish_reason,
+            num_prompt_tokens=len(group.prompt_token_ids),
+            num_generation_tokens=sum(s.request.num_output_tokens for s in group.sequences),
             e2e_latency=m.finished_time - m.arrival_time,
             queue_time=scheduled - m.arrival_time,
             prefill_time=first_token - scheduled,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class LLM:
         ids = []
         try:
             for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+                # Offline, only the finished output is wanted: no per-step copies.
+                params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                 request_id = str(next(self._counter))
                 text, token_ids = self._split_prompt(prompt)
                 self.llm_engine.add_request(request_id, text, params, token_ids,

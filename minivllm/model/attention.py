@@ -3,10 +3,10 @@
 K and V of every layer live in blocks: [num_blocks, block_size, num_kv_heads, head_dim].
 Each step writes its new K/V at the tokens' slots, then every request attends over its
 own blocks. `reference_attention` gathers each request's blocks and runs one causal SDPA
-per request — the oracle. The fast path batches all one-token (decode) requests together —
-in the C kernel reading blocks through the block table when it is available (CPU, fp32),
-else as one masked SDPA over padded gathered contexts — and keeps per-request SDPA only
-for multi-token (prefill) chunks.
+per request — the oracle. The fast path batches all one-token (decode) requests, which the
+runner puts first, together — in the C kernel reading blocks through the block table when
+it is available (CPU, fp32), else as one masked SDPA over padded gathered contexts — and
+runs the multi-token (prefill) chunks after them.
 """
 
 from __future__ import annotations
@@ -21,19 +21,21 @@ from minivllm.model.kernels import cpu
 
 @dataclass
 class AttentionMetadata:
+    """One step's batch, decodes first: requests 0 .. num_decodes - 1 have one query token
+    each (token rows 0 .. num_decodes - 1), the rest are prefill chunks."""
+
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
-    query_lens: list[int]  # new tokens per request, in batch order
-    seq_lens: list[int]  # context length per request after this step
-    block_tables: list[torch.Tensor]  # per request: its block ids (long)
+    block_table: torch.Tensor  # [B, max_blocks] long, each row padded with block 0
+    seq_lens: torch.Tensor  # [B] long: context length per request after this step
+    query_start_loc: torch.Tensor  # [B + 1] long: where each request's tokens start
+    num_decodes: int
     block_size: int
-    use_reference: bool = False
-    use_kernel: bool = False  # decodes through the C kernel (CPU, fp32, kernels built)
-    # The fast path's split: decodes batched, prefill chunks one by one.
-    decode_token_index: torch.Tensor | None = None  # [B] rows of the decodes in the batch
-    decode_block_table: torch.Tensor | None = None  # [B, max_blocks], padded with block 0
-    decode_seq_lens: torch.Tensor | None = None  # [B]
-    all_decode: bool = False
-    prefill_indices: list[int] | None = None  # which requests are prefill chunks
+    use_reference: bool = False  # the per-request oracle (tests)
+    use_kernel: bool = False  # the C kernels (CPU, fp32, kernels built)
+
+    @property
+    def num_requests(self) -> int:
+        return self.block_table.shape[0]
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -62,52 +64,64 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q: [T, num_heads, head_dim] -> [T, num_heads, head_dim]. One SDPA per request."""
     out = torch.empty_like(q)
-    start = 0
-    for query_len, seq_len, table in zip(meta.query_lens, meta.seq_lens, meta.block_tables):
-        out[start:start + query_len] = _one_request(
-            q[start:start + query_len], k_cache, v_cache, table, seq_len, scale)
-        start += query_len
+    starts, seq_lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+    for i, seq_len in enumerate(seq_lens):
+        table = meta.block_table[i, :-(-seq_len // meta.block_size)]
+        start, end = starts[i], starts[i + 1]
+        out[start:end] = _one_request(q[start:end], k_cache, v_cache, table, seq_len, scale)
     return out
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                     block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                     use_kernel: bool, scale: float) -> torch.Tensor:
     """q: [B, H, D], one new token per request."""
-    if meta.use_kernel:
-        return cpu.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_table,
-                                          meta.decode_seq_lens, scale)
-    return padded_decode_attention(q, k_cache, v_cache, meta, scale)
+    if use_kernel:
+        return cpu.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+    return padded_decode_attention(q, k_cache, v_cache, block_table, seq_lens, block_size,
+                                   scale)
 
 
 def padded_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                            block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                            scale: float) -> torch.Tensor:
     """The portable decode path: gather padded contexts, one masked SDPA."""
-    table, seq_lens = meta.decode_block_table, meta.decode_seq_lens
-    max_blocks = table.shape[1]
-    k = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, KVH, L, D]
-    v = v_cache[table].flatten(1, 2).transpose(1, 2)
-    positions = torch.arange(max_blocks * meta.block_size, device=q.device)
+    k = k_cache[block_table].flatten(1, 2).transpose(1, 2)  # [B, KVH, L, D]
+    v = v_cache[block_table].flatten(1, 2).transpose(1, 2)
+    positions = torch.arange(block_table.shape[1] * block_size, device=q.device)
     mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
     out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale,
                                          enable_gqa=True)
     return out.squeeze(2)
 
 
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [T_prefill, H, D], the tokens of requests num_decodes .. B - 1."""
+    first = meta.num_decodes
+    starts = meta.query_start_loc[first:] - meta.query_start_loc[first]
+    out = torch.empty_like(q)
+    bounds, seq_lens = starts.tolist(), meta.seq_lens[first:].tolist()
+    for i, seq_len in enumerate(seq_lens):
+        table = meta.block_table[first + i, :-(-seq_len // meta.block_size)]
+        out[bounds[i]:bounds[i + 1]] = _one_request(q[bounds[i]:bounds[i + 1]], k_cache,
+                                                    v_cache, table, seq_len, scale)
+    return out
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     if meta.use_reference:
         return reference_attention(q, k_cache, v_cache, meta, scale)
-    if meta.all_decode:
-        return decode_attention(q, k_cache, v_cache, meta, scale)
+    num_decodes = meta.num_decodes
+    if num_decodes == meta.num_requests:
+        return decode_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens,
+                                meta.block_size, meta.use_kernel, scale)
+    if num_decodes == 0:
+        return prefill_attention(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
-    if meta.decode_token_index is not None:
-        index = meta.decode_token_index
-        out[index] = decode_attention(q[index], k_cache, v_cache, meta, scale)
-    starts = [0]
-    for query_len in meta.query_lens:
-        starts.append(starts[-1] + query_len)
-    for i in meta.prefill_indices:
-        start, end = starts[i], starts[i + 1]
-        out[start:end] = _one_request(q[start:end], k_cache, v_cache, meta.block_tables[i],
-                                      meta.seq_lens[i], scale)
+    out[:num_decodes] = decode_attention(
+        q[:num_decodes], k_cache, v_cache, meta.block_table[:num_decodes],
+        meta.seq_lens[:num_decodes], meta.block_size, meta.use_kernel, scale)
+    out[num_decodes:] = prefill_attention(q[num_decodes:], k_cache, v_cache, meta, scale)
     return out

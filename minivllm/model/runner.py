@@ -1,7 +1,8 @@
-"""ModelRunner: owns the weights and the KV-cache tensors, performs the block copies a
-SchedulerOutput asks for, runs one forward over the flattened batch and samples.
+"""ModelRunner: owns the weights and the KV-cache tensors, keeps a persistent batch that
+the scheduler's per-step diffs update, performs the block copies a SchedulerOutput asks
+for, runs one forward over the flattened batch and samples.
 
-The only part of minivllm that touches tensors and devices.
+The only part of minivllm that touches tensors and devices. What it returns is plain data.
 """
 
 from __future__ import annotations
@@ -12,21 +13,23 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.config import EngineConfig
-from minivllm.core.scheduler import SchedulerOutput
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.model.attention import AttentionMetadata
+from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.loader import load_state_dict, resolve_device, resolve_dtype
 from minivllm.model.models import build_model, head_dim
-from minivllm.model.sampler import SampleResult, SamplingRow, sample, top_logprobs
+from minivllm.model.sampler import Sampler, top_logprobs
 from minivllm.outputs import Logprob
 
 GiB = 1 << 30
 
 
 @dataclass
-class StepResult:
-    sampled: dict[str, SampleResult] = field(default_factory=dict)
+class ModelRunnerOutput:
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, dict[int, Logprob]] = field(default_factory=dict)  # rows that asked
     # request id -> (index of the first prompt token scored, one dict per scored token)
     prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob]]]] = field(default_factory=dict)
 
@@ -57,8 +60,11 @@ class ModelRunner:
         pin = self.device.type == "cuda"
         self.k_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
         self.v_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
+        self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed,
+                               use_kernel=cpu.available(self.device, torch.float32))
+        max_len = getattr(hf_config, "max_position_embeddings", 2048)
+        self.batch = InputBatch(-(-max_len // self.block_size) + 1, self.block_size)
         # The per-request attention oracle instead of the batched fast path (tests).
         self.use_reference_attention = False
 
@@ -73,9 +79,6 @@ class ModelRunner:
         pages = mmap.mmap(-1, torch.Size(shape).numel() * self.dtype.itemsize)
         return torch.frombuffer(pages, dtype=self.dtype).view(shape)
 
-    def make_generator(self, seed: int) -> torch.Generator:
-        return torch.Generator(device=self.device).manual_seed(seed)
-
     # ---- block copies -----------------------------------------------------------------
 
     def _copy(self, mapping: list[tuple[int, int]], src: tuple, dst: tuple) -> None:
@@ -87,94 +90,78 @@ class ModelRunner:
             d[:, dst_ids] = s[:, src_ids].to(d.device)
 
     def copy_blocks(self, out: SchedulerOutput) -> None:
-        """Swap-out first (its blocks may be reused this step), then swap-in, then
-        copy-on-write copies — all before the forward reads the cache."""
+        """Swap-outs first (their blocks may be handed out again this step), then the
+        copy-on-write copies, then swap-ins — the order core/kv_cache.py relies on — all
+        before the forward reads the cache."""
         self._copy(out.swap_out, (self.k_cache, self.v_cache), (self.k_host, self.v_host))
-        self._copy(out.swap_in, (self.k_host, self.v_host), (self.k_cache, self.v_cache))
         self._copy(out.copies, (self.k_cache, self.v_cache), (self.k_cache, self.v_cache))
+        self._copy(out.swap_in, (self.k_host, self.v_host), (self.k_cache, self.v_cache))
 
     # ---- one step ---------------------------------------------------------------------
 
-    def _prepare(self, out: SchedulerOutput):
-        tokens, positions, slots = [], [], []
-        query_lens, seq_lens, tables = [], [], []
-        for s in out.scheduled:
-            r, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
-            tokens.extend(r.all_token_ids[start:start + n])
-            pos = range(start, start + n)
-            positions.extend(pos)
-            slots.extend(r.block_ids[p // self.block_size] * self.block_size
-                         + p % self.block_size for p in pos)
-            query_lens.append(n)
-            seq_lens.append(start + n)
-            tables.append(r.block_ids)
-        as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)  # noqa: E731
-        meta = AttentionMetadata(
-            slot_mapping=as_tensor(slots), query_lens=query_lens, seq_lens=seq_lens,
-            block_tables=[as_tensor(t) for t in tables], block_size=self.block_size,
-            use_kernel=self.use_kernels)
-        if self.use_reference_attention:
-            meta.use_reference = True
-            return as_tensor(tokens), as_tensor(positions), meta
-        decodes = [i for i, n in enumerate(query_lens) if n == 1]
-        meta.prefill_indices = [i for i, n in enumerate(query_lens) if n > 1]
-        meta.all_decode = not meta.prefill_indices
-        if decodes:
-            width = max(len(tables[i]) for i in decodes)
-            meta.decode_block_table = as_tensor(
-                [tables[i] + [0] * (width - len(tables[i])) for i in decodes])
-            meta.decode_seq_lens = as_tensor([seq_lens[i] for i in decodes])
-            starts = [sum(query_lens[:i]) for i in decodes] if not meta.all_decode else decodes
-            meta.decode_token_index = as_tensor(starts)
-        return as_tensor(tokens), as_tensor(positions), meta
+    def _metadata(self, inputs: StepInputs) -> AttentionMetadata:
+        as_tensor = lambda x: torch.from_numpy(x).to(self.device)  # noqa: E731
+        return AttentionMetadata(
+            slot_mapping=as_tensor(inputs.slot_mapping), block_table=as_tensor(inputs.block_table),
+            seq_lens=as_tensor(inputs.seq_lens), query_start_loc=as_tensor(inputs.query_start_loc),
+            num_decodes=inputs.num_decodes, block_size=self.block_size,
+            use_reference=self.use_reference_attention, use_kernel=self.use_kernels)
 
-    def execute(self, out: SchedulerOutput, rows: dict[str, SamplingRow],
-                stop_ids: dict[str, set[int]]) -> StepResult:
-        """Copies, one forward, sampling for the requests in `rows` (those whose last token
-        is computed this step) and prompt logprobs for requests that asked for them."""
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Apply the step's diffs, copies, one forward, sampling for the requests whose
+        last token is computed this step, and prompt logprobs for those that asked."""
         if self.threads is not None:
             self.threads.update()
+        for req_id in out.finished_req_ids:
+            self.sampler.remove_request(req_id)
+        for new in self.batch.apply(out):
+            self.sampler.add_request(new.req_id, new.sampling_params, new.prompt_token_ids,
+                                     new.output_token_ids, new.banned_until_min_tokens,
+                                     new.seed)
         self.copy_blocks(out)
-        result = StepResult()
-        if not out.scheduled:
+        result = ModelRunnerOutput()
+        if not out.num_scheduled_tokens:
             return result
-        input_ids, positions, meta = self._prepare(out)
-        hidden = self.model(input_ids, positions, (self.k_cache, self.v_cache), meta)
+        inputs = self.batch.prepare(out.num_scheduled_tokens)
+        hidden = self.model(torch.from_numpy(inputs.token_ids).to(self.device),
+                            torch.from_numpy(inputs.positions).to(self.device),
+                            (self.k_cache, self.v_cache), self._metadata(inputs))
         # Rows of `hidden` whose logits are needed: the last token of each sampling request,
         # and every prompt position of requests that score their prompt.
-        wanted, sample_rows, prompt_spans = [], [], []
-        offset = 0
-        for s in out.scheduled:
-            r, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
-            row = rows.get(r.request_id)
-            num_scored = 0
-            if row is not None and row.params.prompt_logprobs is not None:
-                num_scored = max(0, min(start + n, r.num_prompt_tokens - 1) - start)
-            if num_scored:
-                targets = r.prompt_token_ids[start + 1:start + 1 + num_scored]
-                prompt_spans.append((r.request_id, start + 1, len(wanted), targets,
-                                     row.params.prompt_logprobs))
-                wanted.extend(range(offset, offset + num_scored))
-            if s.samples:
-                sample_rows.append((r.request_id, len(wanted)))
-                wanted.append(offset + n - 1)
-            offset += n
+        wanted, sampling, prompt_spans = [], [], []
+        ends = inputs.query_start_loc[1:].tolist()
+        for i, req_id in enumerate(inputs.req_ids):
+            state = self.batch.requests[req_id]
+            end, start = ends[i], state.num_computed_tokens
+            n = out.num_scheduled_tokens[req_id]
+            if state.params.prompt_logprobs is not None:
+                num_scored = max(0, min(start + n, state.num_prompt_tokens - 1) - start)
+                if num_scored:
+                    targets = state.token_ids[start + 1:start + 1 + num_scored].tolist()
+                    prompt_spans.append((req_id, start + 1, len(wanted), targets,
+                                         state.params.prompt_logprobs))
+                    wanted.extend(range(end - n, end - n + num_scored))
+            if start + n == state.num_tokens:
+                sampling.append((req_id, len(wanted)))
+                wanted.append(end - 1)
         if not wanted:
             return result
         if len(wanted) < hidden.shape[0]:  # else every row, in order (all decodes)
             hidden = hidden[torch.tensor(wanted, device=self.device)]
         logits = self.model.compute_logits(hidden)
-        for request_id, first, at, targets, num in prompt_spans:
+        for req_id, first, at, targets, num in prompt_spans:
             logprobs = torch.log_softmax(logits[at:at + len(targets)], dim=-1)
-            result.prompt_logprobs[request_id] = (first, [
+            result.prompt_logprobs[req_id] = (first, [
                 top_logprobs(logprobs[j], token, num) for j, token in enumerate(targets)])
-        if sample_rows:
+        if sampling:
             sampled_logits = logits
-            if len(sample_rows) < logits.shape[0]:  # else every row, in order: no copy
-                sampled_logits = logits[torch.tensor([at for _, at in sample_rows])]
-            ids = [request_id for request_id, _ in sample_rows]
-            results = sample(sampled_logits, [rows[i] for i in ids],
-                             [stop_ids.get(i, set()) for i in ids], self.generator)
-            result.sampled = dict(zip(ids, results))
+            if len(sampling) < logits.shape[0]:  # else every row, in order: no copy
+                sampled_logits = logits[torch.tensor([at for _, at in sampling])]
+            ids = [req_id for req_id, _ in sampling]
+            sampled = self.sampler.sample(sampled_logits.contiguous(), ids)
+            for req_id, token_id, logprobs in zip(ids, sampled.token_ids, sampled.logprobs):
+                self.batch.requests[req_id].append(token_id)
+                result.sampled_token_ids[req_id] = token_id
+                if logprobs is not None:
+                    result.logprobs[req_id] = logprobs
         return result
-

@@ -11,6 +11,7 @@ import jinja2
 from fastapi import Request, Response
 from starlette.responses import StreamingResponse
 
+from minivllm.core.request import check_context_length
 from minivllm.engine.async_engine import AsyncLLMEngine
 from minivllm.engine.generation_defaults import load_sampling_defaults
 from minivllm.entrypoints.openai.errors import (
@@ -21,8 +22,8 @@ from minivllm.entrypoints.openai.errors import (
 )
 from minivllm.entrypoints.openai.limits import RequestLimits
 from minivllm.entrypoints.openai.protocol import ChatMessage, SamplingRequest
-from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.outputs import Logprob, RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 
@@ -60,18 +61,10 @@ class OpenAIServing:
                               f"[0, {vocab_size})", 400, param)
 
     def check_context(self, num_prompt_tokens: int, max_tokens: int | None, where: str) -> None:
-        limit = self.max_model_len
-        if max_tokens is None and num_prompt_tokens >= limit:
-            raise OpenAIError(
-                f"This model's maximum context length is {limit} tokens. However, your request "
-                f"has {num_prompt_tokens} input tokens. Please reduce the length of the {where}.",
-                400, where)
-        if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
-            raise OpenAIError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {where}, "
-                f"{max_tokens} in the completion). Please reduce the length of the {where} or "
-                "completion.", 400, where)
+        try:
+            check_context_length(num_prompt_tokens, max_tokens, self.max_model_len, where)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, where) from e
 
     def check_limit(self, param: str, value: int, limit: str) -> None:
         """400 when `value` is over RequestLimits.<limit>, naming its flag."""
@@ -134,6 +127,8 @@ class OpenAIServing:
                 prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
+                # A stream sends what is new; a whole answer needs only the last output.
+                output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
             )
         except ValueError as e:  # SamplingParams names the field first
             raise OpenAIError(str(e), 400, str(e).split(" ", 1)[0]) from e
@@ -246,17 +241,6 @@ async def merge_streams(gens: list[AsyncIterator[RequestOutput]],
         for task in pumps:
             task.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
-
-
-def sendable_text_end(completion: CompletionOutput, params: SamplingParams, sent: int) -> int:
-    """How much of a choice's cumulative text a stream may send now. Until the choice
-    finishes, the last len(stop) - 1 characters stay back: a stop string that the next tokens
-    complete could still cut them off."""
-    text = completion.text
-    if completion.finish_reason is not None or not params.stop:
-        return len(text)
-    hold = max(len(stop) for stop in params.stop) - 1
-    return max(sent, len(text) - hold)
 
 
 def sse(payload) -> str:

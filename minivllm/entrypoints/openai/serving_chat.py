@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import defaultdict
 
 from fastapi import Response
 from fastapi.responses import JSONResponse
@@ -31,7 +30,6 @@ from minivllm.entrypoints.openai.serving import (
     first_outputs,
     last_output,
     merge_streams,
-    sendable_text_end,
     sse,
     sse_error,
 )
@@ -59,7 +57,7 @@ class OpenAIServingChat(OpenAIServing):
         gen = self.generate(request_id, prompt, token_ids, params, req)
         if req.stream:
             firsts = await first_outputs([gen])
-            return SSEResponse(self._stream(req, request_id, params, gen, firsts[0]))
+            return SSEResponse(self._stream(req, request_id, gen, firsts[0]))
         final = await last_output(gen)
         choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
                               logprobs=self._logprobs(req, c.token_ids, c.logprobs),
@@ -95,7 +93,7 @@ class OpenAIServingChat(OpenAIServing):
         return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
                          total_tokens=prompt + completion)
 
-    async def _stream(self, req, request_id, params, gen, first):
+    async def _stream(self, req, request_id, gen, first):
         created = int(time.time())
 
         def chunk(index: int, delta: DeltaMessage, logprobs=None, finish_reason=None,
@@ -108,27 +106,22 @@ class OpenAIServingChat(OpenAIServing):
         try:
             for index in range(req.n):
                 yield chunk(index, DeltaMessage(role="assistant", content=""))
-            sent_text, sent_tokens = defaultdict(int), defaultdict(int)  # per choice
-            done: set[int] = set()
+            num_completion_tokens = 0
             async for _, output in merge_streams([gen], [first]):
-                for c in output.outputs:
-                    if c.index in done:
-                        continue
-                    text_end = sendable_text_end(c, params, sent_text[c.index])
-                    text = c.text[sent_text[c.index]:text_end]
-                    token_ids = c.token_ids[sent_tokens[c.index]:]
-                    steps = (c.logprobs or [])[sent_tokens[c.index]:]
-                    sent_text[c.index], sent_tokens[c.index] = text_end, len(c.token_ids)
-                    if c.finish_reason is not None:
-                        done.add(c.index)
-                    if text or token_ids or c.finish_reason:
-                        yield chunk(c.index, DeltaMessage(content=text),
-                                    self._logprobs(req, token_ids, steps), c.finish_reason,
-                                    c.stop_reason)
+                for c in output.outputs:  # deltas: only what is new
+                    num_completion_tokens += len(c.token_ids)
+                    if c.text or c.token_ids or c.finish_reason:
+                        yield chunk(c.index, DeltaMessage(content=c.text),
+                                    self._logprobs(req, c.token_ids, c.logprobs),
+                                    c.finish_reason, c.stop_reason)
                 if output.finished and req.stream_options and req.stream_options.include_usage:
+                    prompt = len(output.prompt_token_ids)
+                    usage = UsageInfo(prompt_tokens=prompt,
+                                      completion_tokens=num_completion_tokens,
+                                      total_tokens=prompt + num_completion_tokens)
                     yield sse(ChatCompletionChunk(id=request_id, created=created,
                                                   model=self.model_name, choices=[],
-                                                  usage=self._usage(output)))
+                                                  usage=usage))
         except Exception as e:  # whatever fails, the stream ends with an error event
             yield sse_error(e)
         yield SSE_DONE

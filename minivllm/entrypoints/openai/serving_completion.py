@@ -29,7 +29,6 @@ from minivllm.entrypoints.openai.serving import (
     gather_or_cancel,
     last_output,
     merge_streams,
-    sendable_text_end,
     sse,
     sse_error,
 )
@@ -60,8 +59,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 for i, (text, token_ids) in enumerate(prompts)]
         if req.stream:
             firsts = await first_outputs(gens)
-            return SSEResponse(self._stream(req, request_id, prompts, params, gens, firsts,
-                                            echo_only))
+            return SSEResponse(self._stream(req, request_id, prompts, gens, firsts, echo_only))
         finals = await gather_or_cancel(last_output(gen) for gen in gens)
         choices = []
         for i, final in enumerate(finals):
@@ -91,16 +89,13 @@ class OpenAIServingCompletion(OpenAIServing):
         return prompts
 
     def _answer(self, req: CompletionRequest, prompt: tuple[str | None, list[int]],
-                output: RequestOutput, c: CompletionOutput, echo_only: bool, first: bool,
-                sent_text: int = 0, text_end: int | None = None, sent_tokens: int = 0):
-        """Choice c's text, token ids and logprob steps not sent yet, with the prompt echoed
-        in front of the first part when asked."""
+                output: RequestOutput, c: CompletionOutput, echo_only: bool, first: bool):
+        """Choice c's text, token ids and logprob steps (all of them, or a stream's delta),
+        with the prompt echoed in front of the first part when asked."""
         if echo_only:
             text, token_ids, steps = "", [], []
         else:
-            text = c.text[sent_text:text_end]
-            token_ids = c.token_ids[sent_tokens:]
-            steps = (c.logprobs or [])[sent_tokens:]
+            text, token_ids, steps = c.text, c.token_ids, c.logprobs or []
         if req.echo and first:
             prompt_text, prompt_ids = prompt
             if prompt_text is None:
@@ -141,27 +136,19 @@ class OpenAIServingCompletion(OpenAIServing):
         return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
                          total_tokens=prompt + completion)
 
-    async def _stream(self, req, request_id, prompts, params, gens, firsts, echo_only):
+    async def _stream(self, req, request_id, prompts, gens, firsts, echo_only):
         created = int(time.time())
-        # Per choice index: characters and tokens sent, logprob text offset.
-        sent_text, sent_tokens, offsets = defaultdict(int), defaultdict(int), defaultdict(int)
+        offsets: dict[int, int] = defaultdict(int)  # per choice: logprob text offset
         started: set[int] = set()
-        done: set[int] = set()
-        finals: list[RequestOutput] = []
+        num_prompt_tokens = num_completion_tokens = 0
         try:
             async for i, output in merge_streams(gens, firsts):
-                for c in output.outputs:
+                for c in output.outputs:  # deltas: only what is new
                     index = i * req.n + c.index
-                    if index in done:
-                        continue
-                    text_end = sendable_text_end(c, params[i], sent_text[index])
+                    num_completion_tokens += 0 if echo_only else len(c.token_ids)
                     text, token_ids, steps = self._answer(
-                        req, prompts[i], output, c, echo_only, index not in started,
-                        sent_text[index], text_end, sent_tokens[index])
+                        req, prompts[i], output, c, echo_only, index not in started)
                     started.add(index)
-                    sent_text[index], sent_tokens[index] = text_end, len(c.token_ids)
-                    if c.finish_reason is not None:
-                        done.add(index)
                     if not (text or token_ids or c.finish_reason):
                         continue
                     choice = CompletionChoice(
@@ -172,10 +159,13 @@ class OpenAIServingCompletion(OpenAIServing):
                     yield sse(CompletionResponse(id=request_id, created=created,
                                                  model=self.model_name, choices=[choice]))
                 if output.finished:
-                    finals.append(output)
+                    num_prompt_tokens += len(output.prompt_token_ids)
             if req.stream_options and req.stream_options.include_usage:
+                usage = UsageInfo(prompt_tokens=num_prompt_tokens,
+                                  completion_tokens=num_completion_tokens,
+                                  total_tokens=num_prompt_tokens + num_completion_tokens)
                 yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                             choices=[], usage=self._usage(finals, echo_only)))
+                                             choices=[], usage=usage))
         except Exception as e:  # whatever fails, the stream ends with an error event
             yield sse_error(e)
         yield SSE_DONE
