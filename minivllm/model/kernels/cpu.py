@@ -30,6 +30,7 @@ _LINK = ["-shared", "-fopenmp", "-lm"]
 _P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "paged_decode_attention_f32": [_P] * 6 + [_I] * 6 + [_I64, _F, _I],
+    "paged_prefill_attention_f32": [_P] * 7 + [_I] * 6 + [_I64, _F, _I],
     "rms_norm_f32": [_P, _P, _P, _I64, _I, _F, _I],
     "silu_and_mul_f32": [_P, _P, _I64, _I, _I],
     "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I64, _I, _I, _I],
@@ -141,6 +142,32 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], dtype=torch.long)
     _library().argmax_rows_f32(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
                                torch.get_num_threads())
+    return out
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_table: torch.Tensor, query_start_loc: torch.Tensor,
+                            seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of P requests' new tokens over their paged contexts, read in place.
+
+    q: [T, H, D], the new tokens of the P requests concatenated (rows may be strided);
+    caches: [num_blocks, block_size, KVH, D] (contiguous, one layer); block_table:
+    [P, max_blocks] (padded rows); query_start_loc: [P + 1] from 0 to T; seq_lens: [P],
+    each request's context length after this step; all int64. Request p's queries are its
+    last query_len positions: query i sits at position seq_lens[p] - query_len + i and
+    sees positions 0..that one. H is a multiple of KVH (GQA). Returns [T, H, D]."""
+    _, num_heads, head_dim = q.shape
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        q = q.contiguous()
+    block_table, query_start_loc, seq_lens = (
+        t.contiguous() for t in (block_table, query_start_loc, seq_lens))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    _library().paged_prefill_attention_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+        query_start_loc.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), seq_lens.shape[0],
+        num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], q.stride(0),
+        scale, torch.get_num_threads())
     return out
 
 
