@@ -6,7 +6,8 @@ own blocks. `reference_attention` gathers each request's blocks and runs one cau
 per request — the oracle. The fast path batches all one-token (decode) requests, which the
 runner puts first, together — in the C kernel reading blocks through the block table when
 it is available (CPU, fp32), else as one masked SDPA over padded gathered contexts — and
-runs the multi-token (prefill) chunks after them.
+runs the multi-token (prefill) chunks after them: in the C prefill kernel (causal by
+position, tiles of queries against each block, read in place), else one SDPA per request.
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     """q: [T_prefill, H, D], the tokens of requests num_decodes .. B - 1."""
     first = meta.num_decodes
     starts = meta.query_start_loc[first:] - meta.query_start_loc[first]
+    if meta.use_kernel:  # reads the paged cache in place: no gathered copy, no dense mask
+        return cpu.paged_prefill_attention(q, k_cache, v_cache, meta.block_table[first:],
+                                           starts, meta.seq_lens[first:], scale)
     out = torch.empty_like(q)
     bounds, seq_lens = starts.tolist(), meta.seq_lens[first:].tolist()
     for i, seq_len in enumerate(seq_lens):
