@@ -50,23 +50,31 @@ def _execute(self, *args, _original=ModelRunner.execute):
 ModelRunner.execute = _execute
 """
 
-# How the server process starts: `python -c PRELUDE + LAUNCH serve ...`.
+# How the server process starts: `python -c LAUNCH serve ...`.
 LAUNCH = "import sys; from minivllm.entrypoints.cli import main; sys.exit(main())"
 
 
 class ServerProcess:
-    """`minivllm serve` in a child process. `prelude` is Python run in that process before
-    the CLI starts: the hardening tests' fault injection patches the engine there."""
+    """`minivllm serve` in a child process. `prelude` is Python run at the start of that
+    process and of the engine-core process it spawns: the hardening tests' fault injection
+    patches the engine there. It is their sitecustomize module, which every Python process
+    started with its folder on PYTHONPATH imports before anything else."""
 
     def __init__(self, model: Path, args: list[str], log_path: Path, prelude: str = "") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        cmd = [sys.executable, "-c", f"{prelude}\n{LAUNCH}", "serve", str(model),
-               "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if prelude:
+            hook = log_path.with_name(log_path.stem + "-prelude")
+            hook.mkdir(exist_ok=True)
+            (hook / "sitecustomize.py").write_text(prelude)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)
+        cmd = [sys.executable, "-c", LAUNCH, "serve", str(model), "--port", str(self.port),
+               *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready(timeout=90)
 
     def _wait_ready(self, timeout: float) -> None:

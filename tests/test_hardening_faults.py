@@ -1,8 +1,10 @@
 """Fault injection: one failing request fails alone; a dead engine fails everything in
-flight, turns /health to 503 and ends the process with a non-zero status.
+flight, turns /health to 503 and ends the process with a non-zero status — with the engine
+core in its own process (the default) and on a thread of the server.
 
-The faults are monkeypatches applied inside the server process (ServerProcess's prelude),
-keyed by the request's seed, so that no test hook lives in minivllm itself.
+The faults are monkeypatches applied inside the server process and the engine-core process
+(ServerProcess's prelude), keyed by the request's seed, so that no test hook lives in
+minivllm itself.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stor
 FAIL_ONE_SEED = 1001  # this request's 4th token raises (a detokenizer bug, say)
 KILL_ENGINE_SEED = 1002  # a batch with this request raises in the forward pass
 FAULTS = f"""
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.output_processor import OutputProcessor
 from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.model.runner import ModelRunner
 
-def _append_token(self, state, *args, _original=LLMEngine._append_token):
-    if state.params.seed == {FAIL_ONE_SEED} and state.request.num_output_tokens == 3:
+def _append_tokens(self, state, *args, _original=OutputProcessor._append_tokens):
+    if state.params.seed == {FAIL_ONE_SEED} and len(state.output_token_ids) == 3:
         raise RuntimeError("injected fault: detokenizer exploded")
     return _original(self, state, *args)
 
@@ -40,18 +42,18 @@ def _encode(self, text, *args, _original=OpenAIServing.encode, **kwargs):
         raise RuntimeError("injected fault: tokenizer exploded")
     return _original(self, text, *args, **kwargs)
 
-LLMEngine._append_token = _append_token
+OutputProcessor._append_tokens = _append_tokens
 ModelRunner.execute = _execute
 OpenAIServing.encode = _encode
 """
 GREEDY_8 = ", there was a little girl"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["process", "thread"])
+def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
-    server = ServerProcess(stories_model(), FAST_ENGINE_ARGS, tmp / "server.log",
-                           prelude=SLOW_STEPS + FAULTS)
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--engine-mode", request.param],
+                           tmp / "server.log", prelude=SLOW_STEPS + FAULTS)
     yield server
     server.stop()
 

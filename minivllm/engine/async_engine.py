@@ -1,11 +1,11 @@
-"""AsyncLLMEngine: many asyncio clients sharing one continuous batch.
+"""AsyncLLMEngine: many asyncio clients sharing one continuous batch, the whole LLMEngine
+on a thread of the API server process (`minivllm serve --engine-mode thread`; the default
+runs the engine core in a process of its own: async_llm.py, same public surface).
 
 LLMEngine is not thread-safe, so one dedicated thread owns it: it drains an inbox of
 add / abort commands, steps while there is work and sleeps on an event when idle. Each
 request has its own asyncio.Queue, fed from that thread with loop.call_soon_threadsafe,
 once per step for all of the step's outputs.
-A thread beat a process on stories260K: torch releases the GIL inside its kernels, and
-outputs need no pickling (measured in the README, "How the server works").
 """
 
 from __future__ import annotations
@@ -27,65 +27,11 @@ from minivllm.engine.errors import (
     RequestTimeoutError,
 )
 from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from minivllm.engine.request_stream import RequestStream, call_soon
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
-    """Run callback on another thread's loop; a closed loop means nobody is listening."""
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass
-
-
-class _RequestStream:
-    """One request's outputs: put() on the engine thread, get() on the request's event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, delta: bool) -> None:
-        self._loop = loop
-        self._delta = delta  # outputs carry only what is new (RequestOutputKind.DELTA)
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        _call_soon(self._loop, self._queue.put_nowait, item)
-
-    @staticmethod
-    def put_many(items: list[tuple[_RequestStream, RequestOutput | BaseException]]) -> None:
-        """put() for a whole step's outputs, in one hand-off per event loop. Each hand-off
-        wakes the loop, and a woken loop takes the GIL from the engine thread: one hand-off
-        per request per step cost 5-8 % of the throughput in a controlled harness
-        (docs/performance.md)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for stream, item in items:
-            by_loop.setdefault(stream._loop, []).append((stream._queue, item))
-        for loop, pairs in by_loop.items():
-            _call_soon(loop, _put_all, pairs)
-
-    async def get(self) -> RequestOutput:
-        """The next output; a reader that fell behind gets what queued up as one: deltas
-        folded together, or the newest of cumulative outputs."""
-        item = await self._queue.get()
-        while isinstance(item, RequestOutput) and not item.finished and not self._queue.empty():
-            newer = self._queue.get_nowait()
-            if isinstance(newer, BaseException):
-                item = newer
-            elif self._delta:
-                item.add(newer)
-            else:
-                if newer.prompt_logprobs is None:
-                    newer.prompt_logprobs = item.prompt_logprobs
-                item = newer
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-
-def _put_all(pairs: list[tuple[asyncio.Queue, RequestOutput | BaseException]]) -> None:
-    for queue, item in pairs:
-        queue.put_nowait(item)
 
 
 @dataclass
@@ -96,7 +42,7 @@ class _Add:
     prompt_token_ids: list[int] | None
     priority: int
     cache_salt: str | None
-    stream: _RequestStream
+    stream: RequestStream
     accepted: asyncio.Future
 
 
@@ -116,7 +62,7 @@ def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
         else:
             future.set_exception(error)
 
-    _call_soon(future.get_loop(), complete)
+    call_soon(future.get_loop(), complete)
 
 
 class AsyncLLMEngine:
@@ -142,7 +88,7 @@ class AsyncLLMEngine:
         self._wakeup = threading.Event()
         self._stopping = False
         self._stop_reason = "engine shut down"
-        self._streams: dict[str, _RequestStream] = {}  # engine thread only
+        self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
         self._thread.start()
 
@@ -177,7 +123,7 @@ class AsyncLLMEngine:
         KV blocks.
         """
         loop = asyncio.get_running_loop()
-        stream = _RequestStream(loop, params.output_kind is RequestOutputKind.DELTA)
+        stream = RequestStream(loop, params.output_kind is RequestOutputKind.DELTA)
         accepted = loop.create_future()
         self._submit(_Add(request_id, prompt, params, prompt_token_ids, priority, cache_salt,
                           stream, accepted))
@@ -291,7 +237,7 @@ class AsyncLLMEngine:
             if output.finished or output.error is not None:
                 del self._streams[output.request_id]
             items.append((stream, output if output.error is None else self._request_error(output)))
-        _RequestStream.put_many(items)
+        RequestStream.put_many(items)
 
     def _request_error(self, output: RequestOutput) -> RequestFailedError:
         # The engine fails a request it never scheduled only when it waited too long.

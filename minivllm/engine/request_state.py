@@ -1,4 +1,4 @@
-"""What the engine keeps per request beside the scheduler's Request: sampling parameters,
+"""What the OutputProcessor keeps per request: its output tokens, sampling parameters,
 detokenizer, logprobs, timestamps — and how to turn them into RequestOutputs: cumulative,
 final only, or (what streams consume) only what is new since the last one."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from minivllm.core.request import Request
 from minivllm.engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from minivllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -17,11 +16,11 @@ from minivllm.sampling_params import RequestOutputKind, SamplingParams
 class RequestState:
     """One sequence: for n > 1 a request has several, which share its prompt."""
 
-    request: Request
     params: SamplingParams
     detokenizer: IncrementalDetokenizer
     group_id: str
     index: int
+    output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
@@ -44,7 +43,7 @@ class RequestState:
         """What is new since the last delta, or None when nothing is."""
         if self.sent_finish:
             return None
-        output_ids = self.request.output_token_ids
+        output_ids = self.output_token_ids
         text_end = self._sendable_text_end()
         token_ids = output_ids[self.sent_tokens:]
         logprobs = None
@@ -64,7 +63,7 @@ class RequestState:
         if logprobs is not None:
             _decode_logprobs(token_texts, logprobs)
         return self._completion(index, self.detokenizer.text,
-                                list(self.request.output_token_ids), logprobs)
+                                list(self.output_token_ids), logprobs)
 
     def _completion(self, index: int, text: str, token_ids: list[int],
                     logprobs: list[dict[int, Logprob]] | None) -> CompletionOutput:
@@ -88,6 +87,7 @@ class RequestGroup:
     sequences: list[RequestState] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     error: str | None = None
+    num_cached_tokens: int = 0
     sent_prompt_logprobs: bool = False
 
     @property
@@ -134,7 +134,7 @@ class RequestGroup:
             outputs=outputs,
             finished=finished,
             metrics=dataclasses.replace(self.metrics),  # a snapshot: the engine updates its own
-            num_cached_tokens=sequences[0].request.num_cached_tokens,
+            num_cached_tokens=self.num_cached_tokens,
             error=self.error,
         )
 

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: a FastAPI app around an AsyncLLMEngine."""
+"""The OpenAI-compatible HTTP API: a FastAPI app around an engine client (AsyncLLM, the
+engine core in its own process, or AsyncLLMEngine, on a thread: the same surface)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from minivllm.engine.async_engine import AsyncLLMEngine
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.metrics import PrometheusStatLogger
 from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
@@ -30,6 +31,10 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+
+if TYPE_CHECKING:  # the engine clients: a process of its own, or a thread
+    from minivllm.engine.async_engine import AsyncLLMEngine
+    from minivllm.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("minivllm.serve")
 
@@ -53,7 +58,7 @@ def _package_version() -> str:
         return "unknown"
 
 
-def build_app(engine: AsyncLLMEngine, args) -> FastAPI:
+def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
     """The app; `args` carries the server flags (api_key, metrics_require_key,
     allowed_origins, chat_template and RequestLimits' fields); missing ones keep defaults."""
     model_name = engine.config.model_name

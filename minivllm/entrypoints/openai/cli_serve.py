@@ -1,14 +1,18 @@
-"""`minivllm serve MODEL`: the OpenAI-compatible server (uvicorn + FastAPI + AsyncLLMEngine)."""
+"""`minivllm serve MODEL`: the OpenAI-compatible server (uvicorn + FastAPI), with the engine
+core in a process of its own (AsyncLLM, the default) or on a thread (AsyncLLMEngine)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.entrypoints.openai.limits import RequestLimits, add_limit_args
 
 logger = logging.getLogger("minivllm.serve")
+
+ENGINE_MODES = ("process", "thread")
 
 # vLLM's log layout: "INFO 05-19 11:22:57 [metrics.py:61] Avg prompt throughput: ..."
 LOG_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
@@ -37,6 +41,16 @@ def add_parser(subparsers) -> None:
                              "that have none")
     parser.add_argument("--log-interval", type=float, default=5.0,
                         help="seconds between two stats log lines while busy (default: 5)")
+    # The environment variable lets scripts that start servers compare the modes unchanged.
+    parser.add_argument("--engine-mode", choices=ENGINE_MODES,
+                        default=os.environ.get("MINIVLLM_ENGINE_MODE", "process"),
+                        help="process: the scheduler and model run in an engine-core process "
+                             "of their own, this one does HTTP, tokenization and "
+                             "detokenization; thread: all in this process, the engine on a "
+                             "thread (default: $MINIVLLM_ENGINE_MODE, else process)")
+    parser.add_argument("--engine-threads", type=_positive_int, default=None, metavar="N",
+                        help="torch threads of the engine (the thread governor may use fewer "
+                             "while other processes keep cores busy); default: torch's")
     add_limit_args(parser)
     add_engine_args(parser)
     parser.set_defaults(func=run)
@@ -46,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from prometheus_client import disable_created_metrics
 
-    from minivllm.engine.async_engine import AsyncLLMEngine
     from minivllm.entrypoints.openai.api_server import build_app, load_chat_template
     from minivllm.entrypoints.openai.lifecycle import ServingServer
 
@@ -56,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         args.model = args.model_tag
     config = config_from_args(args)
     load_chat_template(args.chat_template)  # a bad path fails now, not on the first chat
-    engine = AsyncLLMEngine.from_config(config, log_interval=args.log_interval)
+    engine = make_engine(config, args)
     try:
         app = build_app(engine, args)
         logger.info("serving %s at http://%s:%d (OpenAI API under /v1; docs at /docs)",
@@ -72,3 +85,29 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
     return server.exit_code
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def make_engine(config, args: argparse.Namespace):
+    """The engine client that --engine-mode names; both have the same public surface."""
+    if args.engine_mode not in ENGINE_MODES:  # argparse does not check a default
+        raise SystemExit(f"--engine-mode (MINIVLLM_ENGINE_MODE) must be one of "
+                         f"{', '.join(ENGINE_MODES)}, got {args.engine_mode!r}")
+    if args.engine_mode == "thread":
+        import torch
+
+        from minivllm.engine.async_engine import AsyncLLMEngine
+
+        if args.engine_threads:  # before the runner starts: its thread governor caps at this
+            torch.set_num_threads(args.engine_threads)
+        return AsyncLLMEngine.from_config(config, log_interval=args.log_interval)
+    from minivllm.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_config(config, log_interval=args.log_interval,
+                                engine_threads=args.engine_threads)

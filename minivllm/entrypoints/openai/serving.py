@@ -6,13 +6,13 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import aclosing
+from typing import TYPE_CHECKING
 
 import jinja2
 from fastapi import Request, Response
 from starlette.responses import StreamingResponse
 
 from minivllm.core.request import check_context_length
-from minivllm.engine.async_engine import AsyncLLMEngine
 from minivllm.engine.generation_defaults import load_sampling_defaults
 from minivllm.entrypoints.openai.errors import (
     OpenAIError,
@@ -25,12 +25,16 @@ from minivllm.entrypoints.openai.protocol import ChatMessage, SamplingRequest
 from minivllm.outputs import Logprob, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
+if TYPE_CHECKING:  # the engine clients: a process of its own, or a thread
+    from minivllm.engine.async_engine import AsyncLLMEngine
+    from minivllm.engine.async_llm import AsyncLLM
+
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, chat_template: str | None = None,
-                 limits: RequestLimits = RequestLimits(),
+    def __init__(self, engine: AsyncLLM | AsyncLLMEngine, model_name: str,
+                 chat_template: str | None = None, limits: RequestLimits = RequestLimits(),
                  default_sampling: dict | None = None) -> None:
         self.engine = engine
         # The model's generation config defaults (engine/generation_defaults.py), for the

@@ -1,0 +1,387 @@
+"""AsyncLLM: the API server's client of an engine core in its own process (core_proc.py),
+with AsyncLLMEngine's public surface (generate / abort / drain / shutdown, is_running,
+errored, crashed, dead_reason, draining, config, max_model_len, tokenizer, stat_loggers).
+
+This process keeps what needs text — tokenization (the HTTP handlers), detokenization, stop
+strings, RequestOutputs (an OutputProcessor) — and the statistics: the core sends each
+step's token ids and SchedulerStats, the loggers and /metrics are fed here. Requests and
+aborts go down a ZeroMQ PUSH socket; one asyncio task reads the core's messages and feeds
+each request's stream, all on the event loop, so nothing here needs a lock.
+
+The core's death is noticed twice: its last message (EngineCoreDead, when a step raised),
+and its process's exit (a kill, a crash in C), which is_running / crashed check on each
+call — the server's shutdown loop asks every tick. Either way the requests in flight fail
+with EngineDeadError, /health answers 503 and the server exits non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import zmq
+import zmq.asyncio
+from transformers import AutoTokenizer
+
+from minivllm.config import EngineConfig
+from minivllm.engine.core_proc import run_engine_core
+from minivllm.engine.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
+from minivllm.engine.messages import (
+    EngineCoreAbort,
+    EngineCoreDead,
+    EngineCoreMessage,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreShutdown,
+    EngineCoreUtility,
+    UtilityResult,
+    make_core_request,
+)
+from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.request_stream import RequestStream
+from minivllm.engine.stats import SchedulerStats
+from minivllm.model.loader import resolve_model_path
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_STARTUP_TIMEOUT_S = 600.0  # loading a large model from a slow disk takes a while
+_IDLE_POLL_MS = 1000  # while no message comes, the output task wakes this often to log stats
+
+
+def _log_format() -> tuple[int, str | None, str | None]:
+    """Our logging level and format (the root handler's), for the core's lines to match."""
+    root = logging.getLogger()
+    formatter = root.handlers[0].formatter if root.handlers else None
+    if formatter is None:
+        return root.getEffectiveLevel(), None, None
+    return root.getEffectiveLevel(), formatter._fmt, formatter.datefmt
+
+
+def _current_task() -> asyncio.Task | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop runs here
+        return None
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, stat_loggers: list[StatLoggerBase] | tuple = (),
+                 log_interval: float = 5.0, engine_threads: int | None = None) -> None:
+        self.config = config
+        # Downloaded here first (a hub id), so that the core finds the files in the cache.
+        path = resolve_model_path(config.model, config.revision)
+        tokenizer_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
+        self.stat_loggers = list(stat_loggers)
+        self.log_interval = log_interval
+        self.errored = False  # the core is gone, for whatever reason
+        self._crashed = False  # ... because it failed: the process should be restarted
+        self.dead_reason: str | None = None
+        self.draining = False  # shutting down: in-flight requests go on, new ones are refused
+        self._num_in_flight = 0  # generate() calls not yet returned
+        self._streams: dict[str, RequestStream] = {}
+        self._calls: dict[int, asyncio.Future] = {}  # utility calls waiting for their result
+        self._call_ids = itertools.count()
+        self._task: asyncio.Task | None = None
+        self._stopped = False
+        self._decoder = msgspec.msgpack.Decoder(EngineCoreMessage)
+        self._encoder = msgspec.msgpack.Encoder()
+        # The sockets are ours (bound here); the core connects to them.
+        self._ipc_dir = tempfile.mkdtemp(prefix="minivllm-")
+        self._zmq = zmq.Context()
+        self._input = self._zmq.socket(zmq.PUSH)
+        self._input.setsockopt(zmq.SNDHWM, 0)  # never block the event loop on a send
+        self._input.bind(f"ipc://{self._ipc_dir}/input")
+        self._output = self._zmq.socket(zmq.PULL)
+        self._output.setsockopt(zmq.RCVHWM, 0)
+        self._output.bind(f"ipc://{self._ipc_dir}/output")
+        self._proc = multiprocessing.get_context("spawn").Process(
+            target=run_engine_core, name="minivllm-engine-core", daemon=True,
+            args=(config, f"ipc://{self._ipc_dir}/input", f"ipc://{self._ipc_dir}/output",
+                  engine_threads, *_log_format()))
+        self._proc.start()
+        logger.info("engine core process started (pid %d)", self._proc.pid)
+        try:
+            # One tokenizer for the HTTP handlers and the detokenizers: both run on the loop.
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)  # while it loads
+            self._processor = OutputProcessor(self.tokenizer)
+            ready = self._wait_ready()
+        except BaseException:
+            self._stop_process()
+            raise
+        self.max_model_len = ready.max_model_len
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, log_stats: bool = True, log_interval: float = 5.0,
+                    engine_threads: int | None = None) -> AsyncLLM:
+        loggers: list[StatLoggerBase] = []
+        if log_stats:
+            # max_model_len sizes the token histograms: known once the core has started.
+            loggers = [LoggingStatLogger()]
+        engine = cls(config, loggers, log_interval, engine_threads)
+        if log_stats:
+            engine.stat_loggers.append(PrometheusStatLogger(config.model_name,
+                                                            engine.max_model_len))
+        return engine
+
+    def _wait_ready(self) -> EngineCoreReady:
+        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._output.poll(100):
+                msg = self._decoder.decode(self._output.recv())
+                if isinstance(msg, EngineCoreDead):
+                    raise RuntimeError(msg.reason)
+                if isinstance(msg, EngineCoreReady):
+                    return msg
+            elif not self._proc.is_alive():
+                raise RuntimeError(f"the engine core process exited during startup (exit code "
+                                   f"{self._proc.exitcode})")
+        raise RuntimeError(f"the engine core did not start in {_STARTUP_TIMEOUT_S:.0f}s")
+
+    # ---- state --------------------------------------------------------------------------
+
+    def _check_process(self) -> None:
+        """Notice a core process that has exited: with its last words (EngineCoreDead) if
+        they are on their way, else as killed (a signal, a crash in C code)."""
+        if self.errored or self._stopped or self._proc.is_alive():
+            return
+        if self._output.poll(100):
+            self._receive_all()
+        self._die(f"the engine core process died unexpectedly (exit code "
+                  f"{self._proc.exitcode})", crashed=True)
+
+    @property
+    def is_running(self) -> bool:
+        self._check_process()
+        return not self.errored
+
+    @property
+    def crashed(self) -> bool:
+        self._check_process()
+        return self._crashed
+
+    # ---- requests -----------------------------------------------------------------------
+
+    async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
+                       prompt_token_ids: list[int] | None = None, priority: int = 0,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """As AsyncLLMEngine.generate: the request's outputs, the last with finished=True;
+        ValueError, EngineOverloadedError, RequestFailedError (RequestTimeoutError) or
+        EngineDeadError otherwise. A consumer that stops early aborts the request."""
+        self._ensure_started()
+        self._check_process()
+        if self.errored:
+            raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
+        if self.draining:
+            self._count_rejected("shutdown")
+            raise EngineOverloadedError("the server is shutting down", "shutdown")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is in use")
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise ValueError("either prompt or prompt_token_ids is required")
+            prompt_token_ids = self.tokenizer(prompt).input_ids
+        request = make_core_request(request_id, prompt_token_ids, params, priority=priority,
+                                    cache_salt=cache_salt)
+        try:
+            data = self._encoder.encode(request)
+        except (OverflowError, msgspec.EncodeError) as e:  # JSON allows ints msgpack does not
+            raise ValueError(f"a request field is out of range: {e}") from e
+        stream = RequestStream(asyncio.get_running_loop(),
+                               params.output_kind is RequestOutputKind.DELTA)
+        self._processor.add_request(request, prompt, params)
+        self._streams[request_id] = stream
+        self._send_bytes(data)
+        self._num_in_flight += 1
+        finished = False
+        try:
+            while not finished:
+                output = await stream.get()
+                finished = output.finished
+                yield output
+        finally:
+            self._num_in_flight -= 1
+            if not finished:
+                self._abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is None:
+            return
+        self._processor.abort_requests([request_id])
+        self._send(EngineCoreAbort([request_id]))
+
+    async def get_stats(self) -> SchedulerStats:
+        """The core's SchedulerStats now (a round trip)."""
+        self._ensure_started()
+        if self.errored:
+            raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
+        call_id = next(self._call_ids)
+        future = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        self._send(EngineCoreUtility(call_id, "get_stats"))
+        return await future
+
+    def _send(self, msg) -> None:
+        self._send_bytes(self._encoder.encode(msg))
+
+    def _send_bytes(self, data: bytes) -> None:
+        if self.errored:
+            return
+        try:
+            self._input.send(data, flags=zmq.NOBLOCK)
+        except zmq.ZMQError:  # the core is gone: _check_process says so next
+            pass
+
+    def _count_rejected(self, reason: str) -> None:
+        for stat_logger in self.stat_loggers:
+            stat_logger.record_rejected(reason)
+
+    # ---- the core's messages ------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._output_loop())
+
+    async def _output_loop(self) -> None:
+        readable = zmq.asyncio.Socket.from_socket(self._output)  # for poll(); reads stay sync
+        next_log = time.monotonic() + self.log_interval
+        while not self.errored:
+            timeout = min(_IDLE_POLL_MS, max(0.0, next_log - time.monotonic()) * 1000)
+            if await readable.poll(int(timeout)):
+                self._receive_all()
+            else:
+                self._check_process()
+            if time.monotonic() >= next_log:
+                for stat_logger in self.stat_loggers:
+                    stat_logger.log()
+                next_log = time.monotonic() + self.log_interval
+
+    def _receive_all(self) -> None:
+        """Handle every message already here, without a wait (and a loop turn) for each."""
+        while not self.errored:
+            try:
+                data = self._output.recv(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(self._decoder.decode(data))
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, EngineCoreOutputs):
+            self._handle_outputs(msg)
+        elif isinstance(msg, UtilityResult):
+            future = self._calls.pop(msg.call_id, None)
+            if future is not None and not future.done():
+                if msg.error is not None:
+                    future.set_exception(RuntimeError(msg.error))
+                else:
+                    future.set_result(msg.result)
+        elif isinstance(msg, EngineCoreDead):
+            logger.error("the engine core died: %s", msg.reason)
+            self._die(msg.reason, crashed=True)
+
+    def _handle_outputs(self, msg: EngineCoreOutputs) -> None:
+        for out in msg.outputs:  # requests the core turned away
+            if out.error_kind not in ("invalid", "overloaded", "failed"):
+                continue
+            self._processor.discard(out.request_id)
+            stream = self._streams.pop(out.request_id, None)
+            if out.error_kind == "overloaded":
+                self._count_rejected(out.overload_reason)
+                error = EngineOverloadedError(out.error, out.overload_reason)
+            else:
+                error = (ValueError if out.error_kind == "invalid" else RequestFailedError)(
+                    out.error)
+            if stream is not None:
+                stream.put_nowait(error)
+        processed = self._processor.process_outputs(msg)
+        if processed.stopped:
+            self._send(EngineCoreAbort(processed.stopped, stopped=True))
+        if processed.failed:
+            self._send(EngineCoreAbort(processed.failed))
+        for output in processed.request_outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:  # aborted by its client: nobody is listening
+                continue
+            if output.finished or output.error is not None:
+                del self._streams[output.request_id]
+            stream.put_nowait(output if output.error is None else self._request_error(output))
+        if msg.scheduler_stats is not None:
+            for stat_logger in self.stat_loggers:
+                stat_logger.record(msg.scheduler_stats, processed.iteration_stats)
+
+    def _request_error(self, output: RequestOutput) -> RequestFailedError:
+        # The core fails a request it never scheduled only when it waited too long.
+        if output.metrics is not None and output.metrics.first_scheduled_time is None:
+            self._count_rejected("request_timeout")
+            return RequestTimeoutError(output.error)
+        return RequestFailedError(output.error)
+
+    # ---- the end ------------------------------------------------------------------------
+
+    def _die(self, reason: str, crashed: bool) -> None:
+        """Fail everything in flight; on the event loop (or once it has stopped)."""
+        if self.errored:
+            return
+        self.errored, self._crashed, self.dead_reason = True, crashed, reason
+        error = EngineDeadError(reason)
+        for stream in self._streams.values():
+            stream.put_nowait(error)
+        self._streams.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+        self._calls.clear()
+        task = self._task
+        if task is not None and not task.done() and task is not _current_task():
+            task.cancel()  # before _stop_process closes the socket it polls
+
+    async def drain(self, timeout: float) -> int:
+        """Graceful shutdown: refuse new requests, give the ones in flight up to `timeout`
+        seconds to finish, then stop the core, failing the rest with EngineDeadError.
+        Returns how many were cut short."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while self._num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        cut = self._num_in_flight
+        self._die("the server shut down before the request finished", crashed=False)
+        if self._task is not None:  # cancelled by _die: let it leave the socket first
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.to_thread(self._stop_process)
+        return cut
+
+    def shutdown(self, reason: str = "engine shut down") -> None:
+        self._die(reason, crashed=False)
+        self._stop_process()
+
+    def _stop_process(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._proc.is_alive():
+            try:
+                self._input.send(self._encoder.encode(EngineCoreShutdown()), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():  # it ignores SIGTERM (core_proc.py)
+                self._proc.kill()
+                self._proc.join(timeout=5)
+        self._zmq.destroy(linger=0)
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)

@@ -1,0 +1,286 @@
+"""EngineCore: the scheduler, the KV bookkeeping and the model runner — everything that works
+on token ids. add_request / abort_requests / step; each step returns plain data
+(EngineCoreOutputs): the tokens each sequence got, their logprobs, which sequences finished
+and why (EOS, a stop token, max_tokens, the context length), and the step's statistics.
+
+Text is not its business: detokenization, stop strings and RequestOutputs are the
+OutputProcessor's (output_processor.py), in the same process (LLMEngine) or in the API
+server's (core_proc.py / async_llm.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+from minivllm.config import EngineConfig
+from minivllm.core.policy import make_policy
+from minivllm.core.request import Request, RequestStatus, check_context_length
+from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.engine.errors import EngineOverloadedError
+from minivllm.engine.messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    pack_logprobs,
+    seq_id,
+)
+from minivllm.engine.stats import SchedulerStats
+from minivllm.model.loader import resolve_model_path
+from minivllm.model.runner import ModelRunner
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def _eos_token_ids(path, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    except OSError:  # no generation_config.json
+        pass
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class _Group:
+    """The core's view of one caller's request: its sequences, when it was first scheduled."""
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.requests = requests
+        self.first_scheduled_time: float | None = None
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        path = resolve_model_path(config.model, config.revision)
+        self.hf_config = AutoConfig.from_pretrained(path)
+        tokenizer_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.eos_token_ids = _eos_token_ids(path, self.tokenizer)
+        self.max_model_len = self._max_model_len()
+        self.runner = ModelRunner(config, path, self.hf_config)
+        self.vocab_size = self.hf_config.vocab_size
+        policy = make_policy(config.scheduling_policy, config.priority_aging_s)
+        self.scheduler = Scheduler(SchedulerConfig(
+            num_blocks=self.runner.num_blocks,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            num_swap_blocks=self.runner.num_swap_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            preemption_mode=config.preemption_mode,
+            active_preemption=config.active_preemption,
+            min_run_quantum=config.min_run_quantum,
+        ), policy)
+        self.groups: dict[str, _Group] = {}  # by the caller's request id
+        self._seqs: dict[str, tuple[str, int]] = {}  # sequence id -> (caller's id, index)
+        self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step
+        logger.info("minivllm engine: model %s, %d KV blocks of %d tokens, %d swap blocks, %s",
+                    path, self.runner.num_blocks, config.block_size, self.runner.num_swap_blocks,
+                    self.runner.dtype)
+
+    def _max_model_len(self) -> int:
+        limit = getattr(self.hf_config, "max_position_embeddings", 2048)
+        window = getattr(self.hf_config, "sliding_window", None)
+        if window and getattr(self.hf_config, "use_sliding_window", True):
+            limit = min(limit, window)  # no sliding-window attention: stay inside the window
+        if self.config.max_model_len is not None:
+            if self.config.max_model_len > limit:
+                raise ValueError(f"max_model_len ({self.config.max_model_len}) exceeds the "
+                                 f"model's limit ({limit})")
+            return self.config.max_model_len
+        return limit
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        """Queue a request; ValueError for input it cannot serve, EngineOverloadedError when
+        a queue bound is reached. Either way nothing is left behind."""
+        request_id, prompt, params = req.request_id, req.prompt_token_ids, req.sampling_params
+        if request_id in self.groups:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        self._validate(prompt, params)
+        check_context_length(len(prompt), params.max_tokens, self.max_model_len)
+        max_tokens = params.max_tokens
+        if max_tokens is None:  # the rest of the context
+            max_tokens = self.max_model_len - len(prompt)
+        num_seqs = params.best_of or params.n
+        self.scheduler.check_fits(len(prompt), max_tokens, num_seqs)
+        self._check_queue_bounds(len(prompt))
+        banned = self._stop_ids(params)  # until min_tokens
+        requests = [
+            Request(seq_id(request_id, index, num_seqs), prompt, max_tokens, req.arrival_time,
+                    req.priority, req.cache_salt,
+                    needs_prompt_logits=params.prompt_logprobs is not None and index == 0,
+                    sampling_params=params, banned_until_min_tokens=banned,
+                    seed=None if params.seed is None else params.seed + index)
+            for index in range(num_seqs)]
+        head = requests[0]
+        for request in requests[1:]:
+            request.group = head.group
+            head.group.append(request)
+            head.pending_forks.append(request)
+        self.scheduler.add_request(head)
+        self.groups[request_id] = _Group(requests)
+        for index, request in enumerate(requests):
+            self._seqs[request.request_id] = (request_id, index)
+
+    def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt must not be empty")
+        bad = [t for t in prompt_token_ids
+               if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size}), got {bad[0]!r}")
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids must be in [0, {self.vocab_size}), got {bad[0]}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.config.max_logprobs:
+                raise ValueError(f"{name} must be <= {self.config.max_logprobs}, got {value}")
+
+    def _check_queue_bounds(self, num_prompt_tokens: int) -> None:
+        """Turn a new request away while the waiting queue is at its bounds."""
+        waiting, config = self.scheduler.waiting, self.config
+        limit = config.max_num_waiting_requests
+        if limit is not None and len(waiting) >= limit:
+            raise EngineOverloadedError(
+                f"{len(waiting)} requests are waiting, the limit is {limit} "
+                "(max_num_waiting_requests)", "max_num_waiting_requests")
+        limit = config.max_num_waiting_tokens
+        if limit is not None and waiting:  # alone in the queue, any prompt may wait
+            queued = sum(r.num_tokens for r in waiting)
+            if queued + num_prompt_tokens > limit:
+                raise EngineOverloadedError(
+                    f"{queued} tokens are waiting and this prompt has {num_prompt_tokens}, the "
+                    f"limit is {limit} (max_num_waiting_tokens)", "max_num_waiting_tokens")
+
+    def _stop_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The tokens that end a sequence, banned by the sampler while it is below min_tokens."""
+        ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            ids |= self.eos_token_ids
+        return tuple(sorted(ids))
+
+    def abort_requests(self, ids: list[str], stopped: bool = False) -> None:
+        """Finish and free requests (a caller's id: all its sequences) or single sequences.
+        `stopped`: a stop string ended them, which the scheduling policy learns from like any
+        finish. Unknown or finished ids are ignored."""
+        status = RequestStatus.FINISHED_STOPPED if stopped else RequestStatus.FINISHED_ABORTED
+        for rid in ids:
+            group = self.groups.get(rid)
+            if group is not None:
+                for request in group.requests:
+                    self._finish(request, status)
+            elif rid in self._seqs:
+                group_id, index = self._seqs[rid]
+                self._finish(self.groups[group_id].requests[index], status)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        self.scheduler.finish_request(request, status)
+        group_id, _ = self._seqs.pop(request.request_id, (None, None))
+        group = self.groups.get(group_id)
+        if group is not None and all(r.is_finished for r in group.requests):
+            del self.groups[group_id]
+
+    def _expire_waiting(self, now: float) -> None:
+        """Fail the requests that waited, never scheduled, longer than request_timeout."""
+        timeout = self.config.request_timeout
+        for request in [r for r in self.scheduler.waiting if now - r.arrival_time > timeout]:
+            group_id, _ = self._seqs[request.request_id]
+            group = self.groups[group_id]
+            if group.first_scheduled_time is not None:
+                continue
+            for r in group.requests:
+                self._finish(r, RequestStatus.FINISHED_ABORTED)
+            self._failed.append(EngineCoreOutput(
+                group_id, finish_reason="abort", error_kind="timeout", error=(
+                    f"request timed out: it waited {now - request.arrival_time:.1f}s in the "
+                    f"queue, longer than request_timeout={timeout}s")))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups) or bool(self._failed)
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def step(self) -> EngineCoreOutputs:
+        if self.config.request_timeout is not None:
+            self._expire_waiting(time.time())
+        sched_out = self.scheduler.schedule()
+        now = time.time()
+        num_prompt_tokens = 0
+        for req_id, num_new in sched_out.num_scheduled_tokens.items():
+            request = self.scheduler.requests[req_id]
+            group = self.groups[self._seqs[req_id][0]]
+            if group.first_scheduled_time is None:
+                group.first_scheduled_time = now
+            start = request.num_computed_tokens
+            num_prompt_tokens += max(0, min(start + num_new, request.num_prompt_tokens) - start)
+        result = self.runner.execute(sched_out)
+        outputs: dict[str, EngineCoreOutput] = {}
+        for req_id, (first, scored) in result.prompt_logprobs.items():
+            self._output(outputs, req_id).prompt_logprobs = (
+                first, [pack_logprobs(entry) for entry in scored])
+        for request in self.scheduler.update_from_output(sched_out, result.sampled_token_ids):
+            out = self._output(outputs, request.request_id)
+            token = request.output_token_ids[-1]
+            out.new_token_ids = [token]
+            logprobs = result.logprobs.get(request.request_id)
+            if logprobs is not None:
+                out.new_logprobs = [pack_logprobs(logprobs)]
+            out.num_cached_tokens = request.num_cached_tokens
+            status = self._check_stop(request, token, out)
+            if status is not None:
+                self._finish(request, status)
+        failed, self._failed = self._failed, []
+        return EngineCoreOutputs(timestamp=time.time(), outputs=failed + list(outputs.values()),
+                                 scheduler_stats=self.get_stats(),
+                                 num_prompt_tokens=num_prompt_tokens)
+
+    def _output(self, outputs: dict[str, EngineCoreOutput], req_id: str) -> EngineCoreOutput:
+        out = outputs.get(req_id)
+        if out is None:
+            group_id, index = self._seqs[req_id]
+            out = outputs[req_id] = EngineCoreOutput(
+                group_id, index,
+                first_scheduled_time=self.groups[group_id].first_scheduled_time)
+        return out
+
+    def _check_stop(self, request: Request, token: int, out: EngineCoreOutput
+                    ) -> RequestStatus | None:
+        """The stops that need no text: EOS, a stop token, max_tokens, the context length
+        (stop strings are the OutputProcessor's)."""
+        params = request.sampling_params
+        can_stop = request.num_output_tokens >= params.min_tokens
+        if can_stop and not params.ignore_eos and token in self.eos_token_ids:
+            out.finish_reason = "stop"
+        elif can_stop and token in params.stop_token_ids:
+            out.finish_reason, out.stop_reason = "stop", token
+        elif (request.num_output_tokens >= request.max_tokens
+              or request.num_tokens >= self.max_model_len):
+            out.finish_reason = "length"
+            return RequestStatus.FINISHED_LENGTH
+        else:
+            return None
+        return RequestStatus.FINISHED_STOPPED
+
+    # ---- statistics -------------------------------------------------------------------
+
+    def get_stats(self) -> SchedulerStats:
+        s, kv = self.scheduler, self.scheduler.kv
+        return SchedulerStats(
+            num_running=len(s.running), num_waiting=len(s.waiting), num_swapped=len(s.swapped),
+            num_total_blocks=kv.num_blocks, num_free_blocks=kv.num_free_blocks,
+            kv_cache_usage=kv.usage, num_total_swap_blocks=kv.num_swap_blocks,
+            num_free_swap_blocks=len(kv.free_swap_blocks), num_preemptions=s.num_preemptions,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+        )

@@ -1,0 +1,137 @@
+"""The engine core's process (`minivllm serve`, --engine-mode process): an EngineCore in a
+busy loop between two ZeroMQ sockets. Inputs (adds, aborts, utility calls) come in on a
+PULL socket and are applied in order; while there is work it steps without waiting and
+sends one EngineCoreOutputs per step on a PUSH socket; when idle it blocks on the input.
+
+It never dies for one request: input the core rejects comes back as that request's error
+output. It dies for an error in step() (or at start), after sending EngineCoreDead with the
+reason, and exits non-zero; the frontend (async_llm.py) fails what is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import msgspec
+import zmq
+
+from minivllm.config import EngineConfig
+from minivllm.engine.errors import EngineOverloadedError
+from minivllm.engine.messages import (
+    EngineCoreAbort,
+    EngineCoreDead,
+    EngineCoreInput,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    EngineCoreShutdown,
+    EngineCoreUtility,
+    UtilityResult,
+)
+
+logger = logging.getLogger(__name__)
+
+UTILITY_METHODS = ("get_stats",)
+# How long an idle core blocks on its input before it checks that its parent still lives.
+_IDLE_POLL_MS = 1000
+_SEND_LINGER_MS = 2000  # at exit, how long the last messages may wait for the frontend
+
+
+def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str,
+                    engine_threads: int | None, log_level: int, log_format: str | None,
+                    log_datefmt: str | None) -> None:
+    """The process entry point (multiprocessing, spawn)."""
+    # The frontend decides when we stop (EngineCoreShutdown, after its drain): a SIGTERM or
+    # Ctrl-C sent to the whole process group must not cut in-flight requests short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format=log_format, datefmt=log_datefmt)
+    context = zmq.Context()
+    inputs = context.socket(zmq.PULL)
+    inputs.connect(input_addr)
+    outputs = context.socket(zmq.PUSH)
+    outputs.setsockopt(zmq.SNDHWM, 0)  # a send never blocks, even with the frontend gone
+    outputs.setsockopt(zmq.LINGER, _SEND_LINGER_MS)
+    outputs.connect(output_addr)
+    encoder = msgspec.msgpack.Encoder()
+    try:
+        code = _serve(config, engine_threads, inputs, lambda msg: outputs.send(encoder.encode(msg)))
+    finally:
+        inputs.close(linger=0)
+        outputs.close()
+        context.term()
+    sys.exit(code)
+
+
+def _serve(config: EngineConfig, engine_threads: int | None, inputs: zmq.Socket, send) -> int:
+    try:
+        import torch
+
+        from minivllm.engine.core import EngineCore
+
+        if engine_threads:  # before the runner starts: its thread governor caps at this
+            torch.set_num_threads(engine_threads)
+        core = EngineCore(config)
+    except Exception as e:
+        logger.exception("the engine core failed to start")
+        send(EngineCoreDead(f"the engine core failed to start: {type(e).__name__}: {e}"))
+        return 1
+    send(EngineCoreReady(max_model_len=core.max_model_len))
+    logger.info("engine core ready in process %d (%d torch threads)", os.getpid(),
+                torch.get_num_threads())
+    decoder = msgspec.msgpack.Decoder(EngineCoreInput)
+    parent = os.getppid()
+    try:
+        while True:
+            timeout = 0 if core.has_unfinished_requests() else _IDLE_POLL_MS
+            changed, rejected = False, []
+            while inputs.poll(timeout):
+                msg = decoder.decode(inputs.recv())
+                timeout = 0  # take whatever else is queued, without waiting
+                if isinstance(msg, EngineCoreShutdown):
+                    return 0
+                changed = True
+                _apply(core, msg, rejected, send)
+            if os.getppid() != parent:  # the frontend is gone: nobody reads our outputs
+                logger.error("the API server process exited: the engine core stops")
+                return 1
+            if core.has_unfinished_requests():
+                step = core.step()
+                step.outputs = rejected + step.outputs
+                send(step)
+            elif changed:  # rejections to answer, or aborts whose freed blocks stats show
+                send(EngineCoreOutputs(timestamp=time.time(), outputs=rejected,
+                                       scheduler_stats=core.get_stats()))
+    except Exception as e:
+        logger.exception("the engine core failed")
+        send(EngineCoreDead(f"engine core failed: {type(e).__name__}: {e}"))
+        return 1
+
+
+def _apply(core, msg: EngineCoreInput, rejected: list[EngineCoreOutput], send) -> None:
+    if isinstance(msg, EngineCoreRequest):
+        try:
+            core.add_request(msg)
+        except EngineOverloadedError as e:
+            rejected.append(EngineCoreOutput(msg.request_id, finish_reason="abort", error=str(e),
+                                             error_kind="overloaded", overload_reason=e.reason))
+        except ValueError as e:
+            rejected.append(EngineCoreOutput(msg.request_id, finish_reason="abort", error=str(e),
+                                             error_kind="invalid"))
+        except Exception as e:  # input no check foresaw: this request's failure alone
+            logger.exception("request %s was rejected", msg.request_id)
+            rejected.append(EngineCoreOutput(msg.request_id, finish_reason="abort",
+                                             error=f"{type(e).__name__}: {e}",
+                                             error_kind="failed"))
+    elif isinstance(msg, EngineCoreAbort):
+        core.abort_requests(msg.request_ids, stopped=msg.stopped)
+    elif isinstance(msg, EngineCoreUtility):
+        if msg.method in UTILITY_METHODS:
+            send(UtilityResult(msg.call_id, result=getattr(core, msg.method)()))
+        else:
+            send(UtilityResult(msg.call_id, error=f"unknown utility method {msg.method!r}"))

@@ -1,0 +1,117 @@
+"""What crosses between the API server (frontend) and the engine core: msgspec Structs,
+msgpack on the wire. Plain data only — ids, token ids, numbers, strings — never a live
+object; the frontend keeps text, detokenizers and RequestOutputs on its side.
+
+Into the core: EngineCoreRequest, EngineCoreAbort, EngineCoreUtility, EngineCoreShutdown.
+Out of it: EngineCoreReady once, then one EngineCoreOutputs per step (and one after a batch
+of inputs that changed something without a step), UtilityResult, and EngineCoreDead last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import msgspec
+
+from minivllm.engine.stats import SchedulerStats
+from minivllm.outputs import Logprob
+from minivllm.sampling_params import SamplingParams
+
+# One position's logprobs, compact: (token ids, logprobs, ranks), the chosen token first.
+LogprobsLists = tuple[list[int], list[float], list[int | None]]
+
+
+class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
+    request_id: str  # the caller's id; a request of n > 1 sequences is one message
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+class EngineCoreAbort(msgspec.Struct, tag="abort", omit_defaults=True):
+    request_ids: list[str]  # callers' ids (every sequence) or sequence ids (seq_id())
+    stopped: bool = False  # a stop string ended them: they count as finished, not aborted
+
+
+class EngineCoreUtility(msgspec.Struct, tag="utility"):
+    call_id: int
+    method: str  # a name in core_proc.UTILITY_METHODS, e.g. "get_stats"
+
+
+class EngineCoreShutdown(msgspec.Struct, tag="shutdown"):
+    pass
+
+
+EngineCoreInput = EngineCoreRequest | EngineCoreAbort | EngineCoreUtility | EngineCoreShutdown
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What one sequence did in one step."""
+
+    request_id: str  # the caller's id
+    index: int = 0  # the sequence within the request (n / best_of)
+    new_token_ids: list[int] = []
+    new_logprobs: list[LogprobsLists] | None = None  # one per new token
+    prompt_logprobs: tuple[int, list[LogprobsLists]] | None = None  # (first position, ...)
+    finish_reason: str | None = None  # "stop" (EOS, a stop token) | "length" | "abort"
+    stop_reason: int | None = None  # the stop token id
+    num_cached_tokens: int = 0
+    first_scheduled_time: float | None = None
+    # A request the core turned away or failed: error_kind is "invalid" (a ValueError),
+    # "overloaded" (EngineOverloadedError; overload_reason is its reason), "failed" (any
+    # other error adding it) or "timeout" (it waited too long, never scheduled).
+    error: str | None = None
+    error_kind: str | None = None
+    overload_reason: str | None = None
+
+
+class EngineCoreOutputs(msgspec.Struct, tag="outputs", omit_defaults=True):
+    timestamp: float  # time.time() after the step: the frontend's token timestamps
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    num_prompt_tokens: int = 0  # prompt tokens computed this step
+
+
+class EngineCoreReady(msgspec.Struct, tag="ready"):
+    max_model_len: int
+
+
+class UtilityResult(msgspec.Struct, tag="utility_result"):
+    call_id: int
+    result: SchedulerStats | None = None
+    error: str | None = None
+
+
+class EngineCoreDead(msgspec.Struct, tag="dead"):
+    reason: str
+
+
+EngineCoreMessage = EngineCoreOutputs | EngineCoreReady | UtilityResult | EngineCoreDead
+
+
+def seq_id(request_id: str, index: int, num_seqs: int) -> str:
+    """The core's id of a sequence: the caller's id itself when it is the only one."""
+    return request_id if num_seqs == 1 else f"{request_id}#{index}"
+
+
+def make_core_request(request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                      arrival_time: float | None = None, priority: int = 0,
+                      cache_salt: str | None = None) -> EngineCoreRequest:
+    if (params.best_of or params.n) > params.n and params.logprobs is None:
+        params = dataclasses.replace(params, logprobs=0)  # best_of ranks by logprob
+    return EngineCoreRequest(
+        request_id=request_id, prompt_token_ids=list(prompt_token_ids),
+        sampling_params=params,
+        arrival_time=arrival_time if arrival_time is not None else time.time(),
+        priority=priority, cache_salt=cache_salt)
+
+
+def pack_logprobs(entry: dict[int, Logprob]) -> LogprobsLists:
+    return list(entry), [lp.logprob for lp in entry.values()], [lp.rank for lp in entry.values()]
+
+
+def unpack_logprobs(lists: LogprobsLists) -> dict[int, Logprob]:
+    return {t: Logprob(lp, rank) for t, lp, rank in zip(*lists)}
