@@ -111,6 +111,12 @@ def test_openai_client_end_to_end(server):
     for choice in resp.choices:
         assert choice.text == GREEDY_32[:GREEDY_32.index("Lily")]
         assert choice.finish_reason == "stop" and choice.stop_reason == "Lily"
+    # Input only the core can judge (more sequences than a batch holds) is this request's
+    # 400, not the core's end.
+    with pytest.raises(openai.BadRequestError, match="max_num_seqs"):
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=4, n=9)
+    assert client.completions.create(model=model, prompt=PROMPT, max_tokens=4,
+                                     temperature=0).choices[0].text == ", there was a"
     if server.mode == "process":  # the engine runs in a child of the server, one thread
         assert core_pid(server) in [p.pid for p in psutil.Process(server.proc.pid).children()]
         assert "(1 torch threads)" in server.log()
