@@ -214,7 +214,7 @@ def test_async_llm_stats_call_and_death(tmp_path):
                 assert (await http.get("/health")).status_code == 200
                 gen = engine.generate(PROMPT, params, "b")
                 await anext(gen)
-                os.kill(engine._proc.pid, signal.SIGKILL)
+                os.kill(engine._core.proc.pid, signal.SIGKILL)
                 with pytest.raises(EngineDeadError, match="died unexpectedly"):
                     while True:
                         await asyncio.wait_for(anext(gen), timeout=10)

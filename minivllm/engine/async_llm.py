@@ -5,8 +5,9 @@ errored, crashed, dead_reason, draining, config, max_model_len, tokenizer, stat_
 This process keeps what needs text — tokenization (the HTTP handlers), detokenization, stop
 strings, RequestOutputs (an OutputProcessor) — and the statistics: the core sends each
 step's token ids and SchedulerStats, the loggers and /metrics are fed here. Requests and
-aborts go down a ZeroMQ PUSH socket; one asyncio task reads the core's messages and feeds
-each request's stream, all on the event loop, so nothing here needs a lock.
+aborts go to the core through a CoreClient (core_client.py: the process and its ZeroMQ
+sockets); one asyncio task reads the core's messages and feeds each request's stream, all
+on the event loop, so nothing here needs a lock.
 
 The core's death is noticed twice: its last message (EngineCoreDead, when a step raised),
 and its process's exit (a kill, a crash in C), which is_running / crashed check on each
@@ -19,19 +20,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator
 
 import msgspec
-import zmq
-import zmq.asyncio
 from transformers import AutoTokenizer
 
 from minivllm.config import EngineConfig
-from minivllm.engine.core_proc import run_engine_core
+from minivllm.engine.core_client import CoreClient
 from minivllm.engine.errors import (
     EngineDeadError,
     EngineOverloadedError,
@@ -41,10 +37,7 @@ from minivllm.engine.errors import (
 from minivllm.engine.messages import (
     EngineCoreAbort,
     EngineCoreDead,
-    EngineCoreMessage,
     EngineCoreOutputs,
-    EngineCoreReady,
-    EngineCoreShutdown,
     EngineCoreUtility,
     UtilityResult,
     make_core_request,
@@ -61,15 +54,6 @@ logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 600.0  # loading a large model from a slow disk takes a while
 _IDLE_POLL_MS = 1000  # while no message comes, the output task wakes this often to log stats
-
-
-def _log_format() -> tuple[int, str | None, str | None]:
-    """Our logging level and format (the root handler's), for the core's lines to match."""
-    root = logging.getLogger()
-    formatter = root.handlers[0].formatter if root.handlers else None
-    if formatter is None:
-        return root.getEffectiveLevel(), None, None
-    return root.getEffectiveLevel(), formatter._fmt, formatter.datefmt
 
 
 def _current_task() -> asyncio.Task | None:
@@ -97,31 +81,15 @@ class AsyncLLM:
         self._calls: dict[int, asyncio.Future] = {}  # utility calls waiting for their result
         self._call_ids = itertools.count()
         self._task: asyncio.Task | None = None
-        self._stopped = False
-        self._decoder = msgspec.msgpack.Decoder(EngineCoreMessage)
-        self._encoder = msgspec.msgpack.Encoder()
-        # The sockets are ours (bound here); the core connects to them.
-        self._ipc_dir = tempfile.mkdtemp(prefix="minivllm-")
-        self._zmq = zmq.Context()
-        self._input = self._zmq.socket(zmq.PUSH)
-        self._input.setsockopt(zmq.SNDHWM, 0)  # never block the event loop on a send
-        self._input.bind(f"ipc://{self._ipc_dir}/input")
-        self._output = self._zmq.socket(zmq.PULL)
-        self._output.setsockopt(zmq.RCVHWM, 0)
-        self._output.bind(f"ipc://{self._ipc_dir}/output")
-        self._proc = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core, name="minivllm-engine-core", daemon=True,
-            args=(config, f"ipc://{self._ipc_dir}/input", f"ipc://{self._ipc_dir}/output",
-                  engine_threads, *_log_format()))
-        self._proc.start()
-        logger.info("engine core process started (pid %d)", self._proc.pid)
+        self._stopped = False  # the core was stopped on purpose
+        self._core = CoreClient(config, engine_threads)
         try:
             # One tokenizer for the HTTP handlers and the detokenizers: both run on the loop.
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)  # while it loads
             self._processor = OutputProcessor(self.tokenizer)
-            ready = self._wait_ready()
+            ready = self._core.wait_ready(_STARTUP_TIMEOUT_S)
         except BaseException:
-            self._stop_process()
+            self._core.close()
             raise
         self.max_model_len = ready.max_model_len
 
@@ -138,31 +106,17 @@ class AsyncLLM:
                                                             engine.max_model_len))
         return engine
 
-    def _wait_ready(self) -> EngineCoreReady:
-        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._output.poll(100):
-                msg = self._decoder.decode(self._output.recv())
-                if isinstance(msg, EngineCoreDead):
-                    raise RuntimeError(msg.reason)
-                if isinstance(msg, EngineCoreReady):
-                    return msg
-            elif not self._proc.is_alive():
-                raise RuntimeError(f"the engine core process exited during startup (exit code "
-                                   f"{self._proc.exitcode})")
-        raise RuntimeError(f"the engine core did not start in {_STARTUP_TIMEOUT_S:.0f}s")
-
     # ---- state --------------------------------------------------------------------------
 
     def _check_process(self) -> None:
         """Notice a core process that has exited: with its last words (EngineCoreDead) if
         they are on their way, else as killed (a signal, a crash in C code)."""
-        if self.errored or self._stopped or self._proc.is_alive():
+        if self.errored or self._stopped or self._core.alive:
             return
-        if self._output.poll(100):
+        if self._core.poll(100):
             self._receive_all()
         self._die(f"the engine core process died unexpectedly (exit code "
-                  f"{self._proc.exitcode})", crashed=True)
+                  f"{self._core.proc.exitcode})", crashed=True)
 
     @property
     def is_running(self) -> bool:
@@ -198,7 +152,7 @@ class AsyncLLM:
         request = make_core_request(request_id, prompt_token_ids, params, priority=priority,
                                     cache_salt=cache_salt)
         try:
-            data = self._encoder.encode(request)
+            data = self._core.encode(request)
         except (OverflowError, msgspec.EncodeError) as e:  # JSON allows ints msgpack does not
             raise ValueError(f"a request field is out of range: {e}") from e
         stream = RequestStream(asyncio.get_running_loop(),
@@ -238,15 +192,12 @@ class AsyncLLM:
         return await future
 
     def _send(self, msg) -> None:
-        self._send_bytes(self._encoder.encode(msg))
+        if not self.errored:
+            self._core.send(msg)
 
     def _send_bytes(self, data: bytes) -> None:
-        if self.errored:
-            return
-        try:
-            self._input.send(data, flags=zmq.NOBLOCK)
-        except zmq.ZMQError:  # the core is gone: _check_process says so next
-            pass
+        if not self.errored:
+            self._core.send_bytes(data)
 
     def _count_rejected(self, reason: str) -> None:
         for stat_logger in self.stat_loggers:
@@ -259,11 +210,10 @@ class AsyncLLM:
             self._task = asyncio.get_running_loop().create_task(self._output_loop())
 
     async def _output_loop(self) -> None:
-        readable = zmq.asyncio.Socket.from_socket(self._output)  # for poll(); reads stay sync
         next_log = time.monotonic() + self.log_interval
         while not self.errored:
             timeout = min(_IDLE_POLL_MS, max(0.0, next_log - time.monotonic()) * 1000)
-            if await readable.poll(int(timeout)):
+            if await self._core.wait_readable(int(timeout)):
                 self._receive_all()
             else:
                 self._check_process()
@@ -274,12 +224,8 @@ class AsyncLLM:
 
     def _receive_all(self) -> None:
         """Handle every message already here, without a wait (and a loop turn) for each."""
-        while not self.errored:
-            try:
-                data = self._output.recv(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._handle(self._decoder.decode(data))
+        while not self.errored and (msg := self._core.recv_nowait()) is not None:
+            self._handle(msg)
 
     def _handle(self, msg) -> None:
         if isinstance(msg, EngineCoreOutputs):
@@ -349,7 +295,7 @@ class AsyncLLM:
         self._calls.clear()
         task = self._task
         if task is not None and not task.done() and task is not _current_task():
-            task.cancel()  # before _stop_process closes the socket it polls
+            task.cancel()  # before _stop_core closes the socket it polls
 
     async def drain(self, timeout: float) -> int:
         """Graceful shutdown: refuse new requests, give the ones in flight up to `timeout`
@@ -363,25 +309,13 @@ class AsyncLLM:
         self._die("the server shut down before the request finished", crashed=False)
         if self._task is not None:  # cancelled by _die: let it leave the socket first
             await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.to_thread(self._stop_process)
+        await asyncio.to_thread(self._stop_core)
         return cut
 
     def shutdown(self, reason: str = "engine shut down") -> None:
         self._die(reason, crashed=False)
-        self._stop_process()
+        self._stop_core()
 
-    def _stop_process(self) -> None:
-        if self._stopped:
-            return
+    def _stop_core(self) -> None:
         self._stopped = True
-        if self._proc.is_alive():
-            try:
-                self._input.send(self._encoder.encode(EngineCoreShutdown()), flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            self._proc.join(timeout=10)
-            if self._proc.is_alive():  # it ignores SIGTERM (core_proc.py)
-                self._proc.kill()
-                self._proc.join(timeout=5)
-        self._zmq.destroy(linger=0)
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        self._core.close()
