@@ -206,7 +206,8 @@ class AsyncLLM:
     # ---- the core's messages ------------------------------------------------------------
 
     def _ensure_started(self) -> None:
-        if self._task is None:
+        """The output task, on the caller's loop (again if an earlier loop has ended)."""
+        if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._output_loop())
 
     async def _output_loop(self) -> None:
