@@ -106,6 +106,27 @@ def test_first_tokens_follow_the_distribution(use_kernel, setting):
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("peaked", [True, False])
+def test_top_p_on_peaked_and_flat_rows(use_kernel, peaked):
+    """The kernel takes top-p's threshold two ways: from candidates when few tokens carry
+    the mass (peaked: 40 boosted tokens in 4096), from a histogram of the whole row when
+    many do (flat): both must follow the distribution."""
+    gen = torch.Generator().manual_seed(17)
+    vocab = 16384 if peaked else 2048  # peaked: 40 boosted tokens in far fewer blocks
+    logits = torch.randn(vocab, generator=gen) * 0.3
+    if peaked:
+        logits[torch.randperm(vocab, generator=gen)[:40]] += 12 + torch.randn(40, generator=gen)
+    params = SamplingParams(temperature=0.9, top_p=0.8)
+    probs = reference_probs(logits, params)
+    counts = first_tokens(use_kernel, logits, params, DRAWS)
+    kept = probs > 0
+    assert counts[~kept].sum() == 0, "drew a token outside the allowed set"
+    assert 2 < kept.sum() < len(probs)
+    probs, counts = probs[kept] / probs[kept].sum(), counts[kept]
+    assert chi_square(counts, probs) <= null_quantile(probs, DRAWS)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
 def test_chi_square_rejects_a_wrong_distribution(use_kernel):
     """The test above can fail: draws at temperature 0.7 are rejected as temperature 0.85
     draws, and as top-p 0.7 draws when they were top-p 0.8 ones."""

@@ -4,10 +4,12 @@
  * where it decides a token (see the comments there), so both pick the same token.
  *
  * No sort of the vocabulary: every filter is a threshold on the (penalized) logit y, so
- * the kept set is "y >= t". One pass takes the maxima of the row's blocks; the few
- * candidates that can pass are then collected from the blocks whose maximum passes a cut
- * (for top-k, the k-th largest block maximum), and top-k's and top-p's thresholds are
- * quickselects over the candidates. */
+ * the kept set is "y >= t". One pass takes the maxima of the row's blocks; with top-k, the
+ * few candidates that can pass are then collected from the blocks whose maximum passes a
+ * cut (the k-th largest block maximum), and top-k's and top-p's thresholds are quickselects
+ * over them; so is top-p's alone on a peaked row. On a flat row (many tokens carry mass),
+ * top-p goes through a histogram of the whole row and a quickselect in the one bin where
+ * the mass crosses top_p. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -169,18 +171,18 @@ static float kth_of(const float *v, int64_t n, int64_t k, Scratch *s) {
     }
 }
 
-/* top-p over candidates (an upper set of the row: every token with a larger y is one):
- * a token is kept iff the mass of the tokens with a strictly larger y is < limit, so ties
- * are kept or dropped together and the kept set is {y >= t}. Returns t, by a quickselect
- * weighted by mass: the split around a pivot value tells whether the pivot is kept, and
- * the search goes on in the part above it (if not) or below it (if so). */
-static float top_p_threshold(const float *v, const float *w, int64_t n, double limit,
-                             Scratch *s) {
+/* top-p's threshold over v[0:n] (an upper set of the row: every token with a larger y is
+ * in it, or outside with mass_above < limit): a token is kept iff the mass of the tokens
+ * with a strictly larger y is < limit, so ties are kept or dropped together and the kept
+ * set is {y >= t}. Returns t, by a quickselect weighted by mass: the split around a pivot
+ * value tells whether the pivot is kept, and the search goes on in the part above it (if
+ * not) or below it (if so); the parts go to s->work[turn] and [turn ^ 1]. */
+static float select_top_p(const float *v, const float *w, int64_t n, double limit,
+                          double mass_above, int turn, Scratch *s) {
     /* Invariant: mass_above, the mass of the tokens above v[0:n], is < limit, so the
      * largest of v[0:n] is kept; and every token below v[0:n] is dropped. */
-    double mass_above = 0.;
     float threshold = NO_LIMIT;
-    for (int turn = 0; n > 0; turn ^= 1) {
+    for (; n > 0; turn ^= 1) {
         const float pivot = median3(v, n);
         float *out = s->work[turn], *out_w = s->work_rel[turn];
         const Split p = split(v, w, n, pivot, out, out_w);
@@ -194,6 +196,81 @@ static float top_p_threshold(const float *v, const float *w, int64_t n, double l
         v = out + n - p.less, w = out_w + n - p.less, n = p.less;
     }
     return threshold;
+}
+
+#define HIST_BINS 1024 /* draw_top_p_dense's histogram */
+
+/* Whether few of the row's blocks (under an eighth) have a value at or above cut: then
+ * few tokens carry the mass and collecting candidates beats a pass over the whole row. */
+static int few_blocks_pass(const float *tops, int64_t n, float cut) {
+    const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+    int64_t passing = 0;
+#pragma omp simd reduction(+ : passing)
+    for (int64_t b = 0; b < blocks; b++) passing += tops[b] >= cut;
+    return passing * 8 < blocks;
+}
+
+/* top-p (and min-p) over the whole row, for a row with no top-k where many tokens may carry
+ * mass (a flat distribution: a random-weight model, a high temperature), so instead of
+ * collecting candidates, one vectorized pass takes every token's relative probability, a
+ * histogram of the values weighted by them finds the bin where the mass above crosses the
+ * limit (kept above it, dropped below), the exact threshold is searched in that bin only,
+ * and the draw walks block sums. */
+static int64_t draw_top_p_dense(const float *y, int64_t vocab, float m, float inv_temp,
+                                float top_p, float log_min_p, double u, Scratch *s) {
+    float *rel = s->rel;
+    double base = 0.;
+    float lo = m;
+#pragma omp simd reduction(+ : base) reduction(min : lo)
+    for (int64_t i = 0; i < vocab; i++) {
+        rel[i] = relative(y[i], m, inv_temp);
+        base += rel[i];
+        lo = fminf(lo, y[i]);
+    }
+    lo = fmaxf(lo, m + MIN_EXPONENT / inv_temp); /* below it the mass is 0 (and -inf bans) */
+    const double limit = top_p * base;
+    const float scale = m > lo ? (HIST_BINS - 1) / (m - lo) : 0.f;
+    double hist[4][HIST_BINS]; /* four, interleaved: no chain of adds on one bin */
+    memset(hist, 0, sizeof(hist));
+    for (int64_t i = 0; i < vocab; i++) hist[i & 3][(int)((fmaxf(y[i], lo) - lo) * scale)] += rel[i];
+    double above = 0.;
+    int bin = HIST_BINS - 1;
+    for (;; bin--) {
+        const double h = hist[0][bin] + hist[1][bin] + hist[2][bin] + hist[3][bin];
+        if (bin == 0 || above + h >= limit) break;
+        above += h;
+    }
+    int64_t count = 0;
+    float *in = s->work[1], *in_w = s->work_rel[1];
+    for (int64_t i = 0; i < vocab; i++) { /* the crossing bin's values, branch-free */
+        in[count] = y[i], in_w[count] = rel[i];
+        count += (int)((fmaxf(y[i], lo) - lo) * scale) == bin;
+    }
+    const float t_p = select_top_p(in, in_w, count, limit, above, 0, s);
+#define KEPT(i) (y[i] >= t_p && (y[i] - m) * inv_temp >= log_min_p)
+    const int64_t blocks = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    double total = 0.;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t end = (b + 1) * DRAW_BLOCK < vocab ? (b + 1) * DRAW_BLOCK : vocab;
+        double sum = 0.;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = b * DRAW_BLOCK; i < end; i++) sum += KEPT(i) ? rel[i] : 0.f;
+        s->block_sums[b] = sum;
+        total += sum;
+    }
+    const double target = u * total;
+    double acc = 0.;
+    int64_t b = 0, last = -1;
+    while (b < blocks - 1 && acc + s->block_sums[b] <= target) acc += s->block_sums[b++];
+    for (int64_t i = b * DRAW_BLOCK; i < vocab; i++) { /* to the end: sums may round apart */
+        const float mass = KEPT(i) ? rel[i] : 0.f;
+        if ((acc += mass) > target) return i;
+        last = mass > 0.f ? i : last;
+    }
+    for (int64_t i = b * DRAW_BLOCK - 1; i >= 0 && last < 0; i--)
+        last = KEPT(i) && rel[i] > 0.f ? i : -1;
+#undef KEPT
+    return last >= 0 ? last : row_argmax(y, vocab);
 }
 
 /* The top-k candidates of a row y (0 < k < n): the tokens with y >= the k-th largest
@@ -256,6 +333,8 @@ static int64_t sample_row(const float *y, int64_t vocab, const float *fp, const 
     /* Candidates, an upper set of the row holding every token that can be kept: the top-k
      * set (ties included); else the tokens that may pass min-p and top-p. */
     const float m = block_tops(y, vocab, s->tops);
+    if (top_k == 0 && top_p < 1.f && !few_blocks_pass(s->tops, vocab, cut_for(m, inv_temp, -8.f)))
+        return draw_top_p_dense(y, vocab, m, inv_temp, top_p, log_min_p, u, s);
     double base_mass = 0.; /* the mass top-p is a fraction of: the top-k set's, or all */
     int64_t n;
     if (top_k > 0) {
@@ -264,7 +343,7 @@ static int64_t sample_row(const float *y, int64_t vocab, const float *fp, const 
     } else if (top_p >= 1.f) { /* min-p alone */
         n = collect(y, vocab, s->tops, cut_for(m, inv_temp, log_min_p), s->ids, s->vals);
         for (int64_t c = 0; c < n; c++) s->rel[c] = relative(s->vals[c], m, inv_temp);
-    } else {
+    } else { /* top-p on a peaked row: the few tokens that can carry its mass */
 #pragma omp simd reduction(+ : base_mass)
         for (int64_t i = 0; i < vocab; i++) base_mass += relative(y[i], m, inv_temp);
         /* A token whose relative probability is below (1 - top_p) total / (2 vocab) cannot
@@ -283,24 +362,35 @@ static int64_t sample_row(const float *y, int64_t vocab, const float *fp, const 
             if (d_cut == floor_cut || d_cut == log_min_p || mass > limit * (1. + 1e-6)) break;
         }
     }
-    const float t_p = top_p < 1.f ? top_p_threshold(s->vals, s->rel, n, top_p * base_mass, s)
+    const float t_p = top_p < 1.f ? select_top_p(s->vals, s->rel, n, top_p * base_mass, 0., 0, s)
                                   : NO_LIMIT;
 
     /* The draw: inverse CDF over the kept candidates in token order (without branches on
      * the values: the cumulative mass only grows at kept tokens, so the first to pass the
      * target is one). */
 #define KEPT(c) (s->vals[c] >= t_p && (s->vals[c] - m) * inv_temp >= log_min_p)
+    /* Block sums first (vectorized), so the scan for the target only walks one block. */
+    const int64_t blocks = (n + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double total = 0.;
-#pragma omp simd reduction(+ : total)
-    for (int64_t c = 0; c < n; c++) total += KEPT(c) ? s->rel[c] : 0.f;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t end = (b + 1) * DRAW_BLOCK < n ? (b + 1) * DRAW_BLOCK : n;
+        double sum = 0.;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t c = b * DRAW_BLOCK; c < end; c++) sum += KEPT(c) ? s->rel[c] : 0.f;
+        s->block_sums[b] = sum;
+        total += sum;
+    }
     const double target = u * total;
     double acc = 0.;
-    int64_t last = -1;
-    for (int64_t c = 0; c < n; c++) {
+    int64_t b = 0, last = -1;
+    while (b < blocks - 1 && acc + s->block_sums[b] <= target) acc += s->block_sums[b++];
+    for (int64_t c = b * DRAW_BLOCK; c < n; c++) { /* to the end: the sums may round apart */
         const float mass = KEPT(c) ? s->rel[c] : 0.f;
         if ((acc += mass) > target) return s->ids[c];
         last = mass > 0.f ? c : last;
     }
+    for (int64_t c = b * DRAW_BLOCK - 1; c >= 0 && last < 0; c--) /* rounding: the last kept */
+        last = KEPT(c) && s->rel[c] > 0.f ? c : -1;
 #undef KEPT
     return last >= 0 ? s->ids[last] : row_argmax(y, vocab); /* rounding; or nothing kept */
 }
