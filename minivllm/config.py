@@ -29,7 +29,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # Scheduling
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    # Tokens per step. None: 512 with chunked prefill (a step that carries a prefill chunk
+    # then costs ~0.3 s on a 135M model here, which bounds how long decodes wait behind it;
+    # measured in docs/performance.md), else max(2048, max_model_len).
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
@@ -63,6 +66,9 @@ class EngineConfig:
             raise bad("swap_space", "must be >= 0")
         if self.max_num_seqs < 1:
             raise bad("max_num_seqs", "must be >= 1")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = (512 if self.enable_chunked_prefill
+                                           else max(2048, self.max_model_len or 0))
         if self.max_num_batched_tokens < 1:
             raise bad("max_num_batched_tokens", "must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -18,6 +18,8 @@ _HELP = {
     "scheduling_policy": " | ".join(POLICIES),
     "preemption_mode": "recompute | swap (default: swap for multi-sequence requests)",
     "active_preemption": "let a better-ranked waiting request preempt a running one",
+    "max_num_batched_tokens": "tokens per step (None: 512 with chunked prefill, else "
+                              "max(2048, max_model_len))",
     "generation_config": "sampling defaults: 'auto' (the model's generation_config.json), "
                          "'vllm' (ignore it: SamplingParams' defaults) or a folder holding a "
                          "generation_config.json",
