@@ -17,8 +17,10 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from random_model import save_random_model
@@ -68,6 +70,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds (A B A B A B); medians are reported")
     add_sampling_args(parser, greedy=True)
     args = parser.parse_args()
     sampling = sampling_fields(args)
@@ -79,29 +83,38 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: SmolLM-135M shape, "
           f"random fp32; {args.input_len} in / {args.output_len} out, {describe(sampling)}, "
           "EOS ignored")
-    results = {}
-    for name in args.engines:
-        if name == "llama.cpp" and not is_plain_greedy(sampling):
-            print(f"  {name}: skipped (its runner decodes by argmax only)")
-            continue
-        print(f"running {name} ...", flush=True)
-        results[name] = run_engine(name, spec)
-    header = "| engine | " + " | ".join(f"batch {b} tok/s | vs minivllm" for b in
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.rounds} alternating rounds")
+    runs: dict[str, list[dict]] = {}  # engine -> one result per round
+    for round_index in range(args.rounds):
+        for name in args.engines:
+            if name == "llama.cpp" and not is_plain_greedy(sampling):
+                continue
+            print(f"round {round_index + 1}: running {name} ...", flush=True)
+            result = run_engine(name, spec)
+            if result:
+                runs.setdefault(name, []).append(result)
+    print(f"done {time.strftime('%H:%M UTC', time.gmtime())}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if "llama.cpp" in args.engines and not is_plain_greedy(sampling):
+        print("  llama.cpp: skipped (its runner decodes by argmax only)")
+    header = "| engine | " + " | ".join(f"batch {b} tok/s | minivllm / it" for b in
                                          args.batch_sizes) + " |"
     print("\n" + header + "\n|" + "---|" * (1 + 2 * len(args.batch_sizes)))
-    ours = results.get("minivllm") or {}
-    for name, res in results.items():
-        if not res:
-            continue
+    ours = runs.get("minivllm", [])
+    for name, results in runs.items():
         cells = []
         for b in args.batch_sizes:
-            r = res[str(b)]
-            tps = r["output_tokens"] / r["elapsed_s"]
-            base = ours.get(str(b))
-            ratio = (base["output_tokens"] / base["elapsed_s"]) / tps if base else float("nan")
-            cells.append(f"{tps:.1f} | {ratio:.2f}x")
+            rates = [r[str(b)]["output_tokens"] / r[str(b)]["elapsed_s"] for r in results]
+            # The ratio of each round (minivllm and the peer ran back to back), then the median.
+            ratios = [(o[str(b)]["output_tokens"] / o[str(b)]["elapsed_s"]) / rate
+                      for o, rate in zip(ours, rates)]
+            ratio = f"{statistics.median(ratios):.2f}x" if ratios else "n/a"
+            spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+            cells.append(f"{statistics.median(rates):.1f} | {ratio}{spread}")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print("\n'vs minivllm' = minivllm's tok/s divided by that engine's (above 1: minivllm faster).")
+    print("\ntok/s: the median over rounds; 'minivllm / it': the median of each round's ratio "
+          "(range in brackets); above 1: minivllm faster.")
     print("llama.cpp: f32 GGUF, f32 KV, flash attention off — the settings whose greedy output "
           "matches transformers (LLAMACPP_DTYPE / LLAMACPP_KV / LLAMACPP_FLASH_ATTN change it)")
 

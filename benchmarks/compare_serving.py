@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -148,6 +149,10 @@ def main() -> None:
                         help="chat: /v1/chat/completions with a minimal chat template")
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     parser.add_argument("--output", default=str(ROOT / "results" / "compare_serving"))
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds (A B A B A B); medians are reported")
+    parser.add_argument("--minivllm-args", nargs=argparse.REMAINDER, default=[],
+                        help="extra flags for minivllm serve (last on the command line)")
     add_sampling_args(parser)  # for the custom scenario
     args = parser.parse_args()
     model = save_random_model("smollm-135m", Path(args.model_dir))
@@ -165,37 +170,51 @@ def main() -> None:
           "EOS ignored")
     for name, spec in specs.items():
         print(f"  {name}: {describe(spec)}")
-    rows: dict[tuple[str, str], tuple[float, dict]] = {}
-    for port, name in enumerate(args.servers, start=8100):
-        if not _installed(name):
-            print(f"  {name}: not installed (see scripts/install_peers.sh)")
-            continue
-        print(f"running {name} ...", flush=True)
-        proc, ready_s = start(name, model, port, max_model_len, out / f"{name}.log", extra)
-        try:
-            for scen, spec in specs.items():
-                print(f"  {scen} ...", flush=True)
-                rows[scen, name] = (ready_s, bench(port, model, spec, args.endpoint,
-                                                   out / scen / name))
-        finally:
-            stop(proc)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.rounds} alternating rounds")
+    runs: dict[tuple[str, str], list[tuple[float, dict]]] = {}  # one per round
+    for round_index in range(args.rounds):
+        for port, name in enumerate(args.servers, start=8100):
+            if not _installed(name):
+                print(f"  {name}: not installed (see scripts/install_peers.sh)")
+                continue
+            print(f"round {round_index + 1}: running {name} ...", flush=True)
+            server_extra = (*extra, *(args.minivllm_args if name == "minivllm" else ()))
+            proc, ready_s = start(name, model, port, max_model_len, out / f"{name}.log",
+                                  server_extra)
+            try:
+                for scen, spec in specs.items():
+                    print(f"  {scen} ...", flush=True)
+                    summary = bench(port, model, spec, args.endpoint,
+                                    out / f"round{round_index + 1}" / scen / name)
+                    runs.setdefault((scen, name), []).append((ready_s, summary))
+            finally:
+                stop(proc)
+    print(f"done {time.strftime('%H:%M UTC', time.gmtime())}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     (out / "compare_serving.json").write_text(json.dumps(
-        {"scenarios": specs, "endpoint": args.endpoint,
-         "rows": [{"scenario": scen, "server": name, "ready_s": ready_s, "summary": summary}
-                  for (scen, name), (ready_s, summary) in rows.items()]}, indent=1))
-    print("\n| scenario | server | ready s | output tok/s | vs minivllm | TTFT p50 / p99 ms "
+        {"scenarios": specs, "endpoint": args.endpoint, "minivllm_args": args.minivllm_args,
+         "rows": [{"scenario": scen, "server": name, "round": i + 1, "ready_s": ready_s,
+                   "summary": summary}
+                  for (scen, name), results in runs.items()
+                  for i, (ready_s, summary) in enumerate(results)]}, indent=1))
+    print("\n| scenario | server | ready s | output tok/s | minivllm / it | TTFT p50 / p99 ms "
           "| TPOT p50 / p99 ms | failed |\n|---|---|---|---|---|---|---|---|")
-    for (scen, name), (ready_s, s) in rows.items():
-        ours = rows.get((scen, "minivllm"))
-        ratio = ours[1]["output_token_throughput"] / s["output_token_throughput"] if ours else 0
-        ttft, tpot = s["ttft_ms"], s["tpot_ms"]
-        print(f"| {scen} | {name} | {ready_s:.1f} | {s['output_token_throughput']:.1f} "
-              f"| {ratio:.2f}x | {ttft['median']:.0f} / {ttft['p99']:.0f} | "
-              f"{tpot['median']:.1f} / {tpot['p99']:.1f} | {s['failed']} |")
-    print("\n'vs minivllm' = minivllm's output tok/s divided by that server's on the same "
-          "scenario (above 1: minivllm faster). Ready = process start to the first 200 from "
-          "/health. Tables and runs: " + str(out))
-
+    med = statistics.median
+    for (scen, name), results in runs.items():
+        ours = runs.get((scen, "minivllm"), [])
+        rates = [s["output_token_throughput"] for _, s in results]
+        ratios = [o["output_token_throughput"] / rate for (_, o), rate in zip(ours, rates)]
+        ratio = f"{med(ratios):.2f}x" + (f" ({min(ratios):.2f}-{max(ratios):.2f})"
+                                         if len(ratios) > 1 else "")
+        pick = lambda key, q, rs=results: med([s[key][q] for _, s in rs])  # noqa: E731
+        print(f"| {scen} | {name} | {med([r for r, _ in results]):.1f} | {med(rates):.1f} "
+              f"| {ratio} | {pick('ttft_ms', 'median'):.0f} / {pick('ttft_ms', 'p99'):.0f} | "
+              f"{pick('tpot_ms', 'median'):.1f} / {pick('tpot_ms', 'p99'):.1f} | "
+              f"{sum(s['failed'] for _, s in results)} |")
+    print("\nEach figure is the median over rounds; 'minivllm / it' is the median of each "
+          "round's ratio (range in brackets; above 1: minivllm faster). Ready = process start "
+          "to the first 200 from /health. Tables and runs: " + str(out))
 
 if __name__ == "__main__":
     main()
