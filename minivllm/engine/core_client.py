@@ -55,7 +55,11 @@ class CoreClient:
         self.proc = multiprocessing.get_context("spawn").Process(
             target=run_engine_core, name="minivllm-engine-core", daemon=True,
             args=(config, input_addr, output_addr, engine_threads, *_log_format()))
-        self.proc.start()
+        try:
+            self.proc.start()
+        except BaseException:
+            self._free()
+            raise
         logger.info("engine core process started (pid %d)", self.proc.pid)
 
     def wait_ready(self, timeout: float) -> EngineCoreReady:
@@ -122,5 +126,8 @@ class CoreClient:
             if self.proc.is_alive():  # it ignores SIGTERM (core_proc.py)
                 self.proc.kill()
                 self.proc.join(timeout=5)
+        self._free()
+
+    def _free(self) -> None:
         self._zmq.destroy(linger=0)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
