@@ -27,7 +27,7 @@ def test_mixed_batch_fast_path_matches_reference(use_kernel):
         slot_mapping=torch.zeros(0, dtype=torch.long),
         block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
         seq_lens=torch.tensor(seq_lens), query_start_loc=torch.tensor(starts), num_decodes=3,
-        block_size=block_size, use_kernel=use_kernel)
+        num_tokens=sum(query_lens), block_size=block_size, use_kernel=use_kernel)
     q = torch.randn(sum(query_lens), heads, dim)
     expected = reference_attention(q, k_cache, v_cache, meta, 0.3)
     torch.testing.assert_close(paged_attention(q, k_cache, v_cache, meta, 0.3), expected)

@@ -40,7 +40,7 @@ def _decode_batch(seq_lens, heads, kv_heads, dim, block_size, seed=0):
         slot_mapping=torch.zeros(0, dtype=torch.long),
         block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
         seq_lens=torch.tensor(seq_lens), query_start_loc=torch.arange(len(seq_lens) + 1),
-        num_decodes=len(seq_lens), block_size=block_size, use_kernel=kernel_built)
+        num_decodes=len(seq_lens), num_tokens=len(seq_lens), block_size=block_size, use_kernel=kernel_built)
     q = torch.randn(len(seq_lens), heads, dim, generator=gen)
     return q, k_cache, v_cache, meta
 

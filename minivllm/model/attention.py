@@ -30,6 +30,7 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [B] long: context length per request after this step
     query_start_loc: torch.Tensor  # [B + 1] long: where each request's tokens start
     num_decodes: int
+    num_tokens: int  # real tokens: q may have padding rows after them (runner.py)
     block_size: int
     use_reference: bool = False  # the per-request oracle (tests)
     use_kernel: bool = False  # the C kernels (CPU, fp32, kernels built)
@@ -115,6 +116,11 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    if q.shape[0] > meta.num_tokens:  # padding rows: attend for the real ones only
+        out = torch.empty_like(q)
+        out[:meta.num_tokens] = paged_attention(q[:meta.num_tokens], k_cache, v_cache, meta,
+                                                scale)
+        return out
     if meta.use_reference:
         return reference_attention(q, k_cache, v_cache, meta, scale)
     num_decodes = meta.num_decodes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from minivllm.config import EngineConfig
@@ -17,6 +18,7 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
+from minivllm.model.kernels.linear import bucket_rows
 from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.loader import load_state_dict, resolve_device, resolve_dtype
 from minivllm.model.models import build_model, head_dim
@@ -52,7 +54,9 @@ class ModelRunner:
         block_bytes = 2 * torch.Size(shape).numel() * self.dtype.itemsize
         self.num_blocks = config.num_kv_blocks or max(1, int(config.kv_cache_space * GiB // block_bytes))
         self.num_swap_blocks = int(config.swap_space * GiB // block_bytes)
-        cache_shape = (layers, self.num_blocks, *shape[1:])
+        # One block more than the scheduler hands out: padding rows write their K/V there.
+        cache_shape = (layers, self.num_blocks + 1, *shape[1:])
+        self.padding_slot = self.num_blocks * self.block_size
         self.k_cache = self._zeros(cache_shape)
         self.v_cache = self._zeros(cache_shape)
         # The host swap pool is filled lazily: only swapped-out blocks are ever read.
@@ -61,6 +65,9 @@ class ModelRunner:
         self.k_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
         self.v_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
         self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
+        # oneDNN linears run at a few row counts (linear.py): pad the batch to one once per
+        # step, so that no layer pads (and copies) its input again.
+        self.pad_rows = getattr(self.model.lm_head, "onednn", False)
         self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed,
                                use_kernel=cpu.available(self.device, torch.float32))
         max_len = getattr(hf_config, "max_position_embeddings", 2048)
@@ -99,13 +106,23 @@ class ModelRunner:
 
     # ---- one step ---------------------------------------------------------------------
 
-    def _metadata(self, inputs: StepInputs) -> AttentionMetadata:
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The model over the step's tokens, padded to a row bucket when the linears want
+        one (padding rows: token 0 at position 0, writing K/V into the padding block)."""
+        tokens, positions, slots = inputs.token_ids, inputs.positions, inputs.slot_mapping
+        num_tokens = len(tokens)
+        pad = bucket_rows(num_tokens) - num_tokens if self.pad_rows else 0
+        if pad:
+            tokens, positions = np.pad(tokens, (0, pad)), np.pad(positions, (0, pad))
+            slots = np.pad(slots, (0, pad), constant_values=self.padding_slot)
         as_tensor = lambda x: torch.from_numpy(x).to(self.device)  # noqa: E731
-        return AttentionMetadata(
-            slot_mapping=as_tensor(inputs.slot_mapping), block_table=as_tensor(inputs.block_table),
+        meta = AttentionMetadata(
+            slot_mapping=as_tensor(slots), block_table=as_tensor(inputs.block_table),
             seq_lens=as_tensor(inputs.seq_lens), query_start_loc=as_tensor(inputs.query_start_loc),
-            num_decodes=inputs.num_decodes, block_size=self.block_size,
+            num_decodes=inputs.num_decodes, num_tokens=num_tokens, block_size=self.block_size,
             use_reference=self.use_reference_attention, use_kernel=self.use_kernels)
+        return self.model(as_tensor(tokens), as_tensor(positions), (self.k_cache, self.v_cache),
+                          meta)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Apply the step's diffs, copies, one forward, sampling for the requests whose
@@ -123,9 +140,7 @@ class ModelRunner:
         if not out.num_scheduled_tokens:
             return result
         inputs = self.batch.prepare(out.num_scheduled_tokens)
-        hidden = self.model(torch.from_numpy(inputs.token_ids).to(self.device),
-                            torch.from_numpy(inputs.positions).to(self.device),
-                            (self.k_cache, self.v_cache), self._metadata(inputs))
+        hidden = self._forward(inputs)
         # Rows of `hidden` whose logits are needed: the last token of each sampling request,
         # and every prompt position of requests that score their prompt.
         wanted, sampling, prompt_spans = [], [], []
@@ -146,7 +161,9 @@ class ModelRunner:
                 wanted.append(end - 1)
         if not wanted:
             return result
-        if len(wanted) < hidden.shape[0]:  # else every row, in order (all decodes)
+        if wanted == list(range(len(wanted))):  # the first rows, in order (all decodes)
+            hidden = hidden[:len(wanted)]
+        else:
             hidden = hidden[torch.tensor(wanted, device=self.device)]
         logits = self.model.compute_logits(hidden)
         for req_id, first, at, targets, num in prompt_spans:

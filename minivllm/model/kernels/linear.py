@@ -17,7 +17,7 @@ import torch.nn.functional as F
 _PACK_BATCH = 64
 
 
-def _bucket(rows: int) -> int:
+def bucket_rows(rows: int) -> int:
     """Exact up to 16 rows, then multiples of 16 up to 64, then multiples of 64."""
     step = 1 if rows <= 16 else 16 if rows <= 64 else 64
     return -(-rows // step) * step
@@ -43,8 +43,8 @@ class Linear:
             y = F.linear(x, self.weight, self.bias)
             return y if residual is None else residual + y
         rows = x.shape[0]
-        if _bucket(rows) != rows:
-            pad = (0, 0, 0, _bucket(rows) - rows)
+        if bucket_rows(rows) != rows:  # the runner pads a step's batch once; others here
+            pad = (0, 0, 0, bucket_rows(rows) - rows)
             residual = None if residual is None else F.pad(residual, pad)
             return self(F.pad(x, pad), residual)[:rows]
         if residual is None:
