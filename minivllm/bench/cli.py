@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
-from minivllm.bench import client, metrics, prompts, report, workload
+from minivllm.bench import client, metrics, prompts, report, traces, workload
 from minivllm.bench.sampling import add_sampling_args, describe, sampling_fields
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args
@@ -26,19 +26,27 @@ BACKENDS = {"openai": "completions", "openai-chat": "chat"}
 
 
 def _add_workload_args(p: argparse.ArgumentParser, default_priority: str) -> None:
-    p.add_argument("--workload", choices=workload.WORKLOADS, default="seed-high")
+    p.add_argument("--workload", type=workload_spec, default="seed-high",
+                   help=f"{' | '.join(workload.WORKLOADS)} | azure:PATH (Azure LLM trace CSV) | "
+                        "mooncake:PATH (Mooncake JSONL with hash_ids)")
     p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
     p.add_argument("--prompt-seed", type=int, default=None,
                    help="prompt seed alone (default: --seed): the same arrivals and lengths "
                         "with other prompts, so a second run misses the prefix cache")
     p.add_argument("--num-prompts", type=int, default=None,
-                   help="random: number of requests (default 100); seed-*: keep the first N")
+                   help="random: number of requests (default 100); seed-*: keep the first N; "
+                        "traces: N rows from --start")
+    p.add_argument("--start", type=int, default=0, help="traces: first row of the window")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="traces: multiply the gaps between arrivals (0.5: twice as fast)")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="random: req/s")
     p.add_argument("--burstiness", type=float, default=1.0, help="random: gamma shape")
     p.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
     p.add_argument("--output-len", type=int, default=64, help="random: output tokens")
     p.add_argument("--length-scale", default="auto",
-                   help="seed-*: multiply the report's lengths (auto: context / 32768)")
+                   help="seed-*: multiply the report's lengths (auto: context / 32768); "
+                        "traces: multiply prompt and output lengths (auto: min(1, context / "
+                        "32768))")
     p.add_argument("--output-ratio", type=float, default=0.25,
                    help="seed-*: output tokens per prompt token")
     p.add_argument("--priority", choices=("none", "user", "length"), default=default_priority,
@@ -55,6 +63,43 @@ def _add_workload_args(p: argparse.ArgumentParser, default_priority: str) -> Non
                    help="SLOs in ms, e.g. ttft:500 tpot:50")
     p.add_argument("--output", default="results/bench", help="directory for the report")
     p.add_argument("--disable-tqdm", action="store_true")
+
+
+def workload_spec(value: str) -> str:
+    """argparse type of --workload: a built-in name, or a trace kind and an existing file."""
+    if value in workload.WORKLOADS:
+        return value
+    try:
+        if traces.parse_workload(value) is None:
+            raise ValueError(f"unknown workload {value!r}; choose from "
+                             f"{', '.join(workload.WORKLOADS)}, azure:PATH, mooncake:PATH")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def trace_args(args) -> dict:
+    """The build_trace keywords that come from the workload flags."""
+    return dict(seed=args.seed, num_prompts=args.num_prompts, length_scale=args.length_scale,
+                output_ratio=args.output_ratio, input_len=args.input_len,
+                output_len=args.output_len, request_rate=args.request_rate,
+                burstiness=args.burstiness, priority=args.priority, start=args.start,
+                time_scale=args.time_scale)
+
+
+def describe_trace(trace, length_scale_arg: str) -> str:
+    """'workload X: N requests over S s, ...' for the first line a run prints."""
+    e = trace.entries
+    span = e[-1].send_time if e else 0.0
+    auto = ("context / 32768" if trace.workload.startswith("seed-") else "min(1, context / 32768)")
+    scale = "" if trace.workload == "random" else f"length scale {trace.length_scale:.4g}" + (
+        f" (auto: {auto}), " if length_scale_arg == "auto" else ", ")
+    shared = (f", prefix blocks of {trace.prefix_block_tokens} tokens"
+              if trace.prefix_block_tokens else "")
+    return (f"workload {trace.workload}: {len(e)} requests over {span:.1f} s, {scale}"
+            f"buckets short < {trace.buckets[0]:.0f} <= medium <= {trace.buckets[1]:.0f} < long, "
+            f"{sum(x.prompt_tokens for x in e)} prompt + {sum(x.output_tokens for x in e)} output "
+            f"tokens, {trace.num_capped} prompts cut to fit the context{shared}")
 
 
 def add_parser(subparsers) -> None:
@@ -121,23 +166,12 @@ async def prepare(args, base_url: str, model: str | None, max_model_len: int | N
             await tok.encode("hi")
             ctx = tok.max_model_len
         ctx = max_model_len or ctx
-        trace = workload.build_trace(
-            args.workload, seed=args.seed, num_prompts=args.num_prompts,
-            length_scale=args.length_scale, max_model_len=ctx, output_ratio=args.output_ratio,
-            input_len=args.input_len, output_len=args.output_len, request_rate=args.request_rate,
-            burstiness=args.burstiness, priority=args.priority)
+        trace = workload.build_trace(args.workload, max_model_len=ctx, **trace_args(args))
         mode = args.prompt_mode or ("text" if args.endpoint == "chat" else "ids")
         prompt_seed = args.seed if args.prompt_seed is None else args.prompt_seed
         texts, counts = await prompts.build_prompts(trace, tok, mode, prompt_seed)
-    e = trace.entries
-    span = e[-1].send_time if e else 0.0
-    scale = "" if trace.workload == "random" else f"length scale {trace.length_scale:.4g}" + (
-        " (auto: context / 32768), " if args.length_scale == "auto" else ", ")
-    print(f"workload {trace.workload}: {len(e)} requests over {span:.1f} s, model {model}, "
-          f"context {ctx or 'unknown (2048 assumed)'}, {scale}"
-          f"buckets short < {trace.buckets[0]:.0f} <= medium <= {trace.buckets[1]:.0f} < long, "
-          f"{sum(x.prompt_tokens for x in e)} prompt + {sum(x.output_tokens for x in e)} output "
-          f"tokens, {trace.num_capped} prompts cut to fit the context, prompts as {mode}, "
+    print(f"{describe_trace(trace, args.length_scale)}, model {model}, "
+          f"context {ctx or 'unknown (2048 assumed)'}, prompts as {mode}, "
           f"{describe(sampling_fields(args))}")
     return trace, texts, counts, model, ctx
 

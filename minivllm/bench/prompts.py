@@ -2,7 +2,8 @@
 
 Every prompt is a seeded random sequence drawn from a pool of ordinary token ids (the ids of a
 short English text, minus the special ids `tokenize("")` returns). Random sequences share no
-prefix, so a prefix cache cannot make one request cheaper than another.
+prefix, so a prefix cache cannot make one request cheaper than another -- except where a trace
+says prompts share blocks (Mooncake's hash_ids): each id becomes one seeded block of tokens.
 
 - `ids` mode (default, exact): the prompt is sent as the list of token ids, which /v1/completions
   accepts; the server adds no BOS to an id prompt, so the model sees exactly N tokens.
@@ -107,6 +108,18 @@ async def exact_text(tokenizer, ids: list[int], n: int, rng: np.random.Generator
     return best[1], best[2]
 
 
+def prefix_blocks(entry, block_tokens: int, pool: np.ndarray, seed: int,
+                  cache: dict[int, list[int]]) -> list[int]:
+    """The prompt's shared prefix (Mooncake hash_ids): each id is one seeded block of
+    `block_tokens` pool ids, the same wherever it appears; cut to the prompt's length."""
+    ids: list[int] = []
+    for h in entry.hash_ids:
+        if h not in cache:
+            cache[h] = np.random.default_rng([seed, h, 1]).choice(pool, size=block_tokens).tolist()
+        ids += cache[h]
+    return ids[:entry.prompt_tokens]
+
+
 async def build_prompts(trace: Trace, tokenizer, mode: str = "ids",
                         seed: int = 0) -> tuple[list[list[int] | str], list[int]]:
     """One prompt per trace entry, and each prompt's real token count."""
@@ -115,9 +128,11 @@ async def build_prompts(trace: Trace, tokenizer, mode: str = "ids",
     pool = await token_pool(tokenizer)
     prompts: list[list[int] | str] = []
     counts: list[int] = []
+    blocks: dict[int, list[int]] = {}
     for i, entry in enumerate(trace.entries):
         rng = np.random.default_rng([seed, i])
-        ids = rng.choice(pool, size=entry.prompt_tokens).tolist()
+        ids = prefix_blocks(entry, trace.prefix_block_tokens, pool, seed, blocks)
+        ids += rng.choice(pool, size=entry.prompt_tokens - len(ids)).tolist()
         if mode == "ids":
             prompts.append(ids)
             counts.append(len(ids))

@@ -41,7 +41,7 @@ SCENARIOS = {
     "medium": Scenario(12, 10, 0.2, (0.2, 0.3, 0.35, 0.15), (20, 100, 2000, 20000)),
     "high": Scenario(24, 20, 0.5, (0.1, 0.2, 0.35, 0.35), (100, 1500, 5000, 30000)),
 }
-WORKLOADS = ("seed-low", "seed-medium", "seed-high", "random")
+WORKLOADS = ("seed-low", "seed-medium", "seed-high", "random")  # and azure:PATH, mooncake:PATH
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class TraceEntry:
     prompt_tokens: int
     output_tokens: int
     priority: int | None = None
+    hash_ids: tuple[int, ...] = ()  # real traces (Mooncake): ids of the prompt's prefix blocks
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Trace:
     length_scale: float = 1.0
     buckets: tuple[float, float] = SEED_BUCKETS  # prompt-token thresholds, scaled
     num_capped: int = 0  # prompts cut to fit the context
+    prefix_block_tokens: int = 0  # tokens per hash id (Mooncake: 512 x length scale)
 
 
 def resolve_length_scale(value: str | float, max_model_len: int | None) -> float:
@@ -147,13 +149,20 @@ def build_trace(workload: str, *, seed: int = 0, num_prompts: int | None = None,
                 length_scale: str | float = "auto", max_model_len: int | None = None,
                 output_ratio: float = 0.25, input_len: int = 256, output_len: int = 64,
                 request_rate: float = float("inf"), burstiness: float = 1.0,
-                priority: str = "none") -> Trace:
-    """One entry point for the CLI."""
+                priority: str = "none", start: int = 0, time_scale: float = 1.0) -> Trace:
+    """One entry point for the CLI; `start` and `time_scale` apply to real traces."""
+    if workload.partition(":")[0] in ("azure", "mooncake"):
+        from minivllm.bench.traces import trace_from_file  # it imports this module
+
+        return trace_from_file(workload, start=start, num_prompts=num_prompts,
+                               time_scale=time_scale, length_scale=length_scale,
+                               max_model_len=max_model_len, priority=priority)
     if workload == "random":
         return random_trace(num_prompts or 100, input_len, output_len, request_rate, burstiness,
                             seed, max_model_len, priority)
     if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+        raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}, "
+                         "azure:PATH, mooncake:PATH")
     scale = resolve_length_scale(length_scale, max_model_len)
     return seed_trace(workload.removeprefix("seed-"), seed, scale, max_model_len, output_ratio,
                       priority, num_prompts)
