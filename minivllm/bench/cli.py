@@ -25,14 +25,18 @@ SKIPPED_ENGINE_ARGS = ("model", "seed", "scheduling_policy", "tokenizer")
 BACKENDS = {"openai": "completions", "openai-chat": "chat"}
 
 
-def _add_workload_args(p: argparse.ArgumentParser, default_priority: str) -> None:
+def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
+                      server: bool = True) -> None:
+    """The workload and report flags; `server=False` (minivllm sim) leaves out those about
+    talking to a server."""
     p.add_argument("--workload", type=workload_spec, default="seed-high",
                    help=f"{' | '.join(workload.WORKLOADS)} | azure:PATH (Azure LLM trace CSV) | "
                         "mooncake:PATH (Mooncake JSONL with hash_ids)")
     p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
-    p.add_argument("--prompt-seed", type=int, default=None,
-                   help="prompt seed alone (default: --seed): the same arrivals and lengths "
-                        "with other prompts, so a second run misses the prefix cache")
+    if server:
+        p.add_argument("--prompt-seed", type=int, default=None,
+                       help="prompt seed alone (default: --seed): the same arrivals and "
+                            "lengths with other prompts, so a second run misses the prefix cache")
     p.add_argument("--num-prompts", type=int, default=None,
                    help="random: number of requests (default 100); seed-*: keep the first N; "
                         "traces: N rows from --start")
@@ -51,14 +55,15 @@ def _add_workload_args(p: argparse.ArgumentParser, default_priority: str) -> Non
                    help="seed-*: output tokens per prompt token")
     p.add_argument("--priority", choices=("none", "user", "length"), default=default_priority,
                    help="priority each request carries: by user or by prompt-length bucket")
-    p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--endpoint", choices=("completions", "chat"), default=None,
-                   help="(default: completions)")
-    p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
-                   help="vllm bench serve's spelling: openai = --endpoint completions, "
-                        "openai-chat = --endpoint chat")
-    p.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
-                   help="send token ids (exact; default for completions) or text (chat)")
+    if server:
+        p.add_argument("--max-concurrency", type=int, default=None)
+        p.add_argument("--endpoint", choices=("completions", "chat"), default=None,
+                       help="(default: completions)")
+        p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
+                       help="vllm bench serve's spelling: openai = --endpoint completions, "
+                            "openai-chat = --endpoint chat")
+        p.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
+                       help="send token ids (exact; default for completions) or text (chat)")
     p.add_argument("--goodput", nargs="+", default=None, metavar="SLO",
                    help="SLOs in ms, e.g. ttft:500 tpot:50")
     p.add_argument("--output", default="results/bench", help="directory for the report")
@@ -112,14 +117,14 @@ def add_parser(subparsers) -> None:
                        help="local tokenizer.json (or its directory) instead of POST /tokenize")
     serve.add_argument("--max-model-len", type=int, default=None,
                        help="server context (default: from /v1/models or /tokenize)")
-    _add_workload_args(serve, "none")
+    add_workload_args(serve, "none")
     add_sampling_args(serve)
     serve.set_defaults(func=run_serve)
     pol = sub.add_parser("policies", help="start a minivllm server per policy; compare them")
     pol.add_argument("--model", required=True, help="model directory or name to serve")
     pol.add_argument("--policies", default="fcfs,priority,sjf")
     pol.add_argument("--server-timeout", type=float, default=600, help="seconds to wait for /health")
-    _add_workload_args(pol, "length")
+    add_workload_args(pol, "length")
     add_sampling_args(pol, greedy=True)  # the README's policy table was measured greedy
     add_engine_args(pol, skip=SKIPPED_ENGINE_ARGS)
     pol.set_defaults(func=run_policies)

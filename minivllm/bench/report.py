@@ -1,6 +1,7 @@
 """Reports: a JSON file with every request and the aggregates, markdown tables and PNG plots.
 
-One run writes run.json, summary.md, ttft_cdf.png and buckets.png. A policy comparison writes
+One run writes run.json, summary.md, ttft_cdf.png and buckets.png. A simulated run (`minivllm
+sim`) names "simulated" and its cost model in every title and adds the engine-side figures. A policy comparison writes
 comparison.json, comparison.md (the seed report's table, policy x bucket, plus a text of what
 changed against the first policy), comparison_ttft_cdf.png and comparison_buckets.png.
 """
@@ -32,6 +33,24 @@ def bucket_label(name: str, thresholds) -> str:
     return {"short": f"short (< {t1})", "medium": f"medium ({t1}-{t2})", "long": f"long (> {t2})"}[name]
 
 
+ENGINE_HEADER = ("| simulated wall time (s) | steps | prefix cache hit rate | preemptions (swap / "
+                 "recompute) | peak KV usage | peak running / waiting |")
+
+
+def engine_row(engine: dict) -> str:
+    """A simulated run's engine-side figures (what a real run shows only in its metrics)."""
+    rate = engine["prefix_cache_hit_rate"]
+    return (f"| {engine['simulated_wall_time_s']:.1f} | {engine['num_steps']} | "
+            f"{'-' if rate is None else f'{rate:.1%}'} | {engine['preemptions']['swap']} / "
+            f"{engine['preemptions']['recompute']} | {engine['peak_kv_usage']:.1%} | "
+            f"{engine['peak_num_running']} / {engine['peak_num_waiting']} |")
+
+
+def plot_label(meta: dict) -> str:
+    """' (simulated, COST MODEL)' on a simulated run's plots, else nothing."""
+    return f" ({meta['simulated']})" if meta.get("simulated") else ""
+
+
 def markdown_summary(summary: dict, title: str = "Run") -> str:
     s = summary
     lines = [f"## {title}", "",
@@ -59,6 +78,8 @@ def markdown_summary(summary: dict, title: str = "Run") -> str:
                      f"{_f(b['ttft_ms']['mean'] and b['ttft_ms']['mean'] / 1000, 3)} | "
                      f"{_f(b['tpot_ms']['mean'], 2)} | {_f(_rate(b['tpot_ms']['mean']))} | "
                      f"{_f(b['output_tokens_per_s']['mean'])} |")
+    if s.get("engine"):
+        lines += ["", ENGINE_HEADER, "|---" * 6 + "|", engine_row(s["engine"])]
     return "\n".join(lines) + "\n"
 
 
@@ -91,7 +112,7 @@ def write_run(out_dir: str | Path, meta: dict, results: list, summary: dict) -> 
     (out / "summary.md").write_text(markdown_summary(summary, meta.get("title", "Run")))
     fig, ax = plt.subplots(figsize=(6, 4))
     _ttft_cdf(ax, results)
-    ax.set_title("TTFT CDF")
+    ax.set_title("TTFT CDF" + plot_label(meta))
     paths = [out / "run.json", out / "summary.md", _save(fig, out / "ttft_cdf.png")]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     panels = (("TTFT (s)", lambda r: r.ttft), ("TPOT (ms/token)", tpot_ms))
@@ -103,7 +124,7 @@ def write_run(out_dir: str | Path, meta: dict, results: list, summary: dict) -> 
                                                                           strict=True)])
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    fig.suptitle("by prompt-length bucket")
+    fig.suptitle("by prompt-length bucket" + plot_label(meta))
     return paths + [_save(fig, out / "buckets.png")]
 
 
@@ -159,6 +180,10 @@ def comparison_markdown(summaries: dict[str, dict], title: str) -> str:
                          f"{_f(x['tpot_ms']['mean'], 2)} | {_f(_rate(x['tpot_ms']['mean']))} | "
                          f"{_f(x['output_tokens_per_s']['mean'])} |")
         lines.append("")
+    if all(s.get("engine") for s in summaries.values()):
+        lines += ["### Engine side (simulated)", "", "| policy " + ENGINE_HEADER, "|---" * 7 + "|"]
+        lines += [f"| {policy} " + engine_row(s["engine"]) for policy, s in summaries.items()]
+        lines.append("")
     lines += ["## What changed", "", describe_changes(summaries)]
     return "\n".join(lines)
 
@@ -176,7 +201,7 @@ def write_comparison(out_dir: str | Path, meta: dict, runs: dict[str, tuple[dict
     for policy, (_, results) in runs.items():
         _ttft_cdf(ax, results, policy)
     ax.legend()
-    ax.set_title("TTFT CDF by policy")
+    ax.set_title("TTFT CDF by policy" + plot_label(meta))
     paths = [out / "comparison.json", out / "comparison.md",
              _save(fig, out / "comparison_ttft_cdf.png")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -190,5 +215,5 @@ def write_comparison(out_dir: str | Path, meta: dict, runs: dict[str, tuple[dict
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend()
-    fig.suptitle("policies side by side, by prompt-length bucket")
+    fig.suptitle("policies side by side, by prompt-length bucket" + plot_label(meta))
     return paths + [_save(fig, out / "comparison_buckets.png")]

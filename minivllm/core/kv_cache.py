@@ -49,6 +49,7 @@ class KVCacheManager:
         self.num_swap_blocks = num_swap_blocks
         self.free_swap_blocks: list[int] = list(range(num_swap_blocks - 1, -1, -1))
         self._num_registered: dict[str, int] = {}  # request id -> its blocks in the cache
+        self._verified_hits: dict[str, list[int]] = {}  # request id -> hits checked by token
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         # Copy-on-write copies made by allocations this step, destination -> source.
@@ -93,10 +94,16 @@ class KVCacheManager:
     def find_cached_blocks(self, request: Request) -> list[int]:
         """The longest run of cached full blocks matching the request's tokens, re-checked
         token by token. Looks only; takes nothing."""
-        hashes = self.block_hashes(request)
-        hits: list[int] = []
-        for index in range(self._max_hit_blocks(request)):
-            block_id = self.cached.get(hashes[index])
+        hashes, cached = self.block_hashes(request), self.cached
+        # A block still registered under the hash it had when its tokens were checked holds
+        # the same tokens (only eviction changes them, and it unregisters the block), so a
+        # request that waits re-checks token by token only what is new since its last lookup
+        # -- or everything, once an eviction touched its hits.
+        verified = self._verified_hits.setdefault(request.request_id, [])
+        if verified != [cached.get(h) for h in hashes[:len(verified)]]:
+            verified.clear()
+        for index in range(len(verified), self._max_hit_blocks(request)):
+            block_id = cached.get(hashes[index])
             if block_id is None:
                 break
             meta, start = self.blocks[block_id], index * self.block_size
@@ -104,8 +111,8 @@ class KVCacheManager:
             if (meta.parent_hash != parent
                     or meta.tokens != tuple(request.all_token_ids[start:start + self.block_size])):
                 break
-            hits.append(block_id)
-        return hits
+            verified.append(block_id)
+        return list(verified)
 
     def num_cached_tokens_probe(self, request: Request) -> int:
         """How many tokens the prefix cache would serve, by hashes alone (no token re-check):
@@ -228,6 +235,7 @@ class KVCacheManager:
                     self.free_queue.move_to_end(block_id, last=False)
         request.block_ids = []
         self._num_registered.pop(request.request_id, None)
+        self._verified_hits.pop(request.request_id, None)
 
     # ---- swap -----------------------------------------------------------------------
 

@@ -1,0 +1,91 @@
+"""`minivllm sim calibrate --model DIR`: time the real engine's steps on this machine over a grid
+of batch compositions and fit the profile cost model (sim/profile.py) to them.
+
+Each grid point sends `num_seqs` requests of `prompt_len` random tokens (ignore_eos, a fixed
+max_tokens), one arriving every other step, so the steps mix prefill chunks of many sizes and
+contexts with decode batches that grow and shrink. Every EngineCore.step is timed whole
+(scheduling, the forward, sampling, bookkeeping: what a simulated step stands for) and
+described with the simulator's own step_batch. The first grid point runs twice and its first
+run is dropped (warm-up: allocations, kernel caches).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+
+from minivllm.sim.cost_model import StepBatch, step_batch
+from minivllm.sim.profile import ProfileCostModel, features, fit
+from minivllm.sim.roofline import ModelShape
+
+FULL_GRID = {"prompt_len": (16, 64, 192, 448), "num_seqs": (1, 4, 16, 48), "output_len": 24}
+QUICK_GRID = {"prompt_len": (8, 40), "num_seqs": (1, 6), "output_len": 6}
+
+
+def _run_point(core, prompt_len: int, num_seqs: int, output_len: int, rng, tag: str,
+               record: list) -> None:
+    from minivllm.engine.messages import EngineCoreRequest
+    from minivllm.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0)
+    vocab = core.vocab_size
+    pending = [rng.integers(3, vocab, prompt_len).tolist() for _ in range(num_seqs)]
+    step = 0
+    while pending or core.has_unfinished_requests():
+        if pending and step % 2 == 0:
+            core.add_request(EngineCoreRequest(f"{tag}-{len(pending)}", pending.pop(),
+                                               params, time.time()))
+        t0 = time.perf_counter()
+        core.step()
+        record.append(time.perf_counter() - t0)
+        step += 1
+
+
+def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None,
+              max_num_batched_tokens: int | None = None) -> ProfileCostModel:
+    from minivllm.config import EngineConfig
+    from minivllm.engine.core import EngineCore
+
+    core = EngineCore(EngineConfig(model=model, num_threads=num_threads, seed=0,
+                                   max_num_batched_tokens=max_num_batched_tokens))
+    sched = core.scheduler
+    batches: list[StepBatch | None] = []
+    schedule = sched.schedule
+
+    def described_schedule():
+        out = schedule()
+        batches.append(step_batch(out, sched.requests, sched.config.block_size)
+                       if out.num_scheduled_tokens else None)
+        return out
+
+    sched.schedule = described_schedule
+    grid = QUICK_GRID if quick else FULL_GRID
+    rng = np.random.default_rng(0)
+    limit = sched.config.max_model_len - grid["output_len"]
+    points = [(min(p, limit), n) for p, n in itertools.product(grid["prompt_len"],
+                                                                 grid["num_seqs"])]
+    seconds: list[float] = []
+    _run_point(core, *points[0], grid["output_len"], rng, "warmup", seconds)
+    batches.clear()
+    seconds.clear()
+    for i, (prompt_len, num_seqs) in enumerate(points):
+        _run_point(core, prompt_len, num_seqs, grid["output_len"], rng, f"p{i}", seconds)
+    timed = [(b, s) for b, s in zip(batches, seconds, strict=True) if b is not None]
+    coefficients = fit([b for b, _ in timed], [s for _, s in timed])
+    predicted = np.asarray([np.dot(features(b), [coefficients[k] for k in coefficients])
+                            for b, _ in timed])
+    actual = np.asarray([s for _, s in timed])
+    rel = np.abs(predicted - actual) / actual
+    dtype = str(core.runner.dtype).removeprefix("torch.")
+    shape = ModelShape.from_config(core.hf_config.to_dict(), model, dtype)
+    engine = {"model": model, "num_kv_blocks": sched.config.num_blocks,
+              "block_size": sched.config.block_size, "max_model_len": sched.config.max_model_len,
+              "max_num_batched_tokens": sched.config.max_num_batched_tokens,
+              "kv_bytes_per_token": shape.kv_bytes_per_token, "dtype": dtype,
+              "num_threads": num_threads, "grid": grid,
+              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    fit_error = {"num_steps": len(timed), "mean": float(rel.mean()),
+                 "p90": float(np.percentile(rel, 90))}
+    return ProfileCostModel(coefficients, engine, fit_error, f"profile:{model}")

@@ -1,0 +1,183 @@
+"""`minivllm sim serve` / `sim policies` (the bench commands, simulated: the same workload flags
+and reports, the engine's scheduler on a virtual clock) and `sim calibrate` (fit a profile
+cost model to the real engine's steps)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from minivllm.bench import metrics, report, workload
+from minivllm.bench.cli import add_workload_args, describe_trace, trace_args
+from minivllm.config import EngineConfig
+from minivllm.core.scheduler import SchedulerConfig
+from minivllm.entrypoints.engine_args import add_engine_args
+from minivllm.sim.cost_model import CostModel, load_cost_model
+from minivllm.sim.seed_report import side_by_side
+from minivllm.sim.simulator import SimResult, Simulator
+
+# The engine flags that change what the scheduler does; the rest are the model runner's.
+SIM_ENGINE_ARGS = ("block_size", "num_kv_blocks", "swap_space", "enable_prefix_caching",
+                   "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                   "enable_chunked_prefill", "scheduling_policy", "preemption_mode",
+                   "priority_aging_s", "active_preemption", "min_run_quantum")
+DEFAULT_COST_MODEL = "roofline:rtx4090-qwen2.5-7b"
+
+
+def _add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple = ()) -> None:
+    p.add_argument("--cost-model", default=None,
+                   help=f"roofline:PRESET or profile:PATH (default: {DEFAULT_COST_MODEL})")
+    p.add_argument("--preset", default=None, help="shorthand for --cost-model roofline:PRESET "
+                   "(rtx4090-qwen2.5-7b, a100-80g, h100-80g, cpu)")
+    p.add_argument("--model-config", default=None,
+                   help="roofline: the model's config.json (or its folder) instead of the "
+                        "preset's shape; no weights needed")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="roofline: fraction of device memory for weights + KV (default 0.9)")
+    add_workload_args(p, default_priority, server=False)
+    p.set_defaults(output="results/sim")
+    add_engine_args(p, skip=tuple(f.name for f in fields(EngineConfig)
+                                  if f.name not in SIM_ENGINE_ARGS or f.name in skip))
+
+
+def add_parser(subparsers) -> None:
+    sim = subparsers.add_parser("sim", help="simulate serving: the real scheduler, a virtual "
+                                            "clock and a step-cost model (no model, no torch)")
+    sub = sim.add_subparsers(dest="sim_command", required=True)
+    serve = sub.add_parser("serve", help="bench serve, simulated")
+    _add_sim_args(serve, "none")
+    serve.set_defaults(func=run_serve)
+    pol = sub.add_parser("policies", help="bench policies, simulated")
+    pol.add_argument("--policies", default="fcfs,priority,sjf")
+    _add_sim_args(pol, "length", skip=("scheduling_policy",))
+    pol.set_defaults(func=run_policies)
+    cal = sub.add_parser("calibrate", help="time the real engine's steps and fit a profile")
+    cal.add_argument("--model", required=True, help="model directory (or minivllm-demo)")
+    cal.add_argument("--output", default="results/sim/profile.json")
+    cal.add_argument("--quick", action="store_true", help="a small grid (for tests)")
+    cal.add_argument("--num-threads", type=int, default=None, help="torch threads")
+    cal.add_argument("--max-num-batched-tokens", type=int, default=None)
+    cal.set_defaults(func=run_calibrate)
+
+
+def cost_model_of(args) -> CostModel:
+    if args.preset and args.cost_model:
+        raise SystemExit("give --preset or --cost-model, not both")
+    spec = f"roofline:{args.preset}" if args.preset else args.cost_model or DEFAULT_COST_MODEL
+    try:
+        return load_cost_model(spec, args.model_config, args.gpu_memory_utilization)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
+def scheduler_config(args, cost: CostModel) -> SchedulerConfig:
+    """The engine's scheduler settings, with KV capacity and context from the cost model
+    unless the flags give them (EngineConfig's rule for max_num_batched_tokens)."""
+    max_len = args.max_model_len or cost.max_model_len()
+    num_blocks = args.num_kv_blocks or cost.num_kv_blocks(args.block_size)
+    if max_len is None or num_blocks is None:
+        raise SystemExit(f"{cost.name} knows no context or KV capacity: give --max-model-len "
+                         "and --num-kv-blocks")
+    batched = args.max_num_batched_tokens or (512 if args.enable_chunked_prefill
+                                              else max(2048, max_len))
+    if not args.enable_chunked_prefill and batched < max_len:
+        raise SystemExit(f"max_num_batched_tokens ({batched}) must be >= max_model_len "
+                         f"({max_len}) when chunked prefill is disabled")
+    return SchedulerConfig(
+        num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=batched, max_model_len=max_len,
+        num_swap_blocks=cost.num_swap_blocks(args.block_size, args.swap_space) or 0,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        preemption_mode=args.preemption_mode, active_preemption=args.active_preemption,
+        min_run_quantum=args.min_run_quantum)
+
+
+def prepare(args):
+    metrics.parse_goodput(args.goodput)
+    cost = cost_model_of(args)
+    config = scheduler_config(args, cost)
+    try:
+        trace = workload.build_trace(args.workload, max_model_len=config.max_model_len,
+                                     **trace_args(args))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    print(f"{describe_trace(trace, args.length_scale)}; simulated on {cost.name}: "
+          f"{config.num_blocks} KV blocks of "
+          f"{config.block_size} tokens ({config.num_blocks * config.block_size} tokens), "
+          f"{config.num_swap_blocks} swap blocks, context {config.max_model_len}, "
+          f"max_num_batched_tokens {config.max_num_batched_tokens}, chunked prefill "
+          f"{'on' if config.enable_chunked_prefill else 'off'}")
+    return cost, config, trace
+
+
+def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
+             out_dir: Path, title: str) -> tuple[dict, list]:
+    sim = Simulator(config, policy, cost, aging_s=args.priority_aging_s,
+                    send_priority=policy == "priority", progress=not args.disable_tqdm)
+    t0 = time.perf_counter()
+    result: SimResult = sim.run(trace)
+    elapsed = time.perf_counter() - t0
+    summary = metrics.summarize(result.results, result.stats.simulated_wall_time_s,
+                                trace.buckets, metrics.parse_goodput(args.goodput))
+    summary["engine"] = result.stats.as_dict()
+    summary["simulator_seconds"] = elapsed
+    meta = {"title": title, "simulated": f"simulated, {cost.name}", "cost_model": cost.describe(),
+            "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
+            "policy": policy, "priority": args.priority, "scheduler": vars(config),
+            "argv": sys.argv[1:]}
+    report.write_run(out_dir, meta, result.results, summary)
+    print(f"[{policy}] simulated {len(trace.entries)} requests, "
+          f"{result.stats.simulated_wall_time_s:.1f} s of serving in {elapsed:.1f} s")
+    return summary, result.results
+
+
+def run_serve(args) -> int:
+    cost, config, trace = prepare(args)
+    title = (f"{trace.workload} (seed {args.seed}), policy {args.scheduling_policy} "
+             f"-- simulated, {cost.name}")
+    summary, _ = simulate(args, cost, config, trace, args.scheduling_policy, Path(args.output),
+                          title)
+    print(report.markdown_summary(summary, title))
+    print(f"report written to {args.output}/")
+    return 1 if summary["completed"] == 0 else 0
+
+
+def run_policies(args) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise SystemExit("--policies is empty")
+    cost, config, trace = prepare(args)
+    out = Path(args.output)
+    runs = {}
+    for policy in policies:
+        title = f"{trace.workload} (seed {args.seed}), policy {policy} -- simulated, {cost.name}"
+        runs[policy] = simulate(args, cost, config, trace, policy, out / policy, title)
+    label = f"simulated, {cost.name}"
+    meta = {"title": f"Policies on {trace.workload} (seed {args.seed}, length scale "
+                     f"{trace.length_scale:.4g}) -- {label}",
+            "simulated": label, "policies": policies, "cost_model": cost.describe(),
+            "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
+            "priority": args.priority, "scheduler": vars(config)}
+    report.write_comparison(out, meta, runs)
+    text = (out / "comparison.md").read_text()
+    if trace.workload == "seed-high" and trace.length_scale == 1.0:
+        text += "\n" + side_by_side({p: s for p, (s, _) in runs.items()}, label)
+        (out / "comparison.md").write_text(text)
+    print(text)
+    print(f"report written to {out}/")
+    return 0
+
+
+def run_calibrate(args) -> int:
+    from minivllm.sim.calibrate import calibrate
+
+    profile = calibrate(args.model, quick=args.quick, num_threads=args.num_threads,
+                        max_num_batched_tokens=args.max_num_batched_tokens)
+    profile.save(args.output)
+    print(profile.report())
+    print(f"profile written to {args.output} (use --cost-model profile:{args.output})")
+    return 0

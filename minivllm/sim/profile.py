@@ -1,0 +1,113 @@
+"""The profile cost model: step time as a linear function of the step's composition, fitted
+to the real engine's measured steps (`minivllm sim calibrate`), saved as JSON.
+
+    time = c_step + c_prefill_seq x prefill seqs + c_prefill_token x prefill tokens
+         + c_prefill_attention x query-key pairs + c_decode_seq x decode seqs
+         + c_decode_context x decode context tokens + c_swap_token x swapped token slots
+
+Each term is one cost the engine pays: a fixed step overhead, per-sequence bookkeeping, the
+weights' matmuls per token, attention per query-key pair (prefill) or per context token
+(decode). The fit is least squares on relative error (a 5 ms decode step counts as much as a
+500 ms prefill step), with no negative coefficient (a term that fits negative is dropped and
+the fit redone). The JSON also records the engine the steps were measured on (KV blocks,
+block size, context, KV bytes per token), which become the simulator's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from minivllm.sim.cost_model import CostModel, StepBatch
+
+FEATURES = ("step", "num_prefill_seqs", "num_prefill_tokens", "prefill_attention",
+            "num_decode_seqs", "decode_context", "num_swap_tokens")
+
+
+def features(b: StepBatch) -> list[float]:
+    return [1.0, b.num_prefill_seqs, b.num_prefill_tokens, b.prefill_attention,
+            b.num_decode_seqs, b.decode_context, b.num_swap_tokens]
+
+
+def fit(batches: list[StepBatch], seconds: list[float]) -> dict[str, float]:
+    """Non-negative least squares on relative error, by dropping negative terms."""
+    x = np.asarray([features(b) for b in batches], dtype=float)
+    y = np.asarray(seconds, dtype=float)
+    if len(y) < len(FEATURES):
+        raise ValueError(f"need at least {len(FEATURES)} timed steps to fit, got {len(y)}")
+    weight = 1.0 / y  # relative error
+    active = [j for j in range(x.shape[1]) if np.any(x[:, j])]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, active] * weight[:, None], y * weight, rcond=None)
+        negative = [j for j, c in zip(active, coef, strict=True) if c < 0]
+        if not negative:
+            break
+        active.remove(negative[0])
+    out = dict.fromkeys(FEATURES, 0.0)
+    out.update({FEATURES[j]: float(c) for j, c in zip(active, coef, strict=True)})
+    return out
+
+
+@dataclass
+class ProfileCostModel(CostModel):
+    coefficients: dict[str, float]
+    engine: dict  # num_kv_blocks, block_size, max_model_len, kv_bytes_per_token, model, ...
+    fit_error: dict = field(default_factory=dict)  # mean / p90 relative error on the steps
+    source: str = "profile"
+
+    def __post_init__(self) -> None:
+        self.name = self.source
+        self._coef = [self.coefficients.get(f, 0.0) for f in FEATURES]
+
+    def step_time(self, b: StepBatch) -> float:
+        c = self._coef
+        return (c[0] + c[1] * b.num_prefill_seqs + c[2] * b.num_prefill_tokens
+                + c[3] * b.prefill_attention + c[4] * b.num_decode_seqs
+                + c[5] * b.decode_context + c[6] * b.num_swap_tokens)
+
+    def num_kv_blocks(self, block_size: int) -> int | None:
+        total = self.engine.get("num_kv_blocks", 0) * self.engine.get("block_size", 0)
+        return total // block_size or None
+
+    def num_swap_blocks(self, block_size: int, swap_space_gib: float) -> int | None:
+        per_token = self.engine.get("kv_bytes_per_token")
+        return int(swap_space_gib * (1 << 30) // (per_token * block_size)) if per_token else None
+
+    def max_model_len(self) -> int | None:
+        return self.engine.get("max_model_len")
+
+    def describe(self) -> dict:
+        return {"name": self.name, "coefficients": self.coefficients, "engine": self.engine,
+                "fit_error": self.fit_error}
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"kind": "profile", "coefficients": self.coefficients,
+                                    "engine": self.engine, "fit_error": self.fit_error},
+                                   indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileCostModel:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read a profile from {path}: {e}") from None
+        if not isinstance(doc, dict) or doc.get("kind") != "profile":
+            raise ValueError(f"{path}: not a profile (made by minivllm sim calibrate)")
+        unknown = set(doc.get("coefficients", {})) - set(FEATURES)
+        if unknown or not doc.get("coefficients"):
+            raise ValueError(f"{path}: coefficients must be some of {', '.join(FEATURES)}; "
+                             f"got {sorted(doc.get('coefficients', {}))}")
+        return cls(doc["coefficients"], doc.get("engine", {}), doc.get("fit_error", {}),
+                   f"profile:{path}")
+
+    def report(self) -> str:
+        terms = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in self.coefficients.items() if v)
+        err = self.fit_error
+        return (f"profile of {self.engine.get('model')}: {terms} (per unit); fit over "
+                f"{err.get('num_steps')} steps: mean relative error {err.get('mean', 0):.1%}, "
+                f"p90 {err.get('p90', 0):.1%}")

@@ -1,0 +1,179 @@
+"""The discrete-event simulator: the engine's own Scheduler (policies, KV-cache manager with
+prefix caching, chunked prefill, swap and recompute preemption) driven by a virtual clock,
+with a cost model where the model runner would be.
+
+The loop does what EngineCore.step does around the runner, in the same order:
+1. requests whose send time has come are added (the engine adds what arrived between steps);
+2. `schedule()` runs at the current virtual time (the policies' aging reads this clock);
+3. the step takes `cost_model.step_time(composition)` seconds; its tokens exist at its end;
+4. a request samples a token when the step computes its last known token (as the runner
+   does), `update_from_output` advances the scheduler, and a request that reached its
+   max_tokens (or the context) finishes with "length" -- every request ignores EOS.
+When nothing is in flight the clock jumps to the next arrival. A request the scheduler could
+never serve (check_fits) fails with its error, as the server's 400 would.
+
+Token ids are symbolic (bench/traces.symbolic_prompt) unless prompts are given: the prefix
+cache only needs equal blocks to be equal. A request's k-th sampled token is -1-k: like a
+greedy model's, its outputs depend only on its prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from minivllm.bench.client import RequestResult
+from minivllm.bench.traces import symbolic_prompt
+from minivllm.bench.workload import Trace
+from minivllm.core.policy import make_policy
+from minivllm.core.request import Request, RequestStatus
+from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.sim.cost_model import CostModel, step_batch
+
+
+@dataclass
+class SimStats:
+    """What a real run only shows in the server's metrics."""
+
+    simulated_wall_time_s: float = 0.0
+    num_steps: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions_swap: int = 0
+    num_preemptions_recompute: int = 0
+    peak_kv_usage: float = 0.0
+    peak_num_running: int = 0
+    peak_num_waiting: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None
+
+    def as_dict(self) -> dict:
+        return {"simulated_wall_time_s": self.simulated_wall_time_s, "num_steps": self.num_steps,
+                "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+                "prefix_cache_queries": self.prefix_cache_queries,
+                "prefix_cache_hits": self.prefix_cache_hits,
+                "preemptions": {"swap": self.num_preemptions_swap,
+                                "recompute": self.num_preemptions_recompute},
+                "peak_kv_usage": self.peak_kv_usage, "peak_num_running": self.peak_num_running,
+                "peak_num_waiting": self.peak_num_waiting}
+
+
+@dataclass
+class SimResult:
+    results: list[RequestResult]
+    stats: SimStats
+    # With record_decisions: per step, ((request id, tokens) in the scheduler's order,
+    # preempted ids, swap-out and swap-in block counts).
+    decisions: list[tuple] = field(default_factory=list)
+
+
+def decision(out) -> tuple:
+    """One step's scheduling decisions, comparable between engine and simulator."""
+    return (tuple(out.num_scheduled_tokens.items()), tuple(out.preempted_req_ids),
+            len(out.swap_out), len(out.swap_in))
+
+
+class Simulator:
+    def __init__(self, config: SchedulerConfig, policy: str, cost_model: CostModel, *,
+                 aging_s: float = 10.0, send_priority: bool = False, progress: bool = False,
+                 record_decisions: bool = False) -> None:
+        self.config, self.cost_model = config, cost_model
+        self.policy_name, self.aging_s = policy, aging_s
+        self.send_priority, self.progress = send_priority, progress
+        self.record_decisions = record_decisions
+        self.now = 0.0
+
+    def run(self, trace: Trace, prompts: list[list[int]] | None = None) -> SimResult:
+        # The scheduler's preemption warnings are for live servers; a simulation counts them.
+        log = logging.getLogger("minivllm.core.scheduler")
+        level = log.level
+        log.setLevel(logging.ERROR)
+        try:
+            return self._run(trace, prompts)
+        finally:
+            log.setLevel(level)
+
+    def _run(self, trace: Trace, prompts: list[list[int]] | None) -> SimResult:
+        self.now = 0.0
+        sched = Scheduler(self.config, make_policy(self.policy_name, self.aging_s),
+                          clock=lambda: self.now)
+        entries = trace.entries
+        results = [RequestResult(i, e.user, e.priority, e.prompt_tokens, e.output_tokens,
+                                 e.send_time, start=e.send_time) for i, e in enumerate(entries)]
+        stats, decisions = SimStats(), []
+        last_token: dict[str, float] = {}  # request id -> when its latest token came
+        bar = tqdm(total=len(entries), disable=not self.progress, desc="simulated requests",
+                   mininterval=0.5)
+        block_size, max_len = self.config.block_size, self.config.max_model_len
+        next_arrival = 0
+        while next_arrival < len(entries) or sched.has_unfinished_requests():
+            while next_arrival < len(entries) and entries[next_arrival].send_time <= self.now:
+                i = next_arrival
+                next_arrival += 1
+                if self._add(sched, entries[i], i, trace, prompts, results[i]):
+                    last_token[str(i)] = 0.0
+                else:
+                    bar.update(1)
+            if not sched.has_unfinished_requests():
+                if next_arrival < len(entries):
+                    self.now = max(self.now, entries[next_arrival].send_time)
+                continue
+            out = sched.schedule()
+            if not out.num_scheduled_tokens:
+                if next_arrival >= len(entries):
+                    raise RuntimeError(f"simulator stalled at {self.now:.3f} s: nothing "
+                                       f"schedulable and no arrival left ({sched.waiting!r})")
+                self.now = max(self.now, entries[next_arrival].send_time)
+                continue
+            if self.record_decisions:
+                decisions.append(decision(out))
+            for req_id in out.preempted_req_ids:
+                swapped = sched.requests[req_id].status is RequestStatus.SWAPPED
+                stats.num_preemptions_swap += swapped
+                stats.num_preemptions_recompute += not swapped
+            requests = sched.requests
+            self.now += self.cost_model.step_time(step_batch(out, requests, block_size))
+            stats.num_steps += 1
+            stats.peak_kv_usage = max(stats.peak_kv_usage, sched.kv.usage)
+            stats.peak_num_running = max(stats.peak_num_running, len(sched.running))
+            stats.peak_num_waiting = max(stats.peak_num_waiting, len(sched.waiting))
+            sampled = {}
+            for req_id, n in out.num_scheduled_tokens.items():
+                r = requests[req_id]
+                if r.num_computed_tokens + n == r.num_tokens:
+                    sampled[req_id] = -1 - r.num_output_tokens  # distinct from prompt ids
+            for r in sched.update_from_output(out, sampled):
+                res = results[int(r.request_id)]
+                if res.ttft is None:
+                    res.ttft = self.now - res.send_time
+                else:
+                    res.itl.append(self.now - last_token[r.request_id])
+                last_token[r.request_id] = self.now
+                if r.num_output_tokens >= r.max_tokens or r.num_tokens >= max_len:
+                    sched.finish_request(r, RequestStatus.FINISHED_LENGTH)
+                    res.output_tokens, res.e2e = r.num_output_tokens, self.now - res.send_time
+                    res.success = True
+                    del last_token[r.request_id]
+                    bar.update(1)
+        bar.close()
+        stats.simulated_wall_time_s = self.now
+        stats.prefix_cache_queries = sched.kv.prefix_cache_queries
+        stats.prefix_cache_hits = sched.kv.prefix_cache_hits
+        return SimResult(results, stats, decisions)
+
+    def _add(self, sched: Scheduler, entry, index: int, trace: Trace,
+             prompts: list[list[int]] | None, result: RequestResult) -> bool:
+        ids = (prompts[index] if prompts is not None
+               else symbolic_prompt(entry, index, trace.prefix_block_tokens or 1))
+        priority = entry.priority if self.send_priority and entry.priority is not None else 0
+        request = Request(str(index), ids, entry.output_tokens, entry.send_time, priority)
+        try:
+            sched.add_request(request)
+        except ValueError as e:  # the server's 400
+            result.error = f"HTTP 400: {e}"
+            return False
+        return True
