@@ -18,6 +18,8 @@ class EngineConfig:
     tokenizer: str | None = None
     served_model_name: str | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # None | int8: W8A8 linear layers, quantized at load (model/kernels/linear_int8.py)
+    quantization: str | None = None
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     revision: str | None = None
@@ -56,6 +58,11 @@ class EngineConfig:
 
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "fp32"):
             raise bad("dtype", "must be one of auto, float32, bfloat16, float16")
+        if self.quantization not in (None, "int8"):
+            raise bad("quantization", "must be int8 (or unset for none)")
+        if self.quantization and self.dtype not in ("auto", "float32", "float", "fp32"):
+            raise ValueError(f"quantization={self.quantization!r} keeps activations in "
+                             f"float32: dtype must be auto or float32, got {self.dtype!r}")
         if self.block_size < 1 or self.block_size > 256:
             raise bad("block_size", "must be in [1, 256]")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

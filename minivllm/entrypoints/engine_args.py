@@ -12,6 +12,7 @@ from minivllm.core.policy import POLICIES
 _HELP = {
     "model": "local Hugging Face model directory, hub id, or 'minivllm-demo'",
     "dtype": "auto | float32 | bfloat16 | float16",
+    "quantization": "int8: W8A8 linear layers, quantized at load (dtype auto or float32)",
     "num_kv_blocks": "number of KV blocks (overrides --kv-cache-space)",
     "kv_cache_space": "GiB of memory for the KV cache",
     "swap_space": "GiB of host memory for swapped-out KV blocks",

@@ -44,10 +44,12 @@ class ModelRunner:
         self.threads = (ThreadGovernor(torch.get_num_threads())
                         if not config.num_threads and torch.get_num_threads() > 1 else None)
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, hf_config)
+        # int8 quantizes the linears and keeps everything else in float32 (linear_int8.py)
+        self.dtype = (torch.float32 if config.quantization
+                      else resolve_dtype(config.dtype, hf_config))
         weights = {k: v.to(self.device, self.dtype)
                    for k, v in load_state_dict(model_path).items()}
-        self.model = build_model(hf_config, weights).to(self.device)
+        self.model = build_model(hf_config, weights, config.quantization).to(self.device)
         self.block_size = config.block_size
         layers, kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
         shape = (layers, self.block_size, kv_heads, head_dim(hf_config))

@@ -1,8 +1,9 @@
-"""The C kernels (paged_attention.c, ops.c), compiled with the machine's C compiler
-on first use and loaded with ctypes: no torch headers, so the build takes about a second,
-and the library is cached under ~/.cache/minivllm (or $MINIVLLM_CACHE). Without a
-compiler, or when the build fails, `available()` is False and the callers keep their
-pure-torch paths, which stay the tested references. fp32 CPU tensors only."""
+"""The C kernels (paged_attention.c, ops.c, sampler.c, int8_gemm.c), compiled with the
+machine's C compiler on first use and loaded with ctypes: no torch headers, so the build
+takes about a second, and the library is cached under ~/.cache/minivllm (or
+$MINIVLLM_CACHE). Without a compiler, or when the build fails, `available()` is False and
+the callers keep their pure-torch paths, which stay the tested references. fp32 CPU
+tensors only."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from minivllm.model import kernels
 
 logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).with_name(name)
-            for name in ("paged_attention.c", "ops.c", "sampler.c")]
+            for name in ("paged_attention.c", "ops.c", "sampler.c", "int8_gemm.c")]
 # Compile with -ffast-math (vectorized expf), but link without it: linking with it adds
 # crtfastmath.o, which turns on flush-to-zero for the whole process at load time.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
@@ -37,6 +38,7 @@ _SIGNATURES = {
     "argmax_rows_f32": [_P, _P, _I64, _I64, _I],
     "sample_rows_f32": [_P, _I64, _I64] + [_P] * 10 + [_I],
     "sampler_uniforms_f64": [_P, _P, _P, _I64],
+    "int8_linear_f32": [_P, _I64] + [_P] * 4 + [_I64] + [_P] * 3 + [_I64] + [_I] * 4,
 }
 
 
@@ -192,3 +194,27 @@ def sampler_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     _library().sampler_uniforms_f64(keys.data_ptr(), positions.data_ptr(), out.data_ptr(),
                                     keys.shape[0])
     return out
+
+
+def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
+                bias: torch.Tensor | None, residual: torch.Tensor | None,
+                out_features: int) -> torch.Tensor:
+    """W8A8: x [T, K] fp32 (rows may be strided) quantized per row inside the call, times
+    int8 weights packed by linear_int8.pack_weight, scaled back to fp32 [T, out_features];
+    bias [N] and residual [T, N] (fp32) added in the same pass. See int8_gemm.c."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, k = x.shape
+    kp = -(-k // 32) * 32
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    scratch = torch.empty(rows * kp, dtype=torch.int8)
+    x_scales = torch.empty(rows, dtype=torch.float32)
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    _library().int8_linear_f32(
+        x.data_ptr(), x.stride(0), packed.data_ptr(), w_scales.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0), y.data_ptr(), scratch.data_ptr(),
+        x_scales.data_ptr(), rows, k, kp, out_features, torch.get_num_threads())
+    return y

@@ -24,7 +24,10 @@ def bucket_rows(rows: int) -> int:
 
 
 def onednn_usable(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+    # oneDNN's packed bf16 weights need avx512_bf16-class hardware (or AVX-NE-CONVERT);
+    # elsewhere reordering them fails, so bf16 takes F.linear.
+    bf16 = weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (weight.device.type == "cpu" and (weight.dtype == torch.float32 or bf16)
             and torch.backends.mkldnn.is_available())
 
 

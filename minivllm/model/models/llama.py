@@ -4,6 +4,8 @@ The layout follows Hugging Face's weights; q/k/v and gate/up are fused at load t
 layer runs two matmuls fewer, and the residual adds ride on the o / down projections.
 On the CPU in fp32 the small per-token ops (RMSNorm, RoPE + KV write, SiLU-and-mul) run
 as fused C kernels; everywhere else, and with fast=False, they are the plain torch ops.
+With quantization="int8" the decoder layers' linears are W8A8 (kernels/linear_int8.py);
+embeddings, norms, attention and the LM head stay in float32.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata, paged_attention, write_kv
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear import Linear
+from minivllm.model.kernels.linear_int8 import Int8Linear
 from minivllm.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -35,9 +38,14 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, fast: bool,
+            int8: bool) -> Linear | Int8Linear:
+    return Int8Linear(weight, bias, use_kernel=fast) if int8 else Linear(weight, bias, fast)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, weights: dict[str, torch.Tensor], prefix: str, fast: bool,
-                 fused: bool) -> None:
+                 fused: bool, int8: bool) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -48,12 +56,13 @@ class DecoderLayer(nn.Module):
         maybe = lambda name: weights.pop(prefix + name, None)  # noqa: E731
         attn = "self_attn."
         biases = [maybe(attn + f"{p}_proj.bias") for p in "qkv"]
-        self.qkv = Linear(torch.cat([w(attn + f"{p}_proj.weight") for p in "qkv"]),
-                          torch.cat(biases) if biases[0] is not None else None, fast)
-        self.o_proj = Linear(w(attn + "o_proj.weight"), maybe(attn + "o_proj.bias"), fast)
-        self.gate_up = Linear(torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]),
-                              onednn=fast)
-        self.down = Linear(w("mlp.down_proj.weight"), onednn=fast)
+        self.qkv = _linear(torch.cat([w(attn + f"{p}_proj.weight") for p in "qkv"]),
+                           torch.cat(biases) if biases[0] is not None else None, fast, int8)
+        self.o_proj = _linear(w(attn + "o_proj.weight"), maybe(attn + "o_proj.bias"), fast,
+                              int8)
+        self.gate_up = _linear(torch.cat([w("mlp.gate_proj.weight"),
+                                          w("mlp.up_proj.weight")]), None, fast, int8)
+        self.down = _linear(w("mlp.down_proj.weight"), None, fast, int8)
         self.input_norm = RMSNorm(w("input_layernorm.weight"), cfg.rms_norm_eps, fused)
         self.post_attn_norm = RMSNorm(w("post_attention_layernorm.weight"), cfg.rms_norm_eps,
                                       fused)
@@ -95,15 +104,17 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Also serves MistralForCausalLM and Qwen2ForCausalLM (q/k/v bias comes with the weights)."""
 
-    def __init__(self, cfg, weights: dict[str, torch.Tensor], fast: bool | None = None) -> None:
+    def __init__(self, cfg, weights: dict[str, torch.Tensor], fast: bool | None = None,
+                 quantization: str | None = None) -> None:
         """fast=False keeps every op on plain torch (the reference for tests). Weights must
-        already be on the target device: oneDNN reorders them here."""
+        already be on the target device: oneDNN reorders them here, int8 quantizes them."""
         super().__init__()
         fast = kernels.enabled() if fast is None else fast
         self.embed = nn.Parameter(weights.pop("model.embed_tokens.weight"), requires_grad=False)
         self.fused = fast and cpu.available(self.embed.device, self.embed.dtype)
+        int8 = quantization == "int8"
         self.layers = nn.ModuleList(DecoderLayer(cfg, weights, f"model.layers.{i}.", fast,
-                                                 self.fused)
+                                                 self.fused, int8)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(weights.pop("model.norm.weight"), cfg.rms_norm_eps, self.fused)
         lm_head = weights.pop("lm_head.weight", None)

@@ -1,0 +1,167 @@
+"""The int8 GEMMs torch 2.13 offers on this CPU against minivllm's, and the machine's peaks.
+
+    python benchmarks/int8_gemm.py [--rows 1 16 64 256] [--threads 2]
+
+For each SmolLM-135M linear shape (qkv, o, gate_up, down, lm_head) and row count: the
+milliseconds per call of the fp32 oneDNN linear the engine uses (packed weights), minivllm's
+W8A8 kernel (int8_gemm.c, activations quantized inside the call), torch._int_mm (with the
+per-token quantization in torch ops), torch._weight_int8pack_mm (weight-only int8), fbgemm's
+quantized.linear_dynamic and oneDNN's qlinear_pointwise (u8 activations, zero point 128),
+each with its largest error against the fp32 product relative to that product's largest
+value. Then the peaks: fp32 FMA and the kernel's int8 instruction mix (vpsignb, vpmaddubsw,
+vpmaddwd, vpaddd) in independent register chains on all threads, compiled here with cc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from minivllm.model.kernels.linear import Linear
+from minivllm.model.kernels.linear_int8 import Int8Linear, quantize_per_channel, quantize_per_token
+
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+          "lm_head": (49152, 576)}
+
+PEAK_C = r"""
+#include <immintrin.h>
+#include <stdint.h>
+/* 10 independent chains each: enough to cover the latencies on two pipes. */
+float fma_peak(int64_t iters) {
+    float total = 0.f;
+#pragma omp parallel reduction(+ : total)
+    {
+        __m256 a[10], b = _mm256_set1_ps(1e-9f), c = _mm256_set1_ps(1.f);
+        for (int i = 0; i < 10; i++) a[i] = _mm256_set1_ps((float)i);
+        for (int64_t it = 0; it < iters; it++)
+            for (int i = 0; i < 10; i++) a[i] = _mm256_fmadd_ps(a[i], c, b);
+        for (int i = 0; i < 10; i++) total += _mm256_cvtss_f32(a[i]);
+    }
+    return total;
+}
+int int8_peak(int64_t iters) {
+    int total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+        __m256i acc[8], x = _mm256_set1_epi8(3), w = _mm256_set1_epi8(-5);
+        const __m256i ones = _mm256_set1_epi16(1);
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_set1_epi32(i);
+        for (int64_t it = 0; it < iters; it++) {
+            const __m256i ax = _mm256_sign_epi8(x, x);
+            for (int i = 0; i < 8; i++) {
+                __m256i p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));
+                acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(p, ones));
+            }
+            x = _mm256_add_epi8(x, ones);
+        }
+        for (int i = 0; i < 8; i++) total += _mm256_extract_epi32(acc[i], 0);
+    }
+    return total;
+}
+"""
+
+
+def peaks(threads: int) -> tuple[float, float]:
+    """(fp32 GFLOP/s, int8 GOP/s), a multiply-add counted as two operations."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, lib = Path(tmp) / "peak.c", Path(tmp) / "peak.so"
+        src.write_text(PEAK_C)
+        subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-shared", "-fPIC",
+                        str(src), "-o", str(lib)], check=True)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        peak = ctypes.CDLL(str(lib))
+        peak.fma_peak.argtypes = peak.int8_peak.argtypes = [ctypes.c_int64]
+        peak.fma_peak.restype = ctypes.c_float
+        iters = 20_000_000
+        results = []
+        for fn, ops in ((peak.fma_peak, 10 * 8 * 2), (peak.int8_peak, 8 * 32 * 2)):
+            fn(iters // 10)
+            start = time.perf_counter()
+            fn(iters)
+            results.append(ops * iters * threads / (time.perf_counter() - start) / 1e9)
+    return results[0], results[1]
+
+
+def per_call_ms(fn, min_time: float = 0.3) -> float:
+    fn()
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < min_time:
+        fn()
+        calls += 1
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def candidates(weight: torch.Tensor, x: torch.Tensor) -> dict:
+    """name -> a function computing x @ weight.T its way."""
+    n, k = weight.shape
+    fp32 = Linear(weight)
+    ours = Int8Linear(weight)
+    q, scales = quantize_per_channel(weight)
+    q_t = q.t().contiguous()
+
+    def int_mm():
+        xq, x_scales = quantize_per_token(x)
+        return torch._int_mm(xq, q_t) * (x_scales[:, None] * scales)
+
+    torch.backends.quantized.engine = "fbgemm"
+    fbgemm = torch.ops.quantized.linear_prepack(
+        torch.quantize_per_channel(weight, scales.double(), torch.zeros(n, dtype=torch.long),
+                                   0, torch.qint8), None)
+    onednn = torch.ops.onednn.qlinear_prepack(q, list(x.shape))
+    zero_points = torch.zeros(n, dtype=torch.long)
+
+    def qlinear():
+        xq, x_scales = quantize_per_token(x)
+        u8 = (xq.to(torch.int16) + 128).to(torch.uint8)
+        return torch.ops.onednn.qlinear_pointwise(u8, 1.0, 128, onednn, scales, zero_points,
+                                                   None, 1.0, 0, torch.float32, "none", [],
+                                                   "") * x_scales[:, None]
+
+    return {"fp32 oneDNN": lambda: fp32(x), "minivllm int8": lambda: ours(x),
+            "_int_mm": int_mm, "weight-only int8": lambda: torch._weight_int8pack_mm(
+                x, q, scales), "fbgemm dynamic": lambda: torch.ops.quantized.linear_dynamic(
+                x, fbgemm, False), "oneDNN qlinear": qlinear}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--skip", nargs="*", default=[],
+                        help="candidates to leave out (the slow ones at many rows)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, {args.threads} threads")
+    fp32_peak, int8_peak = peaks(args.threads)
+    print(f"peaks: fp32 FMA {fp32_peak:.0f} GFLOP/s, int8 (AVX2 sign trick) {int8_peak:.0f} "
+          f"GOP/s = {int8_peak / 1000:.2f} TOPS")
+    print("| shape | rows | candidate | ms / call | GOP/s | max error / max |y| |")
+    print("|---|---|---|---|---|---|")
+    torch.manual_seed(0)
+    for shape in args.shapes:
+        n, k = SHAPES[shape]
+        weight = torch.randn(n, k) * 0.05
+        for rows in args.rows:
+            x = torch.randn(rows, k)
+            exact = x @ weight.t()
+            for name, fn in candidates(weight, x).items():
+                if name in args.skip:
+                    continue
+                ms = per_call_ms(fn)
+                error = ((fn() - exact).abs().max() / exact.abs().max()).item()
+                print(f"| {shape} {n}x{k} | {rows} | {name} | {ms:.3f} | "
+                      f"{2 * rows * n * k / ms / 1e6:.0f} | {error:.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

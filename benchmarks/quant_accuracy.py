@@ -1,0 +1,125 @@
+"""How far each reduced-precision mode is from fp32, on real weights.
+
+    python benchmarks/quant_accuracy.py [--models ../shared/models/stories260K minivllm-demo]
+
+Modes: fp32 (the reference), int8 (quantization="int8": W8A8 decoder linears), bf16
+(dtype="bfloat16"). For each model and mode:
+  - perplexity of benchmarks/data/heldout_stories.txt, a short story text written for
+    this and seen by neither model in training (one sequence per paragraph, from
+    prompt_logprobs); the demo model, trained on a small templated corpus, finds it very
+    unlikely, so also
+  - perplexity of text the fp32 model samples (temperature 1, seeded; 32 prompts, up to
+    128 tokens each), generated once per model and scored by every mode;
+  - greedy agreement with fp32 over the first 64 generated tokens of 32 prompts (the
+    first few words of the text's sentences; EOS ignored): the mean length of the prefix
+    identical to fp32's, as a share of 64, and how many of the 32 are identical throughout;
+  - mean |delta logprob| of fp32's greedy tokens: both modes score the same sequences
+    (prompt + fp32's 64 tokens, teacher-forced through prompt_logprobs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import time
+from pathlib import Path
+
+from minivllm import LLM, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = Path(__file__).resolve().parent / "data" / "heldout_stories.txt"
+MODES = {"fp32": {"dtype": "float32"}, "int8": {"quantization": "int8"},
+         "bf16": {"dtype": "bfloat16"}}
+NEW_TOKENS, NUM_PROMPTS, SAMPLED_TOKENS = 64, 32, 128
+
+
+def prompts_from(text: str) -> list[str]:
+    """The first four words of each sentence, the first NUM_PROMPTS of them."""
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.split()) >= 6]
+    return [" ".join(s.split()[:4]) for s in sentences[:NUM_PROMPTS]]
+
+
+def scored(llm: LLM, sequences: list[list[int]]) -> list[list[float]]:
+    """The logprob of each token after the first of each sequence, teacher-forced."""
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+    outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params,
+                           use_tqdm=False)
+    return [[entry[token].logprob for entry, token in
+             zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])] for out in outputs]
+
+
+def perplexity(logprobs: list[list[float]]) -> float:
+    flat = [lp for seq in logprobs for lp in seq]
+    return math.exp(-sum(flat) / len(flat))
+
+
+def evaluate(model: str, modes: list[str]) -> dict[str, dict[str, float]]:
+    text = TEXT.read_text()
+    results: dict[str, dict[str, float]] = {}
+    reference: dict[str, list] = {}
+    for mode in modes:
+        llm = LLM(model, seed=0, kv_cache_space=0.25, swap_space=0.01, **MODES[mode])
+        tokenizer = llm.get_tokenizer()
+        paragraphs = [tokenizer.encode(p) for p in text.splitlines() if p.strip()]
+        row = {"ppl": perplexity(scored(llm, paragraphs))}
+        prompts = [tokenizer.encode(p) for p in prompts_from(text)]
+        if not reference:  # the first mode is fp32: it writes the sampled text
+            sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1,
+                                      max_tokens=SAMPLED_TOKENS, seed=1234)
+            samples = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling,
+                                   use_tqdm=False)
+            reference["sampled"] = [p + out.outputs[0].token_ids
+                                    for p, out in zip(prompts, samples)]
+        row["ppl_sampled"] = perplexity(scored(llm, reference["sampled"]))
+        greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy,
+                               use_tqdm=False)
+        tokens = [out.outputs[0].token_ids for out in outputs]
+        if "tokens" not in reference:  # fp32's greedy tokens are the reference
+            reference["tokens"] = tokens
+            reference["sequences"] = [p + t for p, t in zip(prompts, tokens)]
+        prefixes = [next((i for i, (a, b) in enumerate(zip(t, ref)) if a != b), NEW_TOKENS)
+                    for t, ref in zip(tokens, reference["tokens"])]
+        row["agreement"] = sum(prefixes) / (NEW_TOKENS * len(prefixes))
+        row["identical"] = sum(p == NEW_TOKENS for p in prefixes)
+        # The logprobs of fp32's greedy continuation (the last NEW_TOKENS of each sequence).
+        row["greedy_logprobs"] = [seq[-NEW_TOKENS:] for seq in scored(llm, reference["sequences"])]
+        results[mode] = row
+    base = results[modes[0]]["greedy_logprobs"]
+    for mode in modes:
+        mine = results[mode].pop("greedy_logprobs")
+        deltas = [abs(a - b) for s, r in zip(mine, base) for a, b in zip(s, r)]
+        results[mode]["dlogprob"] = sum(deltas) / len(deltas)
+        results[mode]["max_dlogprob"] = max(deltas)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+",
+                        default=[str(ROOT.parent / "shared" / "models" / "stories260K"),
+                                 "minivllm-demo"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
+                        help="the first is the reference (fp32 by default)")
+    args = parser.parse_args()
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; held-out text: "
+          f"{TEXT.relative_to(ROOT)}; greedy: {NUM_PROMPTS} prompts x {NEW_TOKENS} tokens")
+    print("| model | mode | ppl, written text | vs fp32 | ppl, sampled text | vs fp32 | "
+          "greedy agreement | identical | mean abs dlogprob | max |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for model in args.models:
+        results = evaluate(model, args.modes)
+        base = results[args.modes[0]]
+        for mode, r in results.items():
+            print(f"| {Path(model).name} | {mode} | {r['ppl']:.3f} | "
+                  f"{100 * (r['ppl'] / base['ppl'] - 1):+.2f}% | {r['ppl_sampled']:.3f} | "
+                  f"{100 * (r['ppl_sampled'] / base['ppl_sampled'] - 1):+.2f}% | "
+                  f"{100 * r['agreement']:.1f}% | "
+                  f"{r['identical']}/{NUM_PROMPTS} | {r['dlogprob']:.4f} | "
+                  f"{r['max_dlogprob']:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
