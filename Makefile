@@ -4,29 +4,40 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8000
 MODEL ?= minivllm-demo
+# More `minivllm serve` flags: make serve ARGS="--max-num-seqs 8 --num-kv-blocks 64"
+ARGS ?=
 
-.PHONY: install test lint serve profile-serve clean
+.PHONY: install install-test test lint serve profile-serve clean
 
+# What serving needs, and nothing else.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	# torch first, pinned to the CPU build on this disk, so nothing resolves a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e . torch==2.13.0
+	touch $@
+
+# The test extras on top (pytest, ruff, schemathesis, hypothesis, the clients the tests drive).
+$(VENV)/.test-installed: $(VENV)/.installed
+	$(PIP) install -q -e '.[test]' torch==2.13.0
 	touch $@
 
 install: $(VENV)/.installed
 
-lint: install
+install-test: $(VENV)/.test-installed
+
+lint: install-test
 	$(VENV)/bin/ruff check minivllm tests benchmarks scripts
 
-test: install lint
+test: install-test lint
 	# One intra-op thread: servers and clients share the cores in tests, and spinning
 	# OpenMP threads on a busy 2-core machine cost far more than they bring.
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests
 
+# The hint is a completion: it works for any model, with or without a chat template.
 serve: install
-	@echo "Try: curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(MODEL)\", \"messages\": [{\"role\": \"user\", \"content\": \"Tell me a story about a cat.\"}]}'"
-	$(VENV)/bin/minivllm serve $(MODEL) --port $(PORT)
+	@echo "Try: curl http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(MODEL)\", \"prompt\": \"Once upon a time\", \"max_tokens\": 32}'"
+	$(VENV)/bin/minivllm serve $(MODEL) --port $(PORT) $(ARGS)
 
 $(VENV)/.profile-installed: $(VENV)/.installed
 	$(PIP) install -q -e '.[profile]'

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 DEMO_MODEL_NAME = "minivllm-demo"
+DEFAULT_KV_CACHE_SPACE = 4.0  # GiB; vLLM's CPU build also defaults to a fixed 4 GiB
 
 
 @dataclass
@@ -26,7 +27,9 @@ class EngineConfig:
     # KV cache
     block_size: int = 16
     num_kv_blocks: int | None = None  # explicit block count; overrides kv_cache_space
-    kv_cache_space: float = 4.0  # GiB of device memory for the KV cache
+    # GiB of device memory for the KV cache. None: DEFAULT_KV_CACHE_SPACE, but no more than
+    # max_num_seqs requests of max_model_len tokens can fill (see kv_cache_num_blocks).
+    kv_cache_space: float | None = None
     swap_space: float = 4.0  # GiB of host memory for swapped-out blocks
     enable_prefix_caching: bool = True
     # Scheduling
@@ -67,7 +70,7 @@ class EngineConfig:
             raise bad("block_size", "must be in [1, 256]")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise bad("num_kv_blocks", "must be >= 1")
-        if self.kv_cache_space <= 0:
+        if self.kv_cache_space is not None and not self.kv_cache_space > 0:
             raise bad("kv_cache_space", "must be > 0")
         if self.swap_space < 0:
             raise bad("swap_space", "must be >= 0")
@@ -121,3 +124,18 @@ class EngineConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+    def kv_cache_num_blocks(self, block_bytes: int, max_model_len: int) -> int:
+        """How many KV blocks of `block_bytes` the cache gets: num_kv_blocks, else what
+        kv_cache_space holds. By default, 4 GiB but at most what max_num_seqs full-length
+        requests can fill at once: a tiny model's 4 GiB would be millions of tokens, so the
+        KV usage a newcomer watches would read 0.0% under any load, and the memory beyond
+        that bound could only ever hold evicted prefix-cache blocks."""
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        space = self.kv_cache_space if self.kv_cache_space is not None \
+            else DEFAULT_KV_CACHE_SPACE
+        blocks = int(space * (1 << 30) // block_bytes)
+        if self.kv_cache_space is None:
+            blocks = min(blocks, self.max_num_seqs * -(-max_model_len // self.block_size))
+        return max(1, blocks)

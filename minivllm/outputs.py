@@ -74,3 +74,4 @@ class RequestOutput:
         if self.prompt_logprobs is None:
             self.prompt_logprobs = later.prompt_logprobs
         self.finished, self.metrics, self.error = later.finished, later.metrics, later.error
+        self.num_cached_tokens = later.num_cached_tokens

@@ -1,5 +1,7 @@
 """The `minivllm` command line: generate, bench throughput, and flag spelling."""
 
+import re
+
 import pytest
 
 from minivllm.entrypoints.cli import main
@@ -17,7 +19,10 @@ def test_bench_throughput_reports_tokens_per_second(stories_dir, capsys):
     assert "output tok/s" in capsys.readouterr().out
 
 
-def test_unknown_policy_lists_the_known_ones(stories_dir):
-    with pytest.raises(ValueError, match="fcfs.*priority.*sjf"):
+def test_unknown_policy_lists_the_known_ones(stories_dir, capsys):
+    assert main(["generate", "--model", str(stories_dir), "x", "--scheduling-policy",
+                 "lottery", "--num-kv-blocks", "8"]) == 2
+    assert re.search("fcfs.*priority.*sjf", capsys.readouterr().err)
+    with pytest.raises(ValueError, match="fcfs.*priority.*sjf"):  # --debug: the traceback
         main(["generate", "--model", str(stories_dir), "x", "--scheduling-policy", "lottery",
-              "--num-kv-blocks", "8"])
+              "--num-kv-blocks", "8", "--debug"])

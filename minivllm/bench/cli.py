@@ -111,7 +111,11 @@ def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="load-test a server; compare scheduling policies")
     sub = bench.add_subparsers(dest="bench_command", required=True)
     serve = sub.add_parser("serve", help="replay a workload against an OpenAI-compatible server")
-    serve.add_argument("--base-url", default="http://127.0.0.1:8000")
+    serve.add_argument("--base-url", default=None,
+                       help="the server's URL (default: http://HOST:PORT)")
+    serve.add_argument("--host", default="127.0.0.1", help="(default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000,
+                       help="(default: 8000, minivllm serve's and vllm serve's default)")
     serve.add_argument("--model", default=None, help="served model (default: first of /v1/models)")
     serve.add_argument("--tokenizer", default=None,
                        help="local tokenizer.json (or its directory) instead of POST /tokenize")
@@ -209,6 +213,7 @@ def resolve_endpoint(args) -> None:
 def run_serve(args) -> int:
     metrics.parse_goodput(args.goodput)  # fail on a bad SLO before any work
     resolve_endpoint(args)
+    args.base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     trace, texts, counts, model, _ = asyncio.run(
         prepare(args, args.base_url, args.model, args.max_model_len))
     title = (f"{trace.workload} (seed {args.seed}) against {model}, "

@@ -64,7 +64,7 @@ class EngineCore:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.eos_token_ids = _eos_token_ids(path, self.tokenizer)
         self.max_model_len = self._max_model_len()
-        self.runner = ModelRunner(config, path, self.hf_config)
+        self.runner = ModelRunner(config, path, self.hf_config, self.max_model_len)
         self.vocab_size = self.hf_config.vocab_size
         policy = make_policy(config.scheduling_policy, config.priority_aging_s)
         self.scheduler = Scheduler(SchedulerConfig(
@@ -83,9 +83,21 @@ class EngineCore:
         self.groups: dict[str, _Group] = {}  # by the caller's request id
         self._seqs: dict[str, tuple[str, int]] = {}  # sequence id -> (caller's id, index)
         self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step
-        logger.info("minivllm engine: model %s, %d KV blocks of %d tokens, %d swap blocks, %s",
-                    path, self.runner.num_blocks, config.block_size, self.runner.num_swap_blocks,
-                    self.runner.dtype)
+        self._log_capacity(path)
+
+    def _log_capacity(self, path) -> None:
+        """vLLM's start-up lines: the KV cache in tokens, and how many requests of the full
+        context it holds at once."""
+        runner, block_size = self.runner, self.config.block_size
+        tokens = runner.num_blocks * block_size
+        logger.info("minivllm engine: model %s, %s", path, runner.dtype)
+        logger.info("KV cache size: %s tokens (%s blocks of %d tokens, %.1f MiB); swap space: "
+                    "%s blocks", f"{tokens:,}", f"{runner.num_blocks:,}", block_size,
+                    runner.num_blocks * runner.block_bytes / (1 << 20),
+                    f"{runner.num_swap_blocks:,}")
+        blocks_per_request = -(-self.max_model_len // block_size)
+        logger.info("Maximum concurrency for %s tokens per request: %.2fx",
+                    f"{self.max_model_len:,}", runner.num_blocks / blocks_per_request)
 
     def _max_model_len(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", 2048)

@@ -68,7 +68,7 @@ class CoreClient:
             if self._output.poll(100):
                 msg = self.recv_nowait()
                 if isinstance(msg, EngineCoreDead):
-                    raise RuntimeError(msg.reason)
+                    raise (ValueError if msg.bad_config else RuntimeError)(msg.reason)
                 if isinstance(msg, EngineCoreReady):
                     return msg
             elif not self.proc.is_alive():

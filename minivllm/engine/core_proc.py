@@ -77,6 +77,10 @@ def _serve(config: EngineConfig, engine_threads: int | None, inputs: zmq.Socket,
         if engine_threads:  # before the runner starts: its thread governor caps at this
             torch.set_num_threads(engine_threads)
         core = EngineCore(config)
+    except ValueError as e:  # a bad setting: the server reports it, the traceback is noise
+        logger.debug("the engine core failed to start", exc_info=True)
+        send(EngineCoreDead(str(e), bad_config=True))
+        return 1
     except Exception as e:
         logger.exception("the engine core failed to start")
         send(EngineCoreDead(f"the engine core failed to start: {type(e).__name__}: {e}"))

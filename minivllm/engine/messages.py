@@ -87,6 +87,7 @@ class UtilityResult(msgspec.Struct, tag="utility_result"):
 
 class EngineCoreDead(msgspec.Struct, tag="dead"):
     reason: str
+    bad_config: bool = False  # it could not start on these settings (a ValueError)
 
 
 EngineCoreMessage = EngineCoreOutputs | EngineCoreReady | UtilityResult | EngineCoreDead

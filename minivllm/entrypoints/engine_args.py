@@ -14,7 +14,8 @@ _HELP = {
     "dtype": "auto | float32 | bfloat16 | float16",
     "quantization": "int8: W8A8 linear layers, quantized at load (dtype auto or float32)",
     "num_kv_blocks": "number of KV blocks (overrides --kv-cache-space)",
-    "kv_cache_space": "GiB of memory for the KV cache",
+    "kv_cache_space": "GiB of memory for the KV cache; unset: 4 GiB, but no more than "
+                      "--max-num-seqs requests of --max-model-len tokens can fill",
     "swap_space": "GiB of host memory for swapped-out KV blocks",
     "scheduling_policy": " | ".join(POLICIES),
     "preemption_mode": "recompute | swap (default: swap for multi-sequence requests)",

@@ -88,6 +88,10 @@ class LLM:
     ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
+        if chat_template is None and not tokenizer.chat_template:
+            raise ValueError("this model's tokenizer has no chat template: pass one, "
+                             "llm.chat(messages, chat_template=\"{% for m in messages %}...\"), "
+                             "or use llm.generate with a plain prompt")
         prompts = [
             {"prompt_token_ids": tokenizer.apply_chat_template(
                 conversation, chat_template=chat_template, tokenize=True,

@@ -37,7 +37,7 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_path, hf_config) -> None:
+    def __init__(self, config: EngineConfig, model_path, hf_config, max_model_len: int) -> None:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         # Without a fixed thread count, follow the cores other processes leave free.
@@ -53,8 +53,8 @@ class ModelRunner:
         self.block_size = config.block_size
         layers, kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
         shape = (layers, self.block_size, kv_heads, head_dim(hf_config))
-        block_bytes = 2 * torch.Size(shape).numel() * self.dtype.itemsize
-        self.num_blocks = config.num_kv_blocks or max(1, int(config.kv_cache_space * GiB // block_bytes))
+        self.block_bytes = block_bytes = 2 * torch.Size(shape).numel() * self.dtype.itemsize
+        self.num_blocks = config.kv_cache_num_blocks(block_bytes, max_model_len)
         self.num_swap_blocks = int(config.swap_space * GiB // block_bytes)
         # One block more than the scheduler hands out: padding rows write their K/V there.
         cache_shape = (layers, self.num_blocks + 1, *shape[1:])

@@ -31,6 +31,7 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info
 
 if TYPE_CHECKING:  # the engine clients: a process of its own, or a thread
     from minivllm.engine.async_engine import AsyncLLMEngine
@@ -118,6 +119,10 @@ def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
             else None
         return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens,
                 "token_strs": token_strs}
+
+    @app.get("/tokenizer_info")
+    async def show_tokenizer_info() -> dict:
+        return tokenizer_info(base.tokenizer, chat_template)
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> dict:

@@ -63,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     from minivllm.entrypoints.openai.api_server import build_app, load_chat_template
     from minivllm.entrypoints.openai.lifecycle import ServingServer
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt="%m-%d %H:%M:%S")
     disable_created_metrics()  # as vLLM: no *_created series beside every counter
     if args.model_tag is not None:
         args.model = args.model_tag
@@ -97,7 +96,7 @@ def _positive_int(text: str) -> int:
 def make_engine(config, args: argparse.Namespace):
     """The engine client that --engine-mode names; both have the same public surface."""
     if args.engine_mode not in ENGINE_MODES:  # argparse does not check a default
-        raise SystemExit(f"--engine-mode (MINIVLLM_ENGINE_MODE) must be one of "
+        raise ValueError(f"--engine-mode (MINIVLLM_ENGINE_MODE) must be one of "
                          f"{', '.join(ENGINE_MODES)}, got {args.engine_mode!r}")
     if args.engine_mode == "thread":
         import torch

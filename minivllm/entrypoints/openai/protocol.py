@@ -100,10 +100,21 @@ class DetokenizeRequest(OpenAIModel):
 # ---- responses ---------------------------------------------------------------------------
 
 
+class PromptTokenUsageInfo(OpenAIModel):
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
+
+
 class UsageInfo(OpenAIModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+
+    @classmethod
+    def count(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens,
+                   prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached_tokens))
 
 
 class CompletionLogProbs(OpenAIModel):

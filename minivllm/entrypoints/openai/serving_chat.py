@@ -90,8 +90,7 @@ class OpenAIServingChat(OpenAIServing):
     def _usage(final: RequestOutput) -> UsageInfo:
         prompt = len(final.prompt_token_ids)
         completion = sum(len(c.token_ids) for c in final.outputs)
-        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                         total_tokens=prompt + completion)
+        return UsageInfo.count(prompt, completion, final.num_cached_tokens)
 
     async def _stream(self, req, request_id, gen, first):
         created = int(time.time())
@@ -116,9 +115,8 @@ class OpenAIServingChat(OpenAIServing):
                                     c.finish_reason, c.stop_reason)
                 if output.finished and req.stream_options and req.stream_options.include_usage:
                     prompt = len(output.prompt_token_ids)
-                    usage = UsageInfo(prompt_tokens=prompt,
-                                      completion_tokens=num_completion_tokens,
-                                      total_tokens=prompt + num_completion_tokens)
+                    usage = UsageInfo.count(prompt, num_completion_tokens,
+                                            output.num_cached_tokens)
                     yield sse(ChatCompletionChunk(id=request_id, created=created,
                                                   model=self.model_name, choices=[],
                                                   usage=usage))

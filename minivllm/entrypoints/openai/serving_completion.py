@@ -133,14 +133,13 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt = sum(len(f.prompt_token_ids) for f in finals)
         completion = 0 if echo_only else sum(len(c.token_ids) for f in finals
                                               for c in f.outputs)
-        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                         total_tokens=prompt + completion)
+        return UsageInfo.count(prompt, completion, sum(f.num_cached_tokens for f in finals))
 
     async def _stream(self, req, request_id, prompts, gens, firsts, echo_only):
         created = int(time.time())
         offsets: dict[int, int] = defaultdict(int)  # per choice: logprob text offset
         started: set[int] = set()
-        num_prompt_tokens = num_completion_tokens = 0
+        num_prompt_tokens = num_completion_tokens = num_cached_tokens = 0
         try:
             async for i, output in merge_streams(gens, firsts):
                 for c in output.outputs:  # deltas: only what is new
@@ -160,10 +159,10 @@ class OpenAIServingCompletion(OpenAIServing):
                                                  model=self.model_name, choices=[choice]))
                 if output.finished:
                     num_prompt_tokens += len(output.prompt_token_ids)
+                    num_cached_tokens += output.num_cached_tokens
             if req.stream_options and req.stream_options.include_usage:
-                usage = UsageInfo(prompt_tokens=num_prompt_tokens,
-                                  completion_tokens=num_completion_tokens,
-                                  total_tokens=num_prompt_tokens + num_completion_tokens)
+                usage = UsageInfo.count(num_prompt_tokens, num_completion_tokens,
+                                        num_cached_tokens)
                 yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name,
                                              choices=[], usage=usage))
         except Exception as e:  # whatever fails, the stream ends with an error event
