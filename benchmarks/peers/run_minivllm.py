@@ -11,7 +11,8 @@ from minivllm.bench.sampling import offline_params
 def main() -> None:
     spec = json.loads(sys.stdin.read())
     llm = LLM(spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
-              max_num_seqs=max(spec["batch_sizes"]), kv_cache_space=2.0, swap_space=0.1)
+              max_num_seqs=max(spec["batch_sizes"]), kv_cache_space=2.0, swap_space=0.1,
+              quantization=spec.get("quantization"))
     params = offline_params(spec.get("sampling", {"temperature": 0.0}),
                             llm.get_default_sampling_params(), max_tokens=spec["output_len"],
                             ignore_eos=True)

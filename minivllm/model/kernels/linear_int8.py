@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from minivllm.model.kernels import cpu
 
-_NR, _CHUNK = 4, 32  # int8_gemm.c's panel width and K chunk
+_NR, _CHUNK = 8, 32  # int8_gemm.c's panel width and K chunk
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +41,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_weight(q: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] -> int8_gemm.c's panel layout: [N/4, K/32, 4, 32], zero-padded."""
+    """int8 [N, K] -> int8_gemm.c's panel layout: [N/8, K/32, 8, 32], zero-padded."""
     n, k = q.shape
     np_, kp = -(-n // _NR) * _NR, -(-k // _CHUNK) * _CHUNK
     padded = F.pad(q, (0, kp - k, 0, np_ - n))
