@@ -214,3 +214,15 @@ def test_the_simulator_imports_no_torch():
             "if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_max_concurrency_holds_requests_in_the_client():
+    # One slot: request 1 (sent at 0.5) waits until request 0 finishes at t=2 (two 1-token
+    # steps); its latencies count from then, as the bench client's do.
+    trace = Trace("one-slot", [TraceEntry(0.0, 1, 1, 2), TraceEntry(0.5, 2, 1, 2)])
+    result = Simulator(config(), "fcfs", FakeCost(), max_concurrency=1).run(trace)
+    r0, r1 = result.results
+    assert (r0.start, r0.ttft, r0.e2e) == pytest.approx((0.0, 1.0, 2.0))
+    assert (r1.start, r1.ttft, r1.e2e) == pytest.approx((2.0, 1.0, 2.0))
+    free = Simulator(config(), "fcfs", FakeCost()).run(trace).results[1]
+    assert (free.start, free.ttft) == pytest.approx((0.5, 1.5))  # joins at the step's end, t=1

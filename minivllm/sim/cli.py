@@ -38,6 +38,9 @@ def _add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="roofline: fraction of device memory for weights + KV (default 0.9)")
     add_workload_args(p, default_priority, server=False)
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight at most; the others wait in the client and their "
+                        "latencies count from when they are sent (as bench serve's)")
     p.set_defaults(output="results/sim")
     add_engine_args(p, skip=tuple(f.name for f in fields(EngineConfig)
                                   if f.name not in SIM_ENGINE_ARGS or f.name in skip))
@@ -117,7 +120,8 @@ def prepare(args):
 def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
              out_dir: Path, title: str) -> tuple[dict, list]:
     sim = Simulator(config, policy, cost, aging_s=args.priority_aging_s,
-                    send_priority=policy == "priority", progress=not args.disable_tqdm)
+                    send_priority=policy == "priority", progress=not args.disable_tqdm,
+                    max_concurrency=args.max_concurrency)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0
@@ -128,6 +132,7 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     meta = {"title": title, "simulated": f"simulated, {cost.name}", "cost_model": cost.describe(),
             "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
             "policy": policy, "priority": args.priority, "scheduler": vars(config),
+            "max_concurrency": args.max_concurrency,
             "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, result.results, summary)
     print(f"[{policy}] simulated {len(trace.entries)} requests, "

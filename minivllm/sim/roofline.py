@@ -119,11 +119,12 @@ HARDWARE = {
     "a100-80g": Hardware("a100-80g", 312e12, 2039e9, 25e9, 80 * GIB, 0.004),
     # NVIDIA H100 datasheet (SXM): 989 dense BF16/FP16 TFLOPS, 3.35 TB/s; PCIe 5.0 host.
     "h100-80g": Hardware("h100-80g", 989e12, 3350e9, 50e9, 80 * GIB, 0.003),
-    # This machine (2 vCPUs of an AMD EPYC, AVX-512), measured with numpy on 2026-11-23:
-    # float32 matmul 4096^2 on both threads ~100 GFLOP/s, a 1 GiB array copy ~10 GB/s
-    # (read + write); the engine's default kv_cache_space of 4 GiB; torch's per-step Python
-    # and dispatch overhead ~15 ms at small batches (docs/performance.md's small-batch steps).
-    "cpu": Hardware("cpu", 100e9, 10e9, 10e9, 0, 0.015, 1.0, 1.0, 1.0, 0, 4 * GIB),
+    # This machine (2 vCPUs of an AMD EPYC, AVX-512), measured 2026-11-23 13:10 UTC under a
+    # load average of 3.1: float32 matmul 2048^2 ~52 GFLOP/s (numpy and torch alike), array
+    # copies 7.5-25 GB/s read + write; these are achieved rates (efficiencies 1). The step
+    # overhead is the fixed term `sim calibrate` fitted on stories260K (~2 ms). KV: the
+    # engine's default kv_cache_space of 4 GiB.
+    "cpu": Hardware("cpu", 50e9, 10e9, 10e9, 0, 0.002, 1.0, 1.0, 1.0, 0, 4 * GIB),
 }
 # Preset name -> (hardware, built-in model shape or None for the demo model's config.json).
 PRESETS = {

@@ -3,7 +3,8 @@ prefix caching, chunked prefill, swap and recompute preemption) driven by a virt
 with a cost model where the model runner would be.
 
 The loop does what EngineCore.step does around the runner, in the same order:
-1. requests whose send time has come are added (the engine adds what arrived between steps);
+1. requests whose send time has come are added (the engine adds what arrived between steps;
+   with max_concurrency, only while fewer are in flight, as the bench client holds them);
 2. `schedule()` runs at the current virtual time (the policies' aging reads this clock);
 3. the step takes `cost_model.step_time(composition)` seconds; its tokens exist at its end;
 4. a request samples a token when the step computes its last known token (as the runner
@@ -80,8 +81,9 @@ def decision(out) -> tuple:
 class Simulator:
     def __init__(self, config: SchedulerConfig, policy: str, cost_model: CostModel, *,
                  aging_s: float = 10.0, send_priority: bool = False, progress: bool = False,
-                 record_decisions: bool = False) -> None:
+                 record_decisions: bool = False, max_concurrency: int | None = None) -> None:
         self.config, self.cost_model = config, cost_model
+        self.max_concurrency = max_concurrency
         self.policy_name, self.aging_s = policy, aging_s
         self.send_priority, self.progress = send_priority, progress
         self.record_decisions = record_decisions
@@ -110,12 +112,19 @@ class Simulator:
                    mininterval=0.5)
         block_size, max_len = self.config.block_size, self.config.max_model_len
         next_arrival = 0
+        limit = self.max_concurrency or len(entries)
+        free_since: float | None = 0.0  # since when a client slot has been free
         while next_arrival < len(entries) or sched.has_unfinished_requests():
-            while next_arrival < len(entries) and entries[next_arrival].send_time <= self.now:
+            # Sent when its time has come and (--max-concurrency) a client slot is free:
+            # its latencies count from then, as the bench client's do.
+            while (next_arrival < len(entries) and entries[next_arrival].send_time <= self.now
+                   and len(last_token) < limit):
                 i = next_arrival
                 next_arrival += 1
+                results[i].start = max(entries[i].send_time, free_since)
                 if self._add(sched, entries[i], i, trace, prompts, results[i]):
                     last_token[str(i)] = 0.0
+                    free_since = None if len(last_token) >= limit else free_since
                 else:
                     bar.update(1)
             if not sched.has_unfinished_requests():
@@ -149,15 +158,16 @@ class Simulator:
             for r in sched.update_from_output(out, sampled):
                 res = results[int(r.request_id)]
                 if res.ttft is None:
-                    res.ttft = self.now - res.send_time
+                    res.ttft = self.now - res.start
                 else:
                     res.itl.append(self.now - last_token[r.request_id])
                 last_token[r.request_id] = self.now
                 if r.num_output_tokens >= r.max_tokens or r.num_tokens >= max_len:
                     sched.finish_request(r, RequestStatus.FINISHED_LENGTH)
-                    res.output_tokens, res.e2e = r.num_output_tokens, self.now - res.send_time
+                    res.output_tokens, res.e2e = r.num_output_tokens, self.now - res.start
                     res.success = True
                     del last_token[r.request_id]
+                    free_since = self.now if free_since is None else free_since
                     bar.update(1)
         bar.close()
         stats.simulated_wall_time_s = self.now
@@ -170,7 +180,7 @@ class Simulator:
         ids = (prompts[index] if prompts is not None
                else symbolic_prompt(entry, index, trace.prefix_block_tokens or 1))
         priority = entry.priority if self.send_priority and entry.priority is not None else 0
-        request = Request(str(index), ids, entry.output_tokens, entry.send_time, priority)
+        request = Request(str(index), ids, entry.output_tokens, result.start, priority)
         try:
             sched.add_request(request)
         except ValueError as e:  # the server's 400
