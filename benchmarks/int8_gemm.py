@@ -1,9 +1,11 @@
-"""The int8 GEMMs torch 2.13 offers on this CPU against minivllm's, and the machine's peaks.
+"""The int8 GEMMs torch 2.13 offers on this CPU against minivllm's, bf16, and the peaks.
 
     python benchmarks/int8_gemm.py [--rows 1 16 64 256] [--threads 2]
 
 For each SmolLM-135M linear shape (qkv, o, gate_up, down, lm_head) and row count: the
-milliseconds per call of the fp32 oneDNN linear the engine uses (packed weights), minivllm's
+milliseconds per call of the fp32 oneDNN linear the engine uses (packed weights), the same
+Linear with bf16 weights and input (oneDNN's packed bf16 where the CPU has bf16 hardware,
+else F.linear: what dtype=bfloat16 runs), minivllm's
 W8A8 kernel (int8_gemm.c, activations quantized inside the call), torch._int_mm (with the
 per-token quantization in torch ops), torch._weight_int8pack_mm (weight-only int8), fbgemm's
 quantized.linear_dynamic and oneDNN's qlinear_pointwise (u8 activations, zero point 128),
@@ -105,6 +107,7 @@ def candidates(weight: torch.Tensor, x: torch.Tensor) -> dict:
     """name -> a function computing x @ weight.T its way."""
     n, k = weight.shape
     fp32 = Linear(weight)
+    bf16, x_bf16 = Linear(weight.bfloat16()), x.bfloat16()
     ours = Int8Linear(weight)
     q, scales = quantize_per_channel(weight)
     q_t = q.t().contiguous()
@@ -127,7 +130,8 @@ def candidates(weight: torch.Tensor, x: torch.Tensor) -> dict:
                                                    None, 1.0, 0, torch.float32, "none", [],
                                                    "") * x_scales[:, None]
 
-    return {"fp32 oneDNN": lambda: fp32(x), "minivllm int8": lambda: ours(x),
+    return {"fp32 oneDNN": lambda: fp32(x), "bf16": lambda: bf16(x_bf16).float(),
+            "minivllm int8": lambda: ours(x),
             "_int_mm": int_mm, "weight-only int8": lambda: torch._weight_int8pack_mm(
                 x, q, scales), "fbgemm dynamic": lambda: torch.ops.quantized.linear_dynamic(
                 x, fbgemm, False), "oneDNN qlinear": qlinear}

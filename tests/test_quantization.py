@@ -92,11 +92,10 @@ def _scores(llm, sequences):
 
 
 def test_engine_int8_against_fp32_on_stories(stories_dir):
-    """16 prompts x 32 greedy tokens on real weights. Stated tolerances (measured on
-    stories260K: mean |dlogprob| 0.019, perplexity +0.1%, prefix agreement 65% over 64
-    tokens): the fp32 greedy tokens' mean |dlogprob| below 0.05, the teacher-forced
-    perplexity within 2%, and on average at least 40% of each continuation identical to
-    fp32's before the first difference."""
+    """16 prompts x 32 greedy tokens on real weights. Stated tolerances (measured here:
+    0.027, -1.2%, 80%): the fp32 greedy tokens' mean |dlogprob| below 0.05, their
+    teacher-forced perplexity within 2% of fp32's, and on average at least 40% of each
+    continuation identical to fp32's before the first difference."""
     prompts = [[1] + [(7 * i + 13 * j) % 480 + 20 for j in range(3 + i % 5)] for i in range(16)]
     kwargs = dict(seed=0, kv_cache_space=0.05, swap_space=0.01)
     fp32 = LLM(str(stories_dir), dtype="float32", **kwargs)
