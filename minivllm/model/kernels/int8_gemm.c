@@ -5,7 +5,7 @@
  * AVX2's only int8 multiply, vpmaddubsw, takes one unsigned and one signed operand and
  * adds adjacent products into int16 with saturation. oneDNN and fbgemm feed it u8
  * activations with a zero point, where 255 * 127 * 2 overflows int16 (their outputs here
- * were 10% off); on CPUs without VNNI torch's quantization therefore drops a bit of the
+ * were 4-13% off); on CPUs without VNNI torch's quantization therefore drops a bit of the
  * activations (reduce_range). This kernel uses the sign trick instead: |x| (unsigned) times
  * w * sign(x) (vpsignb) is x * w, and 127 * 127 * 2 fits in int16, so the products are
  * exact at 8 bits. vpmaddwd against ones widens the pairs to int32.

@@ -5,9 +5,9 @@ symmetric, to int8. The product runs in int32 and is scaled back to fp32.
 On the CPU with the C kernels built, int8_gemm.c does all of it in one call (quantize the
 rows, multiply, scale, add bias and residual). This CPU has AVX2 but neither VNNI nor
 AMX, and torch's int8 GEMMs were no help here (measured by benchmarks/int8_gemm.py):
-oneDNN's and fbgemm's u8 x s8 kernels saturate in int16 without VNNI (outputs 10% off
+oneDNN's and fbgemm's u8 x s8 kernels saturate in int16 without VNNI (outputs 4-13% off
 unless activations drop to 7 bits), and torch._int_mm and _weight_int8pack_mm run
-reference loops (~50x slower than fp32 at 64 rows). Elsewhere the torch reference below
+reference loops (20-170x slower than the fp32 linear at 64 rows). Elsewhere the torch reference below
 runs: the same quantization, the integer product computed in fp32 (exact while K * 127^2
 stays below 2^24, i.e. K <= 1040; within fp32 rounding beyond).
 """
