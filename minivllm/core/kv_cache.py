@@ -117,8 +117,8 @@ class KVCacheManager:
     def num_cached_tokens_probe(self, request: Request) -> int:
         """How many tokens the prefix cache would serve, by hashes alone (no token re-check):
         cheap enough for a policy to call on every request at every sort."""
-        hashes, num = self.block_hashes(request), 0
-        while num < self._max_hit_blocks(request) and hashes[num] in self.cached:
+        hashes, num, limit, cached = self.block_hashes(request), 0, self._max_hit_blocks(request), self.cached
+        while num < limit and hashes[num] in cached:
             num += 1
         return num * self.block_size
 

@@ -112,7 +112,9 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
         self.predictor = OutputLengthPredictor()
 
     def remaining_work(self, request: Request) -> int:
-        computed = max(request.num_computed_tokens, self.cached_tokens(request))
+        computed = request.num_computed_tokens
+        if computed < request.num_prompt_tokens:  # else no prompt is left: skip the probe
+            computed = max(computed, self.cached_tokens(request))
         prompt_left = max(0, request.num_prompt_tokens - computed)
         output_left = max(1, self.predictor.predict(request) - request.num_output_tokens)
         return prompt_left + output_left
