@@ -128,6 +128,18 @@ def scenario(name: str, args) -> dict:
     return spec
 
 
+def one_scenario(name: str, num_prompts: int | None) -> tuple[dict, int]:
+    """A scenario for the scripts that replay one (profile_serve, replay_serving): its spec,
+    fewer requests if asked, the server's default sampling for `custom`; and the context
+    length it needs."""
+    spec = dict(SCENARIOS[name])
+    if num_prompts is not None:
+        spec["num_prompts"] = num_prompts
+    if spec["sampling"] is None:
+        spec["sampling"] = {}
+    return spec, spec["input_len"] + spec["output_len"] + 16
+
+
 def bench(port: int, model: Path, spec: dict, endpoint: str, out: Path) -> dict:
     command = [sys.executable, "-m", "minivllm.entrypoints.cli", "bench", "serve",
                "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),

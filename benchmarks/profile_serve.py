@@ -41,7 +41,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from compare_serving import ROOT, SCENARIOS, bench, describe, start, stop
+from compare_serving import ROOT, SCENARIOS, bench, describe, one_scenario, start, stop
 from random_model import save_random_model
 
 MAIN_THREAD = "MainThread"
@@ -236,12 +236,7 @@ def main() -> None:
     model = save_random_model("smollm-135m", Path(args.model_dir))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    spec = dict(SCENARIOS[args.scenario])
-    if args.num_prompts is not None:
-        spec["num_prompts"] = args.num_prompts
-    if spec["sampling"] is None:
-        spec["sampling"] = {}
-    max_model_len = spec["input_len"] + spec["output_len"] + 16
+    spec, max_model_len = one_scenario(args.scenario, args.num_prompts)
     print(f"starting minivllm serve ({args.scenario}: {describe(spec)}) ...", flush=True)
     server, ready_s = start("minivllm", model, args.port, max_model_len, out / "server.log",
                             ("--engine-mode", args.engine_mode))

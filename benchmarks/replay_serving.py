@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from compare_serving import ROOT, SCENARIOS, bench, describe, start, stop
+from compare_serving import ROOT, SCENARIOS, bench, describe, one_scenario, start, stop
 from random_model import save_random_model
 
 from minivllm import LLM, SamplingParams
@@ -87,12 +87,7 @@ def main() -> None:
     model = save_random_model("smollm-135m", Path(args.model_dir))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    spec = dict(SCENARIOS[args.scenario])
-    if args.num_prompts is not None:
-        spec["num_prompts"] = args.num_prompts
-    if spec["sampling"] is None:
-        spec["sampling"] = {}
-    max_model_len = spec["input_len"] + spec["output_len"] + 16
+    spec, max_model_len = one_scenario(args.scenario, args.num_prompts)
     print(f"{args.scenario}: {describe(spec)}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
           f", load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     served, replayed = [], []
