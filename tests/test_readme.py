@@ -10,15 +10,13 @@ import io
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.model_factory import STORIES
 from tests.readme_blocks import README, commands, readme_steps, server_command, with_port
-from tests.server_utils import free_port
+from tests.server_utils import ServerProcess, free_port
 
 ROOT = README.parent
 # curl as the README writes it, but an HTTP error status fails the block.
@@ -33,32 +31,16 @@ def _env() -> dict[str, str]:
             "PYTHONUNBUFFERED": "1", "MINIVLLM_ENGINE_MODE": "thread"}
 
 
-class ReadmeServer:
+class ReadmeServer(ServerProcess):
+    """A server the README starts, with its own command line as written (port substituted);
+    readiness, log and stop as the other server tests'."""
+
     def __init__(self, command: str, port: int, log: Path) -> None:
-        self.command, self.url, self.log_path = command, f"http://127.0.0.1:{port}", log
+        self.port, self.url, self.log_path = port, f"http://127.0.0.1:{port}", log
         self._log = open(log, "wb")
         self.proc = subprocess.Popen(["bash", "-c", "exec " + command], cwd=ROOT, env=_env(),
                                      stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"`{command}` did not come up:\n{log.read_text(errors='replace')}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        self._wait_ready(timeout=120)
 
 
 def _run_bash(code: str, where: str) -> None:
