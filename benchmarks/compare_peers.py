@@ -130,8 +130,12 @@ def main() -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\ntok/s: the median over rounds; '{args.reference} / it': the median of each "
           f"round's ratio (range in brackets); above 1: {args.reference} faster.")
-    print("llama.cpp: f32 GGUF, f32 KV, flash attention off — the settings whose greedy output "
-          "matches transformers (LLAMACPP_DTYPE / LLAMACPP_KV / LLAMACPP_FLASH_ATTN change it)")
+    if "llama.cpp" in args.engines:
+        env = {k: os.environ.get(f"LLAMACPP_{k}", "default")
+               for k in ("DTYPE", "KV", "FLASH_ATTN")}
+        print(f"llama.cpp: GGUF {env['DTYPE']}, KV {env['KV']}, flash attention "
+              f"{env['FLASH_ATTN']} (defaults: f32 / f32 / off, the settings whose greedy "
+              "output matches transformers)")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ class EngineConfig:
     # max_num_seqs requests of max_model_len tokens can fill (see kv_cache_num_blocks).
     kv_cache_space: float | None = None
     swap_space: float = 4.0  # GiB of host memory for swapped-out blocks
+    # auto: the model's dtype; bfloat16 (bf16): half the bytes per cached token for fp32
+    # models (model/kernels/paged_attention.c widens it to fp32 as it reads)
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     # Scheduling
     max_num_seqs: int = 256
@@ -66,6 +69,8 @@ class EngineConfig:
         if self.quantization and self.dtype not in ("auto", "float32", "float", "fp32"):
             raise ValueError(f"quantization={self.quantization!r} keeps activations in "
                              f"float32: dtype must be auto or float32, got {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "bfloat16", "bf16"):
+            raise bad("kv_cache_dtype", "must be auto or bfloat16 (bf16)")
         if self.block_size < 1 or self.block_size > 256:
             raise bad("block_size", "must be in [1, 256]")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

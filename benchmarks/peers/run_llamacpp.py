@@ -16,7 +16,7 @@ output_len tokens per sequence. Batch 1 is the same loop with B = 1. Timed: pref
 decode of the B requests; not timed: model load, context creation, a warm-up decode.
 
 Knobs (environment). The defaults are the fp32 configuration whose greedy tokens equal
-transformers' fp32 ones (see --check): LLAMACPP_DTYPE f32 | bf16 (GGUF weights);
+transformers' fp32 ones (see --check): LLAMACPP_DTYPE f32 | bf16 | q8_0 (GGUF weights);
 LLAMACPP_KV f32 | f16 (KV cache; f16 is llama.cpp's own default); LLAMACPP_FLASH_ATTN
 off | auto | on (llama.cpp's CPU flash attention computes in reduced precision, so greedy
 tokens drift from fp32 references after a few steps); LLAMACPP_THREADS (default: the
@@ -228,7 +228,7 @@ if __name__ == "__main__":
         ap.add_argument("--check", nargs="?", type=Path, metavar="MODEL_DIR", const=False,
                         required=True, help="default: a 4-layer sharp-attention model")
         ap.add_argument("--reference-python", type=Path, default=ROOT / ".venv/bin/python")
-        ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+        ap.add_argument("--dtype", choices=["f32", "bf16", "q8_0"], default="f32")
         ap.add_argument("--kv", choices=list(GGML_TYPES), default="f32")
         ap.add_argument("--flash-attn", choices=list(FLASH_ATTN), default="off")
         args = ap.parse_args()

@@ -1,7 +1,7 @@
 """Convert the random-weight Llama model of benchmarks/random_model.py to a GGUF file that
 llama.cpp loads, with the public writer API of the `gguf` package (GGUFWriter).
 
-    peers/llamacpp/bin/python benchmarks/peers/to_gguf.py results/smollm-135m-random [--dtype bf16]
+    peers/llamacpp/bin/python benchmarks/peers/to_gguf.py results/smollm-135m-random [--dtype bf16|q8_0]
 
 Runs in the peers/llamacpp venv (gguf, numpy, safetensors; no torch). Input: a Hugging Face
 LlamaForCausalLM directory (config.json, model.safetensors in fp32, tokenizer.json with a
@@ -23,7 +23,8 @@ What the conversion does:
 - a minimal SentencePiece-typed ("llama") vocabulary: the tokenizer.json words with score
   0, <unk> / <s> / </s> marked unknown / control, bos 1, eos 2, unk 0. Benchmarks feed token
   ids, so the vocabulary only has to exist and have the model's size;
-- f32 (default): every tensor as is. bf16: the 2-D matrices in bf16, the norms in f32.
+- f32 (default): every tensor as is. bf16 / q8_0: the 2-D matrices in bf16 or in llama.cpp's
+  q8_0 (blocks of 32 int8 with one f16 scale, quantized by the gguf package), norms in f32.
 
 Verification (llama.cpp's greedy tokens equal transformers' on the same ids) lives in
 `run_llamacpp.py --check`.
@@ -40,7 +41,10 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
-DTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16}
+DTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+          "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+# The 2-D matrices' storage type per file type (norms stay f32 in every one).
+MATRIX_TYPES = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 
 LAYER_NAMES = {  # HF name inside model.layers.N. -> llama.cpp name inside blk.N.
     "input_layernorm.weight": "attn_norm.weight",
@@ -138,8 +142,8 @@ def convert(model_dir: Path, out: Path, dtype: str = "f32") -> Path:
 
     def add(name: str, w: np.ndarray) -> None:
         w = np.ascontiguousarray(w, dtype=np.float32)
-        if dtype == "bf16" and w.ndim == 2:
-            raw = gguf.GGMLQuantizationType.BF16
+        if dtype in MATRIX_TYPES and w.ndim == 2:
+            raw = MATRIX_TYPES[dtype]
             writer.add_tensor(name, gguf.quants.quantize(w, raw), raw_dtype=raw)
         else:
             writer.add_tensor(name, w)

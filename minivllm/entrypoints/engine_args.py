@@ -17,6 +17,8 @@ _HELP = {
     "kv_cache_space": "GiB of memory for the KV cache; unset: 4 GiB, but no more than "
                       "--max-num-seqs requests of --max-model-len tokens can fill",
     "swap_space": "GiB of host memory for swapped-out KV blocks",
+    "kv_cache_dtype": "auto (the model's dtype) | bfloat16: half the KV bytes of an fp32 "
+                      "model, read by the attention kernels as fp32",
     "scheduling_policy": " | ".join(POLICIES),
     "preemption_mode": "recompute | swap (default: swap for multi-sequence requests)",
     "active_preemption": "let a better-ranked waiting request preempt a running one",

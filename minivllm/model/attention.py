@@ -43,8 +43,8 @@ class AttentionMetadata:
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     num_kv_heads, head_dim = k.shape[-2:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def _one_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -53,6 +53,7 @@ def _one_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     query_len = q.shape[0]
     k = k_cache[table].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)  # [1, KVH, L, D]
     v = v_cache[table].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)
+    k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (--kv-cache-dtype) under fp32 math
     mask = None
     if query_len > 1:  # query i sits at position seq_len - query_len + i
         mask = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device)
@@ -88,8 +89,8 @@ def padded_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
                             scale: float) -> torch.Tensor:
     """The portable decode path: gather padded contexts, one masked SDPA."""
-    k = k_cache[block_table].flatten(1, 2).transpose(1, 2)  # [B, KVH, L, D]
-    v = v_cache[block_table].flatten(1, 2).transpose(1, 2)
+    k = k_cache[block_table].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [B, KVH, L, D]
+    v = v_cache[block_table].flatten(1, 2).transpose(1, 2).to(q.dtype)
     positions = torch.arange(block_table.shape[1] * block_size, device=q.device)
     mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
     out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale,

@@ -53,7 +53,8 @@ class ModelRunner:
         self.block_size = config.block_size
         layers, kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
         shape = (layers, self.block_size, kv_heads, head_dim(hf_config))
-        self.block_bytes = block_bytes = 2 * torch.Size(shape).numel() * self.dtype.itemsize
+        self.kv_dtype = (self.dtype if config.kv_cache_dtype == "auto" else torch.bfloat16)
+        self.block_bytes = block_bytes = 2 * torch.Size(shape).numel() * self.kv_dtype.itemsize
         self.num_blocks = config.kv_cache_num_blocks(block_bytes, max_model_len)
         self.num_swap_blocks = int(config.swap_space * GiB // block_bytes)
         # One block more than the scheduler hands out: padding rows write their K/V there.
@@ -64,8 +65,8 @@ class ModelRunner:
         # The host swap pool is filled lazily: only swapped-out blocks are ever read.
         host_shape = (layers, self.num_swap_blocks, *shape[1:])
         pin = self.device.type == "cuda"
-        self.k_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
-        self.v_host = torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
+        self.k_host = torch.empty(host_shape, dtype=self.kv_dtype, pin_memory=pin)
+        self.v_host = torch.empty(host_shape, dtype=self.kv_dtype, pin_memory=pin)
         self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
         # oneDNN linears run at a few row counts (linear.py): pad the batch to one once per
         # step, so that no layer pads (and copies) its input again.
@@ -84,9 +85,9 @@ class ModelRunner:
         the engine can start (numpy.zeros would too, and asks for huge pages, which here
         made every first touch stall on memory compaction)."""
         if self.device.type != "cpu":
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
-        pages = mmap.mmap(-1, torch.Size(shape).numel() * self.dtype.itemsize)
-        return torch.frombuffer(pages, dtype=self.dtype).view(shape)
+            return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        pages = mmap.mmap(-1, torch.Size(shape).numel() * self.kv_dtype.itemsize)
+        return torch.frombuffer(pages, dtype=self.kv_dtype).view(shape)
 
     # ---- block copies -----------------------------------------------------------------
 

@@ -30,11 +30,12 @@ _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
 _LINK = ["-shared", "-fopenmp", "-lm"]
 _P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
-    "paged_decode_attention_f32": [_P] * 6 + [_I] * 6 + [_I64, _F, _I],
-    "paged_prefill_attention_f32": [_P] * 7 + [_I] * 6 + [_I64, _F, _I],
+    # the int after q, k_cache, v_cache: kv_bf16 (a bf16 K/V cache, else fp32)
+    "paged_decode_attention_f32": [_P] * 3 + [_I] + [_P] * 3 + [_I] * 6 + [_I64, _F, _I],
+    "paged_prefill_attention_f32": [_P] * 3 + [_I] + [_P] * 4 + [_I] * 6 + [_I64, _F, _I],
     "rms_norm_f32": [_P, _P, _P, _I64, _I, _F, _I],
     "silu_and_mul_f32": [_P, _P, _I64, _I, _I],
-    "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I64, _I, _I, _I],
+    "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I, _I64, _I, _I, _I],
     "argmax_rows_f32": [_P, _P, _I64, _I64, _I],
     "sample_rows_f32": [_P, _I64, _I64] + [_P] * 10 + [_I],
     "sampler_uniforms_f64": [_P, _P, _P, _I64],
@@ -93,18 +94,26 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
             and _library() is not None)
 
 
+KV_CACHE_DTYPES = (torch.float32, torch.bfloat16)  # what the attention kernels read
+
+
+def _is_bf16(cache: torch.Tensor) -> int:
+    return int(cache.dtype == torch.bfloat16)
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
     """q: [B, H, D] (rows may be strided); caches: [num_blocks, block_size, KVH, D]
-    (contiguous); block_table: [B, max_blocks] and seq_lens: [B], int64 -> [B, H, D]."""
+    (contiguous, fp32 or bf16); block_table: [B, max_blocks] and seq_lens: [B], int64 -> [B, H, D]."""
     num_seqs, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, block_size, num_kv_heads, _ = k_cache.shape
     _library().paged_decode_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
+        block_table.data_ptr(),
         seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
         block_size, block_table.shape[1], q.stride(0), scale, torch.get_num_threads())
     return out
@@ -136,7 +145,7 @@ def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor,
     _library().rope_write_kv_f32(
         qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(),
         signed_sin.data_ptr(), slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        qkv.shape[0], num_heads, num_kv_heads, head_dim)
+        _is_bf16(k_cache), qkv.shape[0], num_heads, num_kv_heads, head_dim)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +162,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """Causal attention of P requests' new tokens over their paged contexts, read in place.
 
     q: [T, H, D], the new tokens of the P requests concatenated (rows may be strided);
-    caches: [num_blocks, block_size, KVH, D] (contiguous, one layer); block_table:
+    caches: [num_blocks, block_size, KVH, D] (contiguous, one layer, fp32 or bf16); block_table:
     [P, max_blocks] (padded rows); query_start_loc: [P + 1] from 0 to T; seq_lens: [P],
     each request's context length after this step; all int64. Request p's queries are its
     last query_len positions: query i sits at position seq_lens[p] - query_len + i and
@@ -166,7 +175,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, block_size, num_kv_heads, _ = k_cache.shape
     _library().paged_prefill_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
+        block_table.data_ptr(),
         query_start_loc.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), seq_lens.shape[0],
         num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], q.stride(0),
         scale, torch.get_num_threads())

@@ -3,6 +3,7 @@
  * rows. Rows are split over OpenMP threads only when there is enough work to pay for it. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define PARALLEL_MIN_ELEMENTS 32768
 
@@ -40,10 +41,17 @@ void silu_and_mul_f32(const float *x, float *out, int64_t rows, int half, int nu
  *   cos, signed_sin  [max_positions, D]: sin's first half negated, so that
  *            x' = x * cos + roll(x, D / 2) * signed_sin  (transformers' rotate_half)
  *   k/v_cache [num_slots, num_kv_heads * D]                                              */
+/* fp32 -> bf16, rounded to nearest even as torch rounds (finite values). */
+static inline uint16_t narrow_bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
 void rope_write_kv_f32(float *qkv, int64_t row_stride, const int64_t *positions,
                        const float *cos, const float *signed_sin, const int64_t *slots,
-                       float *k_cache, float *v_cache, int64_t tokens, int num_heads,
-                       int num_kv_heads, int head_dim) {
+                       void *k_cache, void *v_cache, int kv_bf16, int64_t tokens,
+                       int num_heads, int num_kv_heads, int head_dim) {
     const int half = head_dim / 2, heads = num_heads + num_kv_heads;
     const int64_t kv_row = (int64_t)num_kv_heads * head_dim;
     for (int64_t t = 0; t < tokens; t++) {
@@ -62,10 +70,17 @@ void rope_write_kv_f32(float *qkv, int64_t row_stride, const int64_t *positions,
                 x[d + half] = x[d + half] * c[d + half] + first[d] * s[d + half];
         }
         const float *k = row + (int64_t)num_heads * head_dim, *v = k + kv_row;
-        float *kc = k_cache + slots[t] * kv_row, *vc = v_cache + slots[t] * kv_row;
-        for (int64_t i = 0; i < kv_row; i++) {
-            kc[i] = k[i];
-            vc[i] = v[i];
+        if (kv_bf16) {
+            uint16_t *kc = (uint16_t *)k_cache + slots[t] * kv_row;
+            uint16_t *vc = (uint16_t *)v_cache + slots[t] * kv_row;
+#pragma omp simd
+            for (int64_t i = 0; i < kv_row; i++) {
+                kc[i] = narrow_bf16(k[i]);
+                vc[i] = narrow_bf16(v[i]);
+            }
+        } else {
+            memcpy((float *)k_cache + slots[t] * kv_row, k, kv_row * sizeof(float));
+            memcpy((float *)v_cache + slots[t] * kv_row, v, kv_row * sizeof(float));
         }
     }
 }

@@ -12,22 +12,48 @@
  *   k/v_cache    [num_blocks, block_size, num_kv_heads, head_dim]
  *   block_table  [num_seqs, max_blocks]   (int64)
  *   seq_lens     [num_seqs]               (int64)
+ *
+ * The K/V cache is fp32, or bf16 with kv_bf16 (--kv-cache-dtype bfloat16): half the bytes
+ * to read, which is what decode attention at long contexts waits on. A bf16 block is
+ * widened to fp32 in a small per-task buffer as it is read (a shift per element: no bf16
+ * arithmetic is needed, and the CPU need not have any), and the math stays fp32.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
-static inline void prefetch(const float *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i);
+static inline void prefetch(const void *p, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i);
+}
+
+/* bf16 -> fp32 is exact: the bf16 bits are the fp32's top half. */
+static inline void widen_bf16(const uint16_t *restrict src, float *restrict dst, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t bits = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &bits, sizeof bits);
+    }
+}
+
+/* n K/V rows of `row` elements from element offset `at` of a cache: in place when fp32,
+ * else widened into buf. */
+static inline const float *kv_rows(const void *cache, int kv_bf16, int64_t at, int64_t n,
+                                   float *buf) {
+    if (!kv_bf16) return (const float *)cache + at;
+    widen_bf16((const uint16_t *)cache + at, buf, n);
+    return buf;
 }
 
 /* Inlined into a copy per common head_dim, so that the inner loops have a constant trip
  * count and vectorize without remainders. */
 static inline __attribute__((always_inline)) void attend(
-    const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
+    const float *q, const void *k_cache, const void *v_cache, int kv_bf16, const int64_t *table,
     int64_t len, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-    float *out) {
+    float *out, float *k_buf, float *v_buf) {
     const int group = num_heads / num_kv_heads;
     const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
+    const int64_t row_bytes = row * (kv_bf16 ? 2 : 4), block_bytes = block_size * row_bytes;
     float max[num_heads], sum[num_heads], scores[num_heads][block_size];
     for (int h = 0; h < num_heads; h++) {
         sum[h] = 0.f;
@@ -35,11 +61,13 @@ static inline __attribute__((always_inline)) void attend(
     }
     for (int64_t start = 0; start < len; start += block_size) {
         const int n = len - start < block_size ? (int)(len - start) : block_size;
-        const float *k = k_cache + table[start / block_size] * block;
-        const float *v = v_cache + table[start / block_size] * block;
+        const int64_t at = table[start / block_size] * block;
+        const float *k = kv_rows(k_cache, kv_bf16, at, n * row, k_buf);
+        const float *v = kv_rows(v_cache, kv_bf16, at, n * row, v_buf);
         const int64_t next = start + block_size < len ? table[start / block_size + 1] : -1;
         for (int t = 0; t < n; t++) {
-            if (next >= 0) prefetch(k_cache + next * block + t * row, row);
+            if (next >= 0)
+                prefetch((const char *)k_cache + next * block_bytes + t * row_bytes, row_bytes);
             for (int h = 0; h < num_heads; h++) {
                 const float *qh = q + h * head_dim, *kh = k + t * row + h / group * head_dim;
                 float dot = 0.f;
@@ -62,7 +90,8 @@ static inline __attribute__((always_inline)) void attend(
                 for (int d = 0; d < head_dim; d++) out[h * head_dim + d] *= rescale;
         }
         for (int t = 0; t < n; t++) {
-            if (next >= 0) prefetch(v_cache + next * block + t * row, row);
+            if (next >= 0)
+                prefetch((const char *)v_cache + next * block_bytes + t * row_bytes, row_bytes);
             for (int h = 0; h < num_heads; h++) {
                 const float p = scores[h][t], *vh = v + t * row + h / group * head_dim;
                 float *o = out + h * head_dim;
@@ -75,30 +104,41 @@ static inline __attribute__((always_inline)) void attend(
         for (int d = 0; d < head_dim; d++) out[h * head_dim + d] /= sum[h];
 }
 
-void paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                                const int64_t *block_table, const int64_t *seq_lens,
-                                float *out, int num_seqs, int num_heads, int num_kv_heads,
-                                int head_dim, int block_size, int max_blocks, int64_t q_stride,
-                                float scale, int num_threads) {
+void paged_decode_attention_f32(const float *q, const void *k_cache, const void *v_cache,
+                                int kv_bf16, const int64_t *block_table,
+                                const int64_t *seq_lens, float *out, int num_seqs,
+                                int num_heads, int num_kv_heads, int head_dim, int block_size,
+                                int max_blocks, int64_t q_stride, float scale,
+                                int num_threads) {
     const int64_t stride = (int64_t)num_heads * head_dim;
-#pragma omp parallel for schedule(dynamic) num_threads(num_threads)
+    /* a block's K and V widened from bf16, per thread (none with an fp32 cache) */
+    const size_t buf_len = kv_bf16 ? (size_t)block_size * num_kv_heads * head_dim : 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+    float *k_buf = buf_len ? malloc(2 * buf_len * sizeof(float)) : NULL;
+    float *v_buf = k_buf ? k_buf + buf_len : NULL;
+    if (buf_len && k_buf == NULL) abort();
+#pragma omp for schedule(dynamic)
     for (int s = 0; s < num_seqs; s++) {
         const float *qs = q + s * q_stride;
         const int64_t *table = block_table + (int64_t)s * max_blocks;
         float *o = out + s * stride;
-#define ATTEND(D) attend(qs, k_cache, v_cache, table, seq_lens[s], num_heads, num_kv_heads, \
-                         D, block_size, scale, o)
+#define ATTEND(D) attend(qs, k_cache, v_cache, kv_bf16, table, seq_lens[s], num_heads, \
+                         num_kv_heads, D, block_size, scale, o, k_buf, v_buf)
         switch (head_dim) {
         case 64: ATTEND(64); break;
         case 128: ATTEND(128); break;
         default: ATTEND(head_dim);
         }
     }
+    free(k_buf);
+    }
 }
 
 /* ==========================================================================================
  * Paged attention for prefill steps (several new tokens per request: a prompt, or a chunk
- * of one on top of tokens already cached), causal by position, fp32, CPU.
+ * of one on top of tokens already cached), causal by position, fp32 math, CPU; a bf16
+ * K/V cache is widened a step (KT rows) at a time, as in the decode kernel.
  *
  * Request p has query_len = query_start_loc[p + 1] - query_start_loc[p] new tokens, the
  * last ones of its seq_lens[p] positions: its query i sits at position
@@ -251,13 +291,14 @@ typedef struct {
     float *rescale; /* [rows] a step's correction of the running sum and outputs */
     int *query;     /* [rows] the row's query within the item */
     float *zero;    /* [head_dim] zeros: the K and V rows of tokens past the context */
+    float *wide;    /* [2][KT][head_dim] a step's K and V rows widened from a bf16 cache */
     const float *k[KT], *v[KT]; /* a step's key and value rows */
 } scratch;
 
 /* One item: queries 0..nq at positions first_pos + i, kv head g. q points at query 0, head 0;
  * out likewise. Row r is query r / group of head g * group + r % group. */
 static void prefill_item(
-    const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
+    const float *q, const void *k_cache, const void *v_cache, int kv_bf16, const int64_t *table,
     int64_t first_pos, int nq, int g, int num_heads, int num_kv_heads, int head_dim,
     int block_size, int64_t q_stride, float scale, float *out, scratch *w) {
     const int group = num_heads / num_kv_heads, used = nq * group;
@@ -282,8 +323,9 @@ static void prefill_item(
             if (pos < len) {
                 const int64_t at = table[pos / block_size] * block + pos % block_size * row
                                    + g * head_dim;
-                w->k[t] = k_cache + at;
-                w->v[t] = v_cache + at;
+                float *wide = w->wide + t * head_dim;
+                w->k[t] = kv_rows(k_cache, kv_bf16, at, head_dim, wide);
+                w->v[t] = kv_rows(v_cache, kv_bf16, at, head_dim, wide + KT * head_dim);
             } else {
                 w->k[t] = w->v[t] = w->zero;
             }
@@ -348,8 +390,8 @@ static int by_cost_descending(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-void paged_prefill_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                                 const int64_t *block_table, const int64_t *query_start_loc,
+void paged_prefill_attention_f32(const float *q, const void *k_cache, const void *v_cache,
+                                 int kv_bf16, const int64_t *block_table, const int64_t *query_start_loc,
                                  const int64_t *seq_lens, float *out, int num_reqs,
                                  int num_heads, int num_kv_heads, int head_dim, int block_size,
                                  int max_blocks, int64_t q_stride, float scale,
@@ -380,7 +422,8 @@ void paged_prefill_attention_f32(const float *q, const float *k_cache, const flo
 #pragma omp parallel num_threads(num_threads)
     {
         scratch w;
-        float *buf = malloc((rows * (2 * head_dim + KT + 3) + head_dim) * sizeof(float));
+        float *buf = malloc((rows * (2 * head_dim + KT + 3) + head_dim + 2 * KT * head_dim)
+                            * sizeof(float));
         w.query = malloc(rows * sizeof(int));
         if (buf == NULL || w.query == NULL) abort();
         w.qt = buf;
@@ -391,6 +434,7 @@ void paged_prefill_attention_f32(const float *q, const float *k_cache, const flo
         w.rescale = w.sum + rows;
         w.zero = w.rescale + rows;
         for (int d = 0; d < head_dim; d++) w.zero[d] = 0.f;
+        w.wide = w.zero + head_dim;
 #pragma omp for schedule(dynamic)
         for (int64_t it = 0; it < num_items; it++) {
             const prefill_work item = items[it];
@@ -404,7 +448,7 @@ void paged_prefill_attention_f32(const float *q, const float *k_cache, const flo
             float *o = out + (req_start + first) * num_heads * head_dim;
             /* No copies per common head_dim, unlike the decode kernel: the register blocks
              * have constant sizes whatever head_dim is, and copies measured no faster. */
-            prefill_item(qi, k_cache, v_cache, table, first_pos, nq, item.kv_head, num_heads,
+            prefill_item(qi, k_cache, v_cache, kv_bf16, table, first_pos, nq, item.kv_head, num_heads,
                          num_kv_heads, head_dim, block_size, q_stride, scale, o, &w);
         }
         free(w.query);
