@@ -10,7 +10,8 @@ HEAVY = ("torch", "transformers", "tqdm", "numpy")
 
 def test_core_imports_no_torch():
     code = ("import sys, minivllm.core.scheduler, minivllm.core.policy, minivllm.core.kv_cache, "
-            "minivllm.core.request, minivllm.core.scheduler_output, minivllm.sampling_params; "
+            "minivllm.core.request, minivllm.core.scheduler_output, minivllm.core.router, "
+            "minivllm.sampling_params; "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)

@@ -22,6 +22,19 @@ from dataclasses import dataclass
 from minivllm.core.request import Request
 
 
+def extend_block_hashes(hashes: list[int], token_ids: list[int], block_size: int,
+                        cache_salt: str | None = None) -> list[int]:
+    """Append to `hashes` the chained hashes of the full blocks of `token_ids` it lacks, and
+    return it: a block's hash covers its parent's hash, its tokens and (first block) the salt.
+    The prefix cache keys blocks by them; the data-parallel router (core/router.py) tracks
+    what each replica has cached by the same ones."""
+    for index in range(len(hashes), len(token_ids) // block_size):
+        parent = hashes[-1] if hashes else None
+        block = tuple(token_ids[index * block_size:(index + 1) * block_size])
+        hashes.append(hash((parent, block, cache_salt if index == 0 else None)))
+    return hashes
+
+
 @dataclass
 class BlockMeta:
     ref_cnt: int = 0
@@ -76,14 +89,9 @@ class KVCacheManager:
     # ---- prefix cache ---------------------------------------------------------------
 
     def block_hashes(self, request: Request) -> list[int]:
-        """The chained hashes of the request's full blocks, each computed once, as it fills:
-        a block's hash covers its parent's hash, its tokens and (first block) the salt."""
-        hashes, size, tokens = request.block_hashes, self.block_size, request.all_token_ids
-        for index in range(len(hashes), len(tokens) // size):
-            parent = hashes[-1] if hashes else None
-            block = tuple(tokens[index * size:(index + 1) * size])
-            hashes.append(hash((parent, block, request.cache_salt if index == 0 else None)))
-        return hashes
+        """The chained hashes of the request's full blocks, each computed once, as it fills."""
+        return extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
+                                   request.cache_salt)
 
     def _max_hit_blocks(self, request: Request) -> int:
         """A hit leaves at least one token to compute; prompt logprobs need every position."""
