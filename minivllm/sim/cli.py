@@ -13,9 +13,11 @@ from pathlib import Path
 from minivllm.bench import metrics, report, workload
 from minivllm.bench.cli import add_workload_args, describe_trace, trace_args
 from minivllm.config import EngineConfig
+from minivllm.core.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.entrypoints.engine_args import add_engine_args
 from minivllm.sim.cost_model import CostModel, load_cost_model
+from minivllm.sim.data_parallel import DataParallelResult, DataParallelSimulator
 from minivllm.sim.seed_report import side_by_side
 from minivllm.sim.simulator import SimResult, Simulator
 
@@ -41,6 +43,12 @@ def _add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple
     p.add_argument("--max-concurrency", type=int, default=None,
                    help="requests in flight at most; the others wait in the client and their "
                         "latencies count from when they are sent (as bench serve's)")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N engine replicas behind the router, each with its own KV cache "
+                        "(default: 1)")
+    p.add_argument("--router-policy", choices=sorted(ROUTER_POLICIES),
+                   default=DEFAULT_ROUTER_POLICY,
+                   help=f"which replica serves a request (default: {DEFAULT_ROUTER_POLICY})")
     p.set_defaults(output="results/sim")
     add_engine_args(p, skip=tuple(f.name for f in fields(EngineConfig)
                                   if f.name not in SIM_ENGINE_ARGS or f.name in skip))
@@ -119,15 +127,28 @@ def prepare(args):
 
 def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
              out_dir: Path, title: str) -> tuple[dict, list]:
-    sim = Simulator(config, policy, cost, aging_s=args.priority_aging_s,
-                    send_priority=policy == "priority", progress=not args.disable_tqdm,
-                    max_concurrency=args.max_concurrency)
+    if args.data_parallel_size < 1:
+        raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    common = dict(aging_s=args.priority_aging_s, send_priority=policy == "priority",
+                  progress=not args.disable_tqdm, max_concurrency=args.max_concurrency)
+    if args.data_parallel_size > 1:
+        sim = DataParallelSimulator(config, policy, cost, **common,
+                                    data_parallel_size=args.data_parallel_size,
+                                    router_policy=args.router_policy)
+    else:
+        sim = Simulator(config, policy, cost, **common)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0
     summary = metrics.summarize(result.results, result.stats.simulated_wall_time_s,
                                 trace.buckets, metrics.parse_goodput(args.goodput))
     summary["engine"] = result.stats.as_dict()
+    if isinstance(result, DataParallelResult):
+        summary["engine"]["data_parallel"] = {
+            "size": args.data_parallel_size, "router_policy": args.router_policy,
+            "routed": result.routed, "prefix_cache_hit_rates": result.prefix_cache_hit_rates,
+            "router_prefix_hit_tokens": result.router_prefix_hit_tokens}
+        title += f", {args.data_parallel_size} replicas, router {args.router_policy}"
     summary["simulator_seconds"] = elapsed
     meta = {"title": title, "simulated": f"simulated, {cost.name}", "cost_model": cost.describe(),
             "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
@@ -137,6 +158,10 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     report.write_run(out_dir, meta, result.results, summary)
     print(f"[{policy}] simulated {len(trace.entries)} requests, "
           f"{result.stats.simulated_wall_time_s:.1f} s of serving in {elapsed:.1f} s")
+    if isinstance(result, DataParallelResult):
+        rates = ", ".join("-" if r is None else f"{r:.1%}" for r in result.prefix_cache_hit_rates)
+        print(f"[{policy}] {args.data_parallel_size} replicas, router {args.router_policy}: "
+              f"requests routed {result.routed}, prefix cache hit rate {rates}")
     return summary, result.results
 
 
