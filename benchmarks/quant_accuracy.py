@@ -3,7 +3,7 @@
     python benchmarks/quant_accuracy.py [--models ../shared/models/stories260K minivllm-demo]
 
 Modes: fp32 (the reference), int8 (quantization="int8": W8A8 decoder linears), bf16
-(dtype="bfloat16"). For each model and mode:
+(dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16. For each model and mode:
   - perplexity of benchmarks/data/heldout_stories.txt, a short story text written for
     this and seen by neither model in training (one sequence per paragraph, from
     prompt_logprobs); the demo model, trained on a small templated corpus, finds it very
@@ -30,7 +30,9 @@ from minivllm import LLM, SamplingParams
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = Path(__file__).resolve().parent / "data" / "heldout_stories.txt"
 MODES = {"fp32": {"dtype": "float32"}, "int8": {"quantization": "int8"},
-         "bf16": {"dtype": "bfloat16"}}
+         "bf16": {"dtype": "bfloat16"},
+         "kv-bf16": {"dtype": "float32", "kv_cache_dtype": "bfloat16"},
+         "int8+kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"}}
 NEW_TOKENS, NUM_PROMPTS, SAMPLED_TOKENS = 64, 32, 128
 
 
