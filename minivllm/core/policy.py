@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from minivllm.core.length_predictor import LengthPredictor, make_length_predictor
 from minivllm.core.request import Request
 
 POLICIES: dict[str, type[SchedulingPolicy]] = {}
@@ -25,19 +26,23 @@ def register(name: str):
     return wrap
 
 
-def make_policy(name: str, aging_s: float = 10.0) -> SchedulingPolicy:
+def make_policy(name: str, aging_s: float = 10.0,
+                length_predictor: str = "mean") -> SchedulingPolicy:
     if name not in POLICIES:
         raise ValueError(
             f"unknown scheduling_policy {name!r}; known policies: {', '.join(sorted(POLICIES))}"
         )
-    return POLICIES[name](aging_s=aging_s)
+    return POLICIES[name](aging_s=aging_s, predictor=make_length_predictor(length_predictor))
 
 
 class SchedulingPolicy(ABC):
     name = "abstract"
 
-    def __init__(self, aging_s: float = 10.0) -> None:
+    def __init__(self, aging_s: float = 10.0, predictor: LengthPredictor | None = None) -> None:
         self.aging_s = aging_s
+        # Output-length predictor (core/length_predictor.py), for policies that rank by it;
+        # every policy feeds it finished requests, so the ranking quality can be reported.
+        self.predictor = predictor if predictor is not None else make_length_predictor("mean")
         # How many prompt tokens the prefix cache would serve; set by the scheduler.
         self.cached_tokens: Callable[[Request], int] = lambda request: 0
 
@@ -61,7 +66,9 @@ class SchedulingPolicy(ABC):
         return self.sort_key(candidate, now) < self.sort_key(running, now)
 
     def on_finished(self, request: Request) -> None:
-        """Feedback when a request finishes (e.g. for output-length predictors)."""
+        """Feedback when a request finishes (not aborted): the output-length predictor
+        learns from it. A subclass that overrides it calls super()."""
+        self.predictor.observe(request)
 
 
 @register("fcfs")
@@ -82,34 +89,12 @@ class PriorityPolicy(SchedulingPolicy):
         return (effective, request.arrival_time, request.request_id)
 
 
-class OutputLengthPredictor:
-    """Predicts a request's output length: its max_tokens, capped by the mean output
-    length of the requests finished so far (max_tokens alone until one has finished)."""
-
-    def __init__(self) -> None:
-        self.num_finished = 0
-        self.total_output_tokens = 0
-
-    def predict(self, request: Request) -> int:
-        if self.num_finished == 0:
-            return request.max_tokens
-        mean = self.total_output_tokens / self.num_finished
-        return max(1, min(request.max_tokens, round(mean)))
-
-    def observe(self, request: Request) -> None:
-        self.num_finished += 1
-        self.total_output_tokens += request.num_output_tokens
-
-
 @register("sjf")
 class ShortestJobFirstPolicy(SchedulingPolicy):
     """Shortest predicted remaining work first: prompt tokens still to compute (less what
     the prefix cache holds) plus predicted output tokens still to generate. Aging divides
-    the work by (1 + age / aging_s), so a long job ends up outranking newcomers."""
-
-    def __init__(self, aging_s: float = 10.0) -> None:
-        super().__init__(aging_s)
-        self.predictor = OutputLengthPredictor()
+    the work by (1 + age / aging_s), so a long job ends up outranking newcomers. Output
+    lengths come from the policy's predictor (--length-predictor)."""
 
     def remaining_work(self, request: Request) -> int:
         computed = request.num_computed_tokens
@@ -122,6 +107,3 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
     def sort_key(self, request: Request, now: float) -> tuple:
         effective = self.remaining_work(request) / (1.0 + self.age(request, now) / self.aging_s)
         return (effective, request.arrival_time, request.request_id)
-
-    def on_finished(self, request: Request) -> None:
-        self.predictor.observe(request)

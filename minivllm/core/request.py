@@ -43,6 +43,7 @@ class Request:
         sampling_params: Any = None,
         seed: int | None = None,
         banned_until_min_tokens: Iterable[int] = (),
+        oracle_output_len: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -60,6 +61,15 @@ class Request:
         self.sampling_params = sampling_params
         self.seed = seed
         self.banned_until_min_tokens = tuple(banned_until_min_tokens)
+        # Output-length prediction (core/length_predictor.py). The true output length, where
+        # the lab knows it (bench replaying a trace, the simulator): only the `oracle`
+        # predictor reads it. The final-norm hidden state of the last prompt token (a numpy
+        # row), handed over by the runner when the prefill completes, for `probe`. And the
+        # prediction the ranking quality is measured with: made at arrival, and made again
+        # when the hidden state arrives (for predictors that read it).
+        self.oracle_output_len = oracle_output_len
+        self.prompt_hidden: Any = None
+        self.predicted_output_len: float | None = None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first admission)

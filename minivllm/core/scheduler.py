@@ -95,6 +95,7 @@ class Scheduler:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.check_fits(request.num_prompt_tokens, request.max_tokens, len(request.group))
         request.status = RequestStatus.WAITING
+        request.predicted_output_len = self.policy.predictor.predict(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -124,7 +125,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.step_count += 1
         now = self.clock()
-        out = SchedulerOutput(step=self.step_count)
+        out = SchedulerOutput(step=self.step_count,
+                              want_prompt_hidden=self.policy.predictor.needs_hidden_state)
         self._scheduled = {}
         budget = [self.config.max_num_batched_tokens]
         self._schedule_running(out, budget, now)
@@ -316,10 +318,18 @@ class Scheduler:
 
     # ---- after the forward ------------------------------------------------------------
 
-    def update_from_output(self, out: SchedulerOutput,
-                           sampled_token_ids: dict[str, int]) -> list[Request]:
+    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: dict[str, int],
+                           prompt_hidden: dict | None = None) -> list[Request]:
         """Advance computed counts and append the sampled tokens; return the requests that
-        got a new token, in the step's order."""
+        got a new token, in the step's order. `prompt_hidden`: request id -> the last prompt
+        token's hidden state, for requests whose prefill completed (out.want_prompt_hidden);
+        the predictor predicts again with it."""
+        predictor = self.policy.predictor
+        for req_id, row in (prompt_hidden or {}).items():
+            request = self.requests.get(req_id)
+            if request is not None and request.prompt_hidden is None:
+                request.prompt_hidden = row
+                request.predicted_output_len = predictor.predict(request)
         sampled = []
         for req_id, num_new in out.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
@@ -341,6 +351,7 @@ class Scheduler:
             self.kv.fork(parent, child)
             child.num_computed_tokens = parent.num_computed_tokens
             child.num_cached_tokens = parent.num_cached_tokens
+            child.predicted_output_len = parent.predicted_output_len
             child.status = RequestStatus.RUNNING
             child.last_admitted_step = child.first_scheduled_step = self.step_count
             self.requests[child.request_id] = child

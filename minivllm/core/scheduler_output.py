@@ -55,6 +55,10 @@ class SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     # Finished or aborted since the last step: the runner drops their state.
     finished_req_ids: list[str] = field(default_factory=list)
+    # The length predictor reads prompts' last hidden states (`probe`): the runner returns
+    # the final-norm hidden row of the last prompt token of each request whose prefill
+    # completes this step.
+    want_prompt_hidden: bool = False
 
     @property
     def total_num_scheduled_tokens(self) -> int:
