@@ -8,6 +8,10 @@ runner puts first, together — in the C kernel reading blocks through the block
 it is available (CPU, fp32), else as one masked SDPA over padded gathered contexts — and
 runs the multi-token (prefill) chunks after them: in the C prefill kernel (causal by
 position, tiles of queries against each block, read in place), else one SDPA per request.
+
+Every path takes a layer's sliding `window` (> 0: a query attends to its last `window`
+positions, itself included, as transformers' sliding_window) and Gemma 2's logit `softcap`
+(> 0: scores become softcap * tanh(score / softcap) before the mask and softmax).
 """
 
 from __future__ import annotations
@@ -47,92 +51,119 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          scale: float, softcap: float) -> torch.Tensor:
+    """q: [B, H, n, D], k and v: [B, KVH, L, D], mask: True where seen. SDPA has no logit
+    cap, so a capped layer runs the same steps by hand (as transformers' eager attention)."""
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
 def _one_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+                 table: torch.Tensor, seq_len: int, scale: float, window: int = 0,
+                 softcap: float = 0.0) -> torch.Tensor:
     """q: [n, H, D] of one request's new tokens, the last n of its seq_len positions."""
     query_len = q.shape[0]
     k = k_cache[table].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)  # [1, KVH, L, D]
     v = v_cache[table].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)
     k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (--kv-cache-dtype) under fp32 math
     mask = None
-    if query_len > 1:  # query i sits at position seq_len - query_len + i
+    if query_len > 1 or 0 < window < seq_len:  # query i sits at position seq_len - query_len + i
         mask = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device)
         mask = mask.tril(diagonal=seq_len - query_len)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k, v, attn_mask=mask,
-                                         scale=scale, enable_gqa=True)
+        if window:
+            mask = mask.triu(diagonal=seq_len - query_len - window + 1)
+    out = _sdpa(q.transpose(0, 1).unsqueeze(0), k, v, mask, scale, softcap)
     return out.squeeze(0).transpose(0, 1)
 
 
 def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                        meta: AttentionMetadata, scale: float, window: int = 0,
+                        softcap: float = 0.0) -> torch.Tensor:
     """q: [T, num_heads, head_dim] -> [T, num_heads, head_dim]. One SDPA per request."""
     out = torch.empty_like(q)
     starts, seq_lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
     for i, seq_len in enumerate(seq_lens):
         table = meta.block_table[i, :-(-seq_len // meta.block_size)]
         start, end = starts[i], starts[i + 1]
-        out[start:end] = _one_request(q[start:end], k_cache, v_cache, table, seq_len, scale)
+        out[start:end] = _one_request(q[start:end], k_cache, v_cache, table, seq_len, scale,
+                                      window, softcap)
     return out
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                     use_kernel: bool, scale: float) -> torch.Tensor:
+                     use_kernel: bool, scale: float, window: int = 0,
+                     softcap: float = 0.0) -> torch.Tensor:
     """q: [B, H, D], one new token per request."""
     if use_kernel:
-        return cpu.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale)
+        return cpu.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale,
+                                          window, softcap)
     return padded_decode_attention(q, k_cache, v_cache, block_table, seq_lens, block_size,
-                                   scale)
+                                   scale, window, softcap)
 
 
 def padded_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                            scale: float) -> torch.Tensor:
+                            scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """The portable decode path: gather padded contexts, one masked SDPA."""
     k = k_cache[block_table].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [B, KVH, L, D]
     v = v_cache[block_table].flatten(1, 2).transpose(1, 2).to(q.dtype)
     positions = torch.arange(block_table.shape[1] * block_size, device=q.device)
-    mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, L]
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale,
-                                         enable_gqa=True)
+    mask = positions[None, :] < seq_lens[:, None]
+    if window:
+        mask &= positions[None, :] >= seq_lens[:, None] - window
+    out = _sdpa(q.unsqueeze(2), k, v, mask[:, None, None, :], scale, softcap)  # [B, 1, 1, L]
     return out.squeeze(2)
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                      meta: AttentionMetadata, scale: float, window: int = 0,
+                      softcap: float = 0.0) -> torch.Tensor:
     """q: [T_prefill, H, D], the tokens of requests num_decodes .. B - 1."""
     first = meta.num_decodes
     starts = meta.query_start_loc[first:] - meta.query_start_loc[first]
     if meta.use_kernel:  # reads the paged cache in place: no gathered copy, no dense mask
         return cpu.paged_prefill_attention(q, k_cache, v_cache, meta.block_table[first:],
-                                           starts, meta.seq_lens[first:], scale)
+                                           starts, meta.seq_lens[first:], scale, window,
+                                           softcap)
     out = torch.empty_like(q)
     bounds, seq_lens = starts.tolist(), meta.seq_lens[first:].tolist()
     for i, seq_len in enumerate(seq_lens):
         table = meta.block_table[first + i, :-(-seq_len // meta.block_size)]
         out[bounds[i]:bounds[i + 1]] = _one_request(q[bounds[i]:bounds[i + 1]], k_cache,
-                                                    v_cache, table, seq_len, scale)
+                                                    v_cache, table, seq_len, scale, window,
+                                                    softcap)
     return out
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, window: int = 0,
+                    softcap: float = 0.0) -> torch.Tensor:
     if q.shape[0] > meta.num_tokens:  # padding rows: attend for the real ones only
         out = torch.empty_like(q)
         out[:meta.num_tokens] = paged_attention(q[:meta.num_tokens], k_cache, v_cache, meta,
-                                                scale)
+                                                scale, window, softcap)
         return out
     if meta.use_reference:
-        return reference_attention(q, k_cache, v_cache, meta, scale)
+        return reference_attention(q, k_cache, v_cache, meta, scale, window, softcap)
     num_decodes = meta.num_decodes
     if num_decodes == meta.num_requests:
         return decode_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens,
-                                meta.block_size, meta.use_kernel, scale)
+                                meta.block_size, meta.use_kernel, scale, window, softcap)
     if num_decodes == 0:
-        return prefill_attention(q, k_cache, v_cache, meta, scale)
+        return prefill_attention(q, k_cache, v_cache, meta, scale, window, softcap)
     out = torch.empty_like(q)
     out[:num_decodes] = decode_attention(
         q[:num_decodes], k_cache, v_cache, meta.block_table[:num_decodes],
-        meta.seq_lens[:num_decodes], meta.block_size, meta.use_kernel, scale)
-    out[num_decodes:] = prefill_attention(q[num_decodes:], k_cache, v_cache, meta, scale)
+        meta.seq_lens[:num_decodes], meta.block_size, meta.use_kernel, scale, window, softcap)
+    out[num_decodes:] = prefill_attention(q[num_decodes:], k_cache, v_cache, meta, scale,
+                                          window, softcap)
     return out

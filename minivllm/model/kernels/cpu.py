@@ -31,8 +31,9 @@ _LINK = ["-shared", "-fopenmp", "-lm"]
 _P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     # the int after q, k_cache, v_cache: kv_bf16 (a bf16 K/V cache, else fp32)
-    "paged_decode_attention_f32": [_P] * 3 + [_I] + [_P] * 3 + [_I] * 6 + [_I64, _F, _I],
-    "paged_prefill_attention_f32": [_P] * 3 + [_I] + [_P] * 4 + [_I] * 6 + [_I64, _F, _I],
+    # ... and after scale: window, softcap (sliding-window layers, Gemma 2's logit cap)
+    "paged_decode_attention_f32": [_P] * 3 + [_I] + [_P] * 3 + [_I] * 6 + [_I64, _F, _I, _F, _I],
+    "paged_prefill_attention_f32": [_P] * 3 + [_I] + [_P] * 4 + [_I] * 6 + [_I64, _F, _I, _F, _I],
     "rms_norm_f32": [_P, _P, _P, _I64, _I, _F, _I],
     "silu_and_mul_f32": [_P, _P, _I64, _I, _I],
     "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I, _I64, _I, _I, _I],
@@ -103,7 +104,7 @@ def _is_bf16(cache: torch.Tensor) -> int:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                           scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """q: [B, H, D] (rows may be strided); caches: [num_blocks, block_size, KVH, D]
     (contiguous, fp32 or bf16); block_table: [B, max_blocks] and seq_lens: [B], int64 -> [B, H, D]."""
     num_seqs, num_heads, head_dim = q.shape
@@ -115,7 +116,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
         block_table.data_ptr(),
         seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
-        block_size, block_table.shape[1], q.stride(0), scale, torch.get_num_threads())
+        block_size, block_table.shape[1], q.stride(0), scale, window, softcap,
+        torch.get_num_threads())
     return out
 
 
@@ -158,7 +160,8 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_table: torch.Tensor, query_start_loc: torch.Tensor,
-                            seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                            seq_lens: torch.Tensor, scale: float, window: int = 0,
+                            softcap: float = 0.0) -> torch.Tensor:
     """Causal attention of P requests' new tokens over their paged contexts, read in place.
 
     q: [T, H, D], the new tokens of the P requests concatenated (rows may be strided);
@@ -179,7 +182,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_table.data_ptr(),
         query_start_loc.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), seq_lens.shape[0],
         num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], q.stride(0),
-        scale, torch.get_num_threads())
+        scale, window, softcap, torch.get_num_threads())
     return out
 
 

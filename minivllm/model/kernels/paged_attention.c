@@ -13,6 +13,10 @@
  *   block_table  [num_seqs, max_blocks]   (int64)
  *   seq_lens     [num_seqs]               (int64)
  *
+ * window > 0 (sliding-window layers: Gemma 2/3, Mistral) attends to the last `window`
+ * positions only: the blocks before them are never read. softcap > 0 (Gemma 2) squashes
+ * each score to softcap * tanh(score / softcap) before the softmax.
+ *
  * The K/V cache is fp32, or bf16 with kv_bf16 (--kv-cache-dtype bfloat16): half the bytes
  * to read, which is what decode attention at long contexts waits on. A bf16 block is
  * widened to fp32 in a small per-task buffer as it is read (a shift per element: no bf16
@@ -50,7 +54,7 @@ static inline const float *kv_rows(const void *cache, int kv_bf16, int64_t at, i
 static inline __attribute__((always_inline)) void attend(
     const float *q, const void *k_cache, const void *v_cache, int kv_bf16, const int64_t *table,
     int64_t len, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
-    float *out, float *k_buf, float *v_buf) {
+    int window, float softcap, float *out, float *k_buf, float *v_buf) {
     const int group = num_heads / num_kv_heads;
     const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
     const int64_t row_bytes = row * (kv_bf16 ? 2 : 4), block_bytes = block_size * row_bytes;
@@ -59,12 +63,15 @@ static inline __attribute__((always_inline)) void attend(
         sum[h] = 0.f;
         for (int d = 0; d < head_dim; d++) out[h * head_dim + d] = 0.f;
     }
-    for (int64_t start = 0; start < len; start += block_size) {
-        const int n = len - start < block_size ? (int)(len - start) : block_size;
-        const int64_t at = table[start / block_size] * block;
+    const int64_t first = window > 0 && len > window ? len - window : 0;
+    /* a run of n positions from `start` to the end of its block (or of the context) */
+    for (int64_t start = first, n; start < len; start += n) {
+        const int64_t offset = start % block_size;
+        n = len - start < block_size - offset ? len - start : block_size - offset;
+        const int64_t at = table[start / block_size] * block + offset * row;
         const float *k = kv_rows(k_cache, kv_bf16, at, n * row, k_buf);
         const float *v = kv_rows(v_cache, kv_bf16, at, n * row, v_buf);
-        const int64_t next = start + block_size < len ? table[start / block_size + 1] : -1;
+        const int64_t next = start + n < len ? table[start / block_size + 1] : -1;
         for (int t = 0; t < n; t++) {
             if (next >= 0)
                 prefetch((const char *)k_cache + next * block_bytes + t * row_bytes, row_bytes);
@@ -73,13 +80,14 @@ static inline __attribute__((always_inline)) void attend(
                 float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
                 for (int d = 0; d < head_dim; d++) dot += qh[d] * kh[d];
-                scores[h][t] = dot * scale;
+                scores[h][t] = softcap > 0.f ? softcap * tanhf(dot * scale / softcap)
+                                             : dot * scale;
             }
         }
         for (int h = 0; h < num_heads; h++) {
-            float block_max = start ? max[h] : scores[h][0];
+            float block_max = start > first ? max[h] : scores[h][0];
             for (int t = 0; t < n; t++) block_max = fmaxf(block_max, scores[h][t]);
-            const float rescale = start ? expf(max[h] - block_max) : 0.f;
+            const float rescale = start > first ? expf(max[h] - block_max) : 0.f;
             float *p = scores[h], block_sum = 0.f;
 #pragma omp simd
             for (int t = 0; t < n; t++) p[t] = expf(p[t] - block_max);
@@ -108,8 +116,8 @@ void paged_decode_attention_f32(const float *q, const void *k_cache, const void 
                                 int kv_bf16, const int64_t *block_table,
                                 const int64_t *seq_lens, float *out, int num_seqs,
                                 int num_heads, int num_kv_heads, int head_dim, int block_size,
-                                int max_blocks, int64_t q_stride, float scale,
-                                int num_threads) {
+                                int max_blocks, int64_t q_stride, float scale, int window,
+                                float softcap, int num_threads) {
     const int64_t stride = (int64_t)num_heads * head_dim;
     /* a block's K and V widened from bf16, per thread (none with an fp32 cache) */
     const size_t buf_len = kv_bf16 ? (size_t)block_size * num_kv_heads * head_dim : 0;
@@ -124,7 +132,7 @@ void paged_decode_attention_f32(const float *q, const void *k_cache, const void 
         const int64_t *table = block_table + (int64_t)s * max_blocks;
         float *o = out + s * stride;
 #define ATTEND(D) attend(qs, k_cache, v_cache, kv_bf16, table, seq_lens[s], num_heads, \
-                         num_kv_heads, D, block_size, scale, o, k_buf, v_buf)
+                         num_kv_heads, D, block_size, scale, window, softcap, o, k_buf, v_buf)
         switch (head_dim) {
         case 64: ATTEND(64); break;
         case 128: ATTEND(128); break;
@@ -142,7 +150,9 @@ void paged_decode_attention_f32(const float *q, const void *k_cache, const void 
  *
  * Request p has query_len = query_start_loc[p + 1] - query_start_loc[p] new tokens, the
  * last ones of its seq_lens[p] positions: its query i sits at position
- * seq_lens[p] - query_len + i and attends to positions 0..that one.
+ * seq_lens[p] - query_len + i and attends to positions 0..that one, or to the last `window`
+ * of them when window > 0 (the item's walk then starts at its first query's window, and
+ * each row masks what lies before its own); softcap as in the decode kernel.
  *
  * Work is split into items (request, kv head, tile of consecutive queries). An item's rows
  * are its queries times the group = num_heads / num_kv_heads query heads that share the kv
@@ -300,7 +310,8 @@ typedef struct {
 static void prefill_item(
     const float *q, const void *k_cache, const void *v_cache, int kv_bf16, const int64_t *table,
     int64_t first_pos, int nq, int g, int num_heads, int num_kv_heads, int head_dim,
-    int block_size, int64_t q_stride, float scale, float *out, scratch *w) {
+    int block_size, int64_t q_stride, float scale, int window, float softcap, float *out,
+    scratch *w) {
     const int group = num_heads / num_kv_heads, used = nq * group;
     const int rows = (used + VL - 1) / VL * VL;
     const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
@@ -317,7 +328,8 @@ static void prefill_item(
         w->sum[r] = 0.f;
         w->query[r] = r < used ? r / group : nq - 1;
     }
-    for (int64_t start = 0; start < len; start += KT) {
+    const int64_t lo = window > 0 && first_pos >= window ? first_pos - window + 1 : 0;
+    for (int64_t start = lo; start < len; start += KT) {
         for (int t = 0; t < KT; t++) {
             const int64_t pos = start + t;
             if (pos < len) {
@@ -331,6 +343,8 @@ static void prefill_item(
             }
         }
         step_scores(qt, w->k, s, rows, head_dim);
+        if (softcap > 0.f)
+            for (int i = 0; i < KT * rows; i++) s[i] = softcap * tanhf(s[i] / softcap);
         /* Row r sees token t iff start + t <= first_pos + query[r]. Every row sees the
          * tokens up to first_pos; a step reaching past it (the diagonal, and the tokens
          * past the context in the last step) drops what each row must not see. */
@@ -341,13 +355,24 @@ static void prefill_item(
                 for (int r = 0; r < rows; r++)
                     if (w->query[r] < limit) s[t * rows + r] = -FLT_MAX;
             }
+        /* ... and, with a window, what lies before each row's window: a row whose every
+         * token of the first step is masked gets a garbage sum there, which the next
+         * step's rescale expf(-FLT_MAX - m) = 0 wipes out. */
+        if (window > 0 && start < first_pos + nq - window)
+            for (int t = 0; t < KT; t++) {
+                const int64_t limit = start + t - first_pos + window; /* seen by queries < */
+#pragma omp simd
+                for (int r = 0; r < rows; r++)
+                    if (w->query[r] >= limit) s[t * rows + r] = -FLT_MAX;
+            }
         float *restrict max = w->max, *restrict sum = w->sum, *restrict rescale = w->rescale;
 #pragma omp simd
         for (int r = 0; r < rows; r++) {
-            float m = start ? max[r] : -FLT_MAX;
+            float m = start > lo ? max[r] : -FLT_MAX;
             for (int t = 0; t < KT; t++) m = fmaxf(m, s[t * rows + r]);
-            /* every row sees token 0, so after the first step max is a real score */
-            rescale[r] = start ? expf(max[r] - m) : 0.f;
+            /* without a window every row sees token 0, so after the first step max is a
+             * real score (with one, see the window's mask above) */
+            rescale[r] = start > lo ? expf(max[r] - m) : 0.f;
             max[r] = m;
         }
         /* The clamp keeps expf on its fast path (the vector expf hands arguments whose
@@ -364,7 +389,7 @@ static void prefill_item(
             for (int t = 0; t < KT; t++) step_sum += s[t * rows + r];
             sum[r] = sum[r] * rescale[r] + step_sum;
         }
-        if (start)
+        if (start > lo)
             for (int d = 0; d < head_dim; d++) {
                 float *restrict o = ot + d * rows;
 #pragma omp simd
@@ -394,8 +419,8 @@ void paged_prefill_attention_f32(const float *q, const void *k_cache, const void
                                  int kv_bf16, const int64_t *block_table, const int64_t *query_start_loc,
                                  const int64_t *seq_lens, float *out, int num_reqs,
                                  int num_heads, int num_kv_heads, int head_dim, int block_size,
-                                 int max_blocks, int64_t q_stride, float scale,
-                                 int num_threads) {
+                                 int max_blocks, int64_t q_stride, float scale, int window,
+                                 float softcap, int num_threads) {
     const int group = num_heads / num_kv_heads;
     const int tile = group < ROWS ? ROWS / group : 1; /* queries per item */
     int64_t num_items = 0;
@@ -413,8 +438,10 @@ void paged_prefill_attention_f32(const float *q, const void *k_cache, const void
         for (int64_t i = 0; i * tile < query_len; i++) {
             const int64_t nq = query_len - i * tile < tile ? query_len - i * tile : tile;
             const int64_t last_pos = seq_lens[p] - query_len + i * tile + nq - 1;
+            const int64_t seen = window > 0 && last_pos + 1 > window + nq ? window + nq
+                                                                          : last_pos + 1;
             for (int g = 0; g < num_kv_heads; g++)
-                items[at++] = (prefill_work){nq * (last_pos + 1), p, (int)i, g};
+                items[at++] = (prefill_work){nq * seen, p, (int)i, g};
         }
     }
     qsort(items, num_items, sizeof *items, by_cost_descending);
@@ -449,7 +476,8 @@ void paged_prefill_attention_f32(const float *q, const void *k_cache, const void
             /* No copies per common head_dim, unlike the decode kernel: the register blocks
              * have constant sizes whatever head_dim is, and copies measured no faster. */
             prefill_item(qi, k_cache, v_cache, kv_bf16, table, first_pos, nq, item.kv_head, num_heads,
-                         num_kv_heads, head_dim, block_size, q_stride, scale, o, &w);
+                         num_kv_heads, head_dim, block_size, q_stride, scale, window, softcap,
+                         o, &w);
         }
         free(w.query);
         free(buf);
