@@ -42,6 +42,7 @@ class _Add:
     prompt_token_ids: list[int] | None
     priority: int
     cache_salt: str | None
+    oracle_output_len: int | None
     stream: RequestStream
     accepted: asyncio.Future
 
@@ -49,6 +50,12 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Tracing:
+    enabled: bool
+    interval: float
 
 
 def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
@@ -83,7 +90,7 @@ class AsyncLLMEngine:
         self.dead_reason: str | None = None
         self.draining = False  # shutting down: in-flight requests go on, new ones are refused
         self._num_in_flight = 0  # generate() calls not yet returned (asyncio side)
-        self._inbox: deque[_Add | _Abort] = deque()
+        self._inbox: deque[_Add | _Abort | _Tracing] = deque()
         self._lock = threading.Lock()  # guards _inbox, errored and draining
         self._wakeup = threading.Event()
         self._stopping = False
@@ -112,7 +119,8 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None, priority: int = 0,
-                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, oracle_output_len: int | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs, of its params.output_kind; the last one has
         finished=True.
 
@@ -126,7 +134,7 @@ class AsyncLLMEngine:
         stream = RequestStream(loop, params.output_kind is RequestOutputKind.DELTA)
         accepted = loop.create_future()
         self._submit(_Add(request_id, prompt, params, prompt_token_ids, priority, cache_salt,
-                          stream, accepted))
+                          oracle_output_len, stream, accepted))
         self._num_in_flight += 1
         finished = False
         try:
@@ -142,6 +150,10 @@ class AsyncLLMEngine:
 
     async def abort(self, request_id: str) -> None:
         self._submit(_Abort(request_id), quiet=True)
+
+    def set_tracing(self, enabled: bool, interval: float) -> None:
+        """Request lifecycles and block maps for the stat loggers' record_trace."""
+        self._submit(_Tracing(enabled, interval), quiet=True)
 
     async def drain(self, timeout: float) -> int:
         """Graceful shutdown: refuse new requests, give the ones in flight up to `timeout`
@@ -162,7 +174,7 @@ class AsyncLLMEngine:
         self._wakeup.set()
         self._thread.join(timeout=10)
 
-    def _submit(self, command: _Add | _Abort, quiet: bool = False) -> None:
+    def _submit(self, command: _Add | _Abort | _Tracing, quiet: bool = False) -> None:
         with self._lock:
             if self.errored:
                 if quiet:
@@ -209,9 +221,13 @@ class AsyncLLMEngine:
                 if not self._inbox:
                     return
                 cmd = self._inbox.popleft()
+            if isinstance(cmd, _Tracing):
+                self.engine.set_tracing(cmd.enabled, cmd.interval)
+                continue
             if isinstance(cmd, _Abort):
                 if self._streams.pop(cmd.request_id, None) is not None:
                     self.engine.abort_request(cmd.request_id)
+                    self.engine.flush_trace()  # no step may follow to report it
                 continue
             if cmd.request_id in self._streams:
                 _resolve(cmd.accepted, ValueError(f"request id {cmd.request_id!r} is in use"))
@@ -219,7 +235,8 @@ class AsyncLLMEngine:
             try:
                 self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
                                         prompt_token_ids=cmd.prompt_token_ids,
-                                        priority=cmd.priority, cache_salt=cmd.cache_salt)
+                                        priority=cmd.priority, cache_salt=cmd.cache_salt,
+                                        oracle_output_len=cmd.oracle_output_len)
             except Exception as e:  # ValueError for bad input; anything else is the caller's too
                 if isinstance(e, EngineOverloadedError):
                     self._count_rejected(e.reason)

@@ -38,6 +38,7 @@ from minivllm.engine.messages import (
     EngineCoreAbort,
     EngineCoreDead,
     EngineCoreOutputs,
+    EngineCoreTracing,
     EngineCoreUtility,
     UtilityResult,
     make_core_request,
@@ -132,7 +133,8 @@ class AsyncLLM:
 
     async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None, priority: int = 0,
-                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, oracle_output_len: int | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """As AsyncLLMEngine.generate: the request's outputs, the last with finished=True;
         ValueError, EngineOverloadedError, RequestFailedError (RequestTimeoutError) or
         EngineDeadError otherwise. A consumer that stops early aborts the request."""
@@ -150,7 +152,7 @@ class AsyncLLM:
                 raise ValueError("either prompt or prompt_token_ids is required")
             prompt_token_ids = self.tokenizer(prompt).input_ids
         request = make_core_request(request_id, prompt_token_ids, params, priority=priority,
-                                    cache_salt=cache_salt)
+                                    cache_salt=cache_salt, oracle_output_len=oracle_output_len)
         try:
             data = self._core.encode(request)
         except (OverflowError, msgspec.EncodeError) as e:  # JSON allows ints msgpack does not
@@ -190,6 +192,10 @@ class AsyncLLM:
         future = self._calls[call_id] = asyncio.get_running_loop().create_future()
         self._send(EngineCoreUtility(call_id, "get_stats"))
         return await future
+
+    def set_tracing(self, enabled: bool, interval: float) -> None:
+        """Ask the core for request lifecycles and block maps (stat loggers' record_trace)."""
+        self._send(EngineCoreTracing(enabled, interval))
 
     def _send(self, msg) -> None:
         if not self.errored:
@@ -271,6 +277,9 @@ class AsyncLLM:
         if msg.scheduler_stats is not None:
             for stat_logger in self.stat_loggers:
                 stat_logger.record(msg.scheduler_stats, processed.iteration_stats)
+        if msg.trace is not None:
+            for stat_logger in self.stat_loggers:
+                stat_logger.record_trace(msg.trace)
 
     def _request_error(self, output: RequestOutput) -> RequestFailedError:
         # The core fails a request it never scheduled only when it waited too long.

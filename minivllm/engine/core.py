@@ -16,6 +16,7 @@ import time
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from minivllm.config import EngineConfig
+from minivllm.core.lifecycle import LifecycleTracer, TraceSample
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
@@ -83,6 +84,10 @@ class EngineCore:
         self.groups: dict[str, _Group] = {}  # by the caller's request id
         self._seqs: dict[str, tuple[str, int]] = {}  # sequence id -> (caller's id, index)
         self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step
+        # The dashboard's request lifecycles and block map: only while someone listens.
+        self.tracer: LifecycleTracer | None = None
+        self._trace_interval = 0.0
+        self._next_trace = 0.0
         self._log_capacity(path)
 
     def _log_capacity(self, path) -> None:
@@ -228,7 +233,9 @@ class EngineCore:
         if self.config.request_timeout is not None:
             self._expire_waiting(time.time())
         sched_out = self.scheduler.schedule()
-        now = time.time()
+        now = started = time.time()
+        if self.tracer is not None:
+            self.tracer.see_arrivals(now)
         num_prompt_tokens = 0
         for req_id, num_new in sched_out.num_scheduled_tokens.items():
             request = self.scheduler.requests[req_id]
@@ -254,9 +261,15 @@ class EngineCore:
             if status is not None:
                 self._finish(request, status)
         failed, self._failed = self._failed, []
-        return EngineCoreOutputs(timestamp=time.time(), outputs=failed + list(outputs.values()),
+        ended = time.time()
+        if self.tracer is not None:
+            self.tracer.observe(started, ended, sched_out)
+        return EngineCoreOutputs(timestamp=ended, outputs=failed + list(outputs.values()),
                                  scheduler_stats=self.get_stats(),
-                                 num_prompt_tokens=num_prompt_tokens)
+                                 num_prompt_tokens=num_prompt_tokens,
+                                 # the last step before idling: no later one would
+                                 trace=self.take_trace(ended,
+                                                       force=not self.has_unfinished_requests()))
 
     def _output(self, outputs: dict[str, EngineCoreOutput], req_id: str) -> EngineCoreOutput:
         out = outputs.get(req_id)
@@ -284,6 +297,23 @@ class EngineCore:
         else:
             return None
         return RequestStatus.FINISHED_STOPPED
+
+    # ---- tracing (the dashboard) ------------------------------------------------------
+
+    def set_tracing(self, enabled: bool, interval: float) -> None:
+        """Record request lifecycles, and sample the block map every `interval` seconds."""
+        now = time.time()
+        self.tracer = LifecycleTracer(self.scheduler, now) if enabled else None
+        self._trace_interval, self._next_trace = interval, now
+
+    def take_trace(self, now: float, force: bool = False) -> TraceSample | None:
+        """What the tracer saw since the last sample, once per interval (or now: `force`,
+        after requests came or went with no step to follow)."""
+        if self.tracer is None or not (force or now >= self._next_trace):
+            return None
+        self._next_trace = now + self._trace_interval
+        self.tracer.observe(now, now)  # requests added or aborted since the last step
+        return self.tracer.take(now, with_block_map=True)
 
     # ---- statistics -------------------------------------------------------------------
 

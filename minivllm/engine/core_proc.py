@@ -30,6 +30,7 @@ from minivllm.engine.messages import (
     EngineCoreReady,
     EngineCoreRequest,
     EngineCoreShutdown,
+    EngineCoreTracing,
     EngineCoreUtility,
     UtilityResult,
 )
@@ -109,8 +110,10 @@ def _serve(config: EngineConfig, engine_threads: int | None, inputs: zmq.Socket,
                 step.outputs = rejected + step.outputs
                 send(step)
             elif changed:  # rejections to answer, or aborts whose freed blocks stats show
-                send(EngineCoreOutputs(timestamp=time.time(), outputs=rejected,
-                                       scheduler_stats=core.get_stats()))
+                now = time.time()
+                send(EngineCoreOutputs(timestamp=now, outputs=rejected,
+                                       scheduler_stats=core.get_stats(),
+                                       trace=core.take_trace(now, force=True)))
     except Exception as e:
         logger.exception("the engine core failed")
         send(EngineCoreDead(f"engine core failed: {type(e).__name__}: {e}"))
@@ -134,6 +137,8 @@ def _apply(core, msg: EngineCoreInput, rejected: list[EngineCoreOutput], send) -
                                              error_kind="failed"))
     elif isinstance(msg, EngineCoreAbort):
         core.abort_requests(msg.request_ids, stopped=msg.stopped)
+    elif isinstance(msg, EngineCoreTracing):
+        core.set_tracing(msg.enabled, msg.interval)
     elif isinstance(msg, EngineCoreUtility):
         if msg.method in UTILITY_METHODS:
             send(UtilityResult(msg.call_id, result=getattr(core, msg.method)()))

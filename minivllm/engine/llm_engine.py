@@ -5,6 +5,8 @@ RequestOutputs in each request's output kind, per-request metrics)."""
 
 from __future__ import annotations
 
+import time
+
 from minivllm.config import EngineConfig
 from minivllm.engine.core import EngineCore
 from minivllm.engine.messages import make_core_request
@@ -35,7 +37,8 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams,
                     prompt_token_ids: list[int] | None = None, priority: int = 0,
-                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+                    arrival_time: float | None = None, cache_salt: str | None = None,
+                    oracle_output_len: int | None = None) -> None:
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if prompt_token_ids is None:
@@ -43,7 +46,7 @@ class LLMEngine:
                 raise ValueError("either prompt or prompt_token_ids is required")
             prompt_token_ids = self.tokenizer(prompt).input_ids
         request = make_core_request(request_id, prompt_token_ids, params, arrival_time,
-                                    priority, cache_salt)
+                                    priority, cache_salt, oracle_output_len)
         self.core.add_request(request)  # raises for input it rejects, leaving nothing behind
         self.output_processor.add_request(request, prompt, params)
 
@@ -72,7 +75,23 @@ class LLMEngine:
             stats = self.core.get_stats()  # after the blocks those freed
         for stat_logger in self.stat_loggers:
             stat_logger.record(stats, processed.iteration_stats)
+        self._record_trace(core_outputs.trace)
         return processed.request_outputs
+
+    def set_tracing(self, enabled: bool, interval: float) -> None:
+        """Request lifecycles and block maps for the stat loggers' record_trace."""
+        self.core.set_tracing(enabled, interval)
+        self.flush_trace()
+
+    def flush_trace(self) -> None:
+        """Hand the stat loggers what the tracer saw now: after requests came or went with
+        no step to follow."""
+        self._record_trace(self.core.take_trace(time.time(), force=True))
+
+    def _record_trace(self, sample) -> None:
+        if sample is not None:
+            for stat_logger in self.stat_loggers:
+                stat_logger.record_trace(sample)
 
     def get_stats(self) -> SchedulerStats:
         return self.core.get_stats()

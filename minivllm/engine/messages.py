@@ -2,9 +2,11 @@
 msgpack on the wire. Plain data only — ids, token ids, numbers, strings — never a live
 object; the frontend keeps text, detokenizers and RequestOutputs on its side.
 
-Into the core: EngineCoreRequest, EngineCoreAbort, EngineCoreUtility, EngineCoreShutdown.
-Out of it: EngineCoreReady once, then one EngineCoreOutputs per step (and one after a batch
-of inputs that changed something without a step), UtilityResult, and EngineCoreDead last.
+Into the core: EngineCoreRequest, EngineCoreAbort, EngineCoreUtility, EngineCoreTracing,
+EngineCoreShutdown. Out of it: EngineCoreReady once, then one EngineCoreOutputs per step (and
+one after a batch of inputs that changed something without a step), UtilityResult, and
+EngineCoreDead last. While tracing is on (someone watches the dashboard), an EngineCoreOutputs
+carries a TraceSample once per interval: request lifecycles and the block map, not tokens.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 import msgspec
 
+from minivllm.core.lifecycle import TraceSample
 from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import SamplingParams
@@ -29,6 +32,9 @@ class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    # The true output length, known only in the lab (bench replaying a trace): read by the
+    # `oracle` length predictor alone, and refused by a core running any other.
+    oracle_output_len: int | None = None
 
 
 class EngineCoreAbort(msgspec.Struct, tag="abort", omit_defaults=True):
@@ -41,11 +47,17 @@ class EngineCoreUtility(msgspec.Struct, tag="utility"):
     method: str  # a name in core_proc.UTILITY_METHODS, e.g. "get_stats"
 
 
+class EngineCoreTracing(msgspec.Struct, tag="tracing"):
+    enabled: bool  # on while a dashboard client listens
+    interval: float = 0.5  # seconds between two TraceSamples
+
+
 class EngineCoreShutdown(msgspec.Struct, tag="shutdown"):
     pass
 
 
-EngineCoreInput = EngineCoreRequest | EngineCoreAbort | EngineCoreUtility | EngineCoreShutdown
+EngineCoreInput = (EngineCoreRequest | EngineCoreAbort | EngineCoreUtility | EngineCoreTracing
+                   | EngineCoreShutdown)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -73,6 +85,7 @@ class EngineCoreOutputs(msgspec.Struct, tag="outputs", omit_defaults=True):
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     num_prompt_tokens: int = 0  # prompt tokens computed this step
+    trace: TraceSample | None = None  # while tracing, once per interval
 
 
 class EngineCoreReady(msgspec.Struct, tag="ready"):
@@ -100,14 +113,15 @@ def seq_id(request_id: str, index: int, num_seqs: int) -> str:
 
 def make_core_request(request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                       arrival_time: float | None = None, priority: int = 0,
-                      cache_salt: str | None = None) -> EngineCoreRequest:
+                      cache_salt: str | None = None,
+                      oracle_output_len: int | None = None) -> EngineCoreRequest:
     if (params.best_of or params.n) > params.n and params.logprobs is None:
         params = dataclasses.replace(params, logprobs=0)  # best_of ranks by logprob
     return EngineCoreRequest(
         request_id=request_id, prompt_token_ids=list(prompt_token_ids),
         sampling_params=params,
         arrival_time=arrival_time if arrival_time is not None else time.time(),
-        priority=priority, cache_salt=cache_salt)
+        priority=priority, cache_salt=cache_salt, oracle_output_len=oracle_output_len)
 
 
 def pack_logprobs(entry: dict[int, Logprob]) -> LogprobsLists:

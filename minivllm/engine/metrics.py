@@ -11,6 +11,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from minivllm.core.lifecycle import TraceSample
 from minivllm.engine.stats import IterationStats, SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,10 @@ class StatLoggerBase:
     def record_rejected(self, reason: str) -> None:
         """A request turned away before it produced anything (REJECT_REASONS); called from
         the engine thread or the event loop."""
+
+    def record_trace(self, sample: TraceSample) -> None:
+        """Request lifecycles and the block map (core/lifecycle.py), while tracing is on;
+        called where record() is."""
 
 
 class LoggingStatLogger(StatLoggerBase):

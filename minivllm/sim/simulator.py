@@ -28,6 +28,7 @@ from tqdm import tqdm
 from minivllm.bench.client import RequestResult
 from minivllm.bench.traces import symbolic_prompt
 from minivllm.bench.workload import Trace
+from minivllm.core.lifecycle import LifecycleEvent, LifecycleTracer
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
@@ -70,6 +71,8 @@ class SimResult:
     # With record_decisions: per step, ((request id, tokens) in the scheduler's order,
     # preempted ids, swap-out and swap-in block counts).
     decisions: list[tuple] = field(default_factory=list)
+    # With record_timeline: every request's lifecycle (core/lifecycle.py), on the virtual clock.
+    timeline: list[LifecycleEvent] = field(default_factory=list)
 
 
 def decision(out) -> tuple:
@@ -81,12 +84,14 @@ def decision(out) -> tuple:
 class Simulator:
     def __init__(self, config: SchedulerConfig, policy: str, cost_model: CostModel, *,
                  aging_s: float = 10.0, send_priority: bool = False, progress: bool = False,
-                 record_decisions: bool = False, max_concurrency: int | None = None) -> None:
+                 record_decisions: bool = False, max_concurrency: int | None = None,
+                 record_timeline: bool = False) -> None:
         self.config, self.cost_model = config, cost_model
         self.max_concurrency = max_concurrency
         self.policy_name, self.aging_s = policy, aging_s
         self.send_priority, self.progress = send_priority, progress
         self.record_decisions = record_decisions
+        self.record_timeline = record_timeline
         self.now = 0.0
 
     def run(self, trace: Trace, prompts: list[list[int]] | None = None) -> SimResult:
@@ -107,6 +112,10 @@ class Simulator:
         results = [RequestResult(i, e.user, e.priority, e.prompt_tokens, e.output_tokens,
                                  e.send_time, start=e.send_time) for i, e in enumerate(entries)]
         stats, decisions = SimStats(), []
+        tracer = None
+        if self.record_timeline:  # users as the bench client names them
+            tracer = LifecycleTracer(
+                sched, self.now, user_of=lambda r: f"user-{entries[int(r.request_id)].user}")
         last_token: dict[str, float] = {}  # request id -> when its latest token came
         bar = tqdm(total=len(entries), disable=not self.progress, desc="simulated requests",
                    mininterval=0.5)
@@ -140,11 +149,14 @@ class Simulator:
                 continue
             if self.record_decisions:
                 decisions.append(decision(out))
+            if tracer is not None:
+                tracer.see_arrivals(self.now)
             for req_id in out.preempted_req_ids:
                 swapped = sched.requests[req_id].status is RequestStatus.SWAPPED
                 stats.num_preemptions_swap += swapped
                 stats.num_preemptions_recompute += not swapped
             requests = sched.requests
+            started = self.now
             self.now += self.cost_model.step_time(step_batch(out, requests, block_size))
             stats.num_steps += 1
             stats.peak_kv_usage = max(stats.peak_kv_usage, sched.kv.usage)
@@ -169,11 +181,14 @@ class Simulator:
                     del last_token[r.request_id]
                     free_since = self.now if free_since is None else free_since
                     bar.update(1)
+            if tracer is not None:
+                tracer.observe(started, self.now, out)
         bar.close()
         stats.simulated_wall_time_s = self.now
         stats.prefix_cache_queries = sched.kv.prefix_cache_queries
         stats.prefix_cache_hits = sched.kv.prefix_cache_hits
-        return SimResult(results, stats, decisions)
+        timeline = tracer.take(self.now, with_block_map=False).events if tracer else []
+        return SimResult(results, stats, decisions, timeline)
 
     def _add(self, sched: Scheduler, entry, index: int, trace: Trace,
              prompts: list[list[int]] | None, result: RequestResult) -> bool:

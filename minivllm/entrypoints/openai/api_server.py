@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.metrics import PrometheusStatLogger
+from minivllm.entrypoints.dashboard.routes import BROWSER_PATHS, add_dashboard_routes
 from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from minivllm.entrypoints.openai.limits import RequestLimits
 from minivllm.entrypoints.openai.middleware import (
@@ -61,7 +62,8 @@ def _package_version() -> str:
 
 def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
     """The app; `args` carries the server flags (api_key, metrics_require_key,
-    allowed_origins, chat_template and RequestLimits' fields); missing ones keep defaults."""
+    allowed_origins, chat_template, disable_dashboard, dashboard_interval and RequestLimits'
+    fields); missing ones keep defaults."""
     model_name = engine.config.model_name
     chat_template = load_chat_template(getattr(args, "chat_template", None))
     limits = RequestLimits.from_args(args)
@@ -139,6 +141,9 @@ def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
         return await cancel_on_disconnect(raw, chat.create(req))
 
+    add_dashboard_routes(app, engine, getattr(args, "dashboard_interval", 1.0),
+                         page=not getattr(args, "disable_dashboard", False))
+
     # The last added is the outermost: headers are measured first, CORS answers preflights
     # (which carry no key) and labels every answer, then the key is checked, and only then
     # is a body read.
@@ -147,7 +152,8 @@ def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
     if api_key:
         open_paths = ("/health",) if getattr(args, "metrics_require_key", False) \
             else ("/health", "/metrics")
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=open_paths)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=open_paths,
+                           browser_prefixes=BROWSER_PATHS)
     origins = getattr(args, "allowed_origins", None)
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"],

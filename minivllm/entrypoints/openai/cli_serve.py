@@ -48,6 +48,12 @@ def add_parser(subparsers) -> None:
                              "of their own, this one does HTTP, tokenization and "
                              "detokenization; thread: all in this process, the engine on a "
                              "thread (default: $MINIVLLM_ENGINE_MODE, else process)")
+    parser.add_argument("--disable-dashboard", action="store_true",
+                        help="do not serve the live dashboard page at /dashboard (its data, "
+                             "GET /v1/engine/events, stays)")
+    parser.add_argument("--dashboard-interval", type=_positive_float, default=1.0,
+                        metavar="SECONDS", help="seconds between two dashboard snapshots "
+                        "(default: 1)")
     parser.add_argument("--engine-threads", type=_positive_int, default=None, metavar="N",
                         help="torch threads of the engine (the thread governor may use fewer "
                              "while other processes keep cores busy); default: torch's")
@@ -90,6 +96,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 

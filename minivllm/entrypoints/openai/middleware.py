@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -11,21 +12,42 @@ from minivllm.entrypoints.openai.errors import error_response
 
 class ApiKeyMiddleware:
     """Every route but the open ones (/health, and /metrics unless --metrics-require-key)
-    needs `Authorization: Bearer <key>`."""
+    needs `Authorization: Bearer <key>`. Under `browser_prefixes` (the dashboard) HTTP Basic
+    with the key as password does too, and a 401 asks for it: a browser cannot add a Bearer
+    header to a page it navigates to, nor to an EventSource, but it prompts for Basic
+    credentials once and then sends them with every request the page makes."""
 
-    def __init__(self, app: ASGIApp, api_key: str, open_paths: tuple[str, ...]) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: tuple[str, ...],
+                 browser_prefixes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.api_key = api_key.encode()
         self.open_paths = open_paths
+        self.browser_prefixes = browser_prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self.open_paths:
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
+        browser = path.startswith(self.browser_prefixes) if self.browser_prefixes else False
+        if not (hmac.compare_digest(given, self.expected)
+                or (browser and self._basic_ok(given))):
             message = "missing API key" if not given else "invalid API key"
-            return await error_response(message, 401)(scope, receive, send)
+            challenge = {"WWW-Authenticate": 'Basic realm="minivllm"'} if browser else None
+            return await error_response(message, 401, headers=challenge)(scope, receive, send)
         await self.app(scope, receive, send)
+
+    def _basic_ok(self, given: bytes) -> bool:
+        """`Basic base64(any user:KEY)`."""
+        scheme, _, encoded = given.partition(b" ")
+        if scheme.lower() != b"basic":
+            return False
+        try:
+            _, _, password = base64.b64decode(encoded, validate=True).partition(b":")
+        except ValueError:
+            return False
+        return hmac.compare_digest(password, self.api_key)
 
 
 class HeaderSizeLimitMiddleware:
