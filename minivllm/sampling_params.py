@@ -5,6 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from minivllm.structured_output.params import StructuredOutputsParams
+
+__all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]
+
 
 class RequestOutputKind(enum.Enum):
     """What each RequestOutput of a request carries (vLLM's names)."""
@@ -36,6 +40,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # The output must match this (JSON schema, regex, choice, grammar...): constrained decoding
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if self.stop is None:

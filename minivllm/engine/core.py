@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent import futures
 
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
@@ -32,6 +33,7 @@ from minivllm.engine.stats import SchedulerStats
 from minivllm.model.loader import resolve_model_path
 from minivllm.model.runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,12 @@ class EngineCore:
         self.max_model_len = self._max_model_len()
         self.runner = ModelRunner(config, path, self.hf_config, self.max_model_len)
         self.vocab_size = self.hf_config.vocab_size
+        # Grammars of structured_outputs requests compile on a worker thread; meanwhile the
+        # request waits here, out of the scheduler: caller's id -> (compile, head request).
+        self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size,
+                                                  self.eos_token_ids)
+        self.runner.sampler.structured = self.structured
+        self._compiling: dict[str, tuple[futures.Future, Request]] = {}
         policy = make_policy(config.scheduling_policy, config.priority_aging_s)
         self.scheduler = Scheduler(SchedulerConfig(
             num_blocks=self.runner.num_blocks,
@@ -145,7 +153,11 @@ class EngineCore:
             request.group = head.group
             head.group.append(request)
             head.pending_forks.append(request)
-        self.scheduler.add_request(head)
+        if params.structured_outputs is not None:
+            self._compiling[request_id] = (self.structured.submit(params.structured_outputs),
+                                           head)
+        else:
+            self.scheduler.add_request(head)
         self.groups[request_id] = _Group(requests)
         for index, request in enumerate(requests):
             self._seqs[request.request_id] = (request_id, index)
@@ -203,11 +215,37 @@ class EngineCore:
                 self._finish(self.groups[group_id].requests[index], status)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
-        self.scheduler.finish_request(request, status)
         group_id, _ = self._seqs.pop(request.request_id, (None, None))
+        if group_id in self._compiling:  # never handed to the scheduler
+            request.status = status
+        else:
+            self.scheduler.finish_request(request, status)
         group = self.groups.get(group_id)
         if group is not None and all(r.is_finished for r in group.requests):
             del self.groups[group_id]
+            self._compiling.pop(group_id, None)
+
+    def _admit_compiled(self) -> None:
+        """Hand the requests whose grammar is ready to the scheduler; fail those whose grammar
+        did not compile. With nothing else to run, wait a little for a compile first, rather
+        than spin."""
+        if not self._compiling:
+            return
+        if not self.scheduler.has_unfinished_requests():
+            futures.wait([f for f, _ in self._compiling.values()], timeout=0.05,
+                         return_when=futures.FIRST_COMPLETED)
+        for request_id, (future, head) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            error = future.exception()
+            if error is None:
+                del self._compiling[request_id]
+                self.scheduler.add_request(head)
+                continue
+            for request in self.groups[request_id].requests:
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+            self._failed.append(EngineCoreOutput(request_id, finish_reason="abort",
+                                                 error_kind="invalid", error=str(error)))
 
     def _expire_waiting(self, now: float) -> None:
         """Fail the requests that waited, never scheduled, longer than request_timeout."""
@@ -232,6 +270,7 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         if self.config.request_timeout is not None:
             self._expire_waiting(time.time())
+        self._admit_compiled()
         sched_out = self.scheduler.schedule()
         now = started = time.time()
         if self.tracer is not None:

@@ -22,10 +22,19 @@ Why not Gumbel-max: it needs one random number (a hash and two logs) per token, 
 whole vocabulary; the inverse CDF needs one per row and a pass over the kept tokens.
 Since u depends only on the request and its position, a request samples the same tokens
 alone or in any batch, and across preemption (its state stays here until it is removed).
+
+Constrained decoding: a request with structured_outputs has a grammar matcher here. Before
+anything else, its row's logits get -inf wherever its grammar forbids the next token (as a
+min_tokens ban: greedy and sampled rows alike, rows without a constraint untouched), and
+the matcher then advances with the sampled token. EOS is allowed only where the grammar
+accepts. A preempted request keeps its matcher here (a recompute re-runs the model over its
+tokens, not the sampler); a request added again gets a fresh matcher advanced over its
+output so far, so the grammar resumes where it was either way.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,6 +45,13 @@ import torch
 from minivllm.model.kernels import cpu
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.manager import (
+    StructuredOutputManager,
+    apply_bitmask,
+    fill_bitmask,
+)
+
+logger = logging.getLogger(__name__)
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -140,6 +156,7 @@ class _RequestState:
             for token in output:
                 self._count(token)
         self.banned = valid(banned) if params.min_tokens else _EMPTY_IDS
+        self.matcher = None  # the grammar's matcher (llguidance), with structured_outputs
 
     def seen(self) -> np.ndarray:
         return self.seen_ids[:self.num_seen] if self.num_seen else _EMPTY_IDS
@@ -218,6 +235,8 @@ class Sampler:
         self.use_kernel = use_kernel and cpu.available(self.device, torch.float32)
         self.generator = torch.Generator().manual_seed(seed)  # the seeds of unseeded requests
         self._requests: dict[str, _RequestState] = {}
+        # Compiles the grammars of structured_outputs requests (set by the engine core).
+        self.structured: StructuredOutputManager | None = None
 
     def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: list[int],
                     output_token_ids: list[int], banned_until_min_tokens: Iterable[int],
@@ -228,8 +247,14 @@ class Sampler:
             old = self._requests.get(req_id)
             seed = old.seed if old is not None else int(
                 torch.randint(1 << 62, (), generator=self.generator))
-        self._requests[req_id] = _RequestState(params, self.vocab_size, prompt_token_ids,
-                                               output_token_ids, banned_until_min_tokens, seed)
+        state = _RequestState(params, self.vocab_size, prompt_token_ids, output_token_ids,
+                              banned_until_min_tokens, seed)
+        if params.structured_outputs is not None:
+            state.matcher = self.structured.new_matcher(params.structured_outputs)
+            if output_token_ids and not state.matcher.consume_tokens(output_token_ids):
+                raise RuntimeError(f"request {req_id}: its output so far does not match its "
+                                   f"grammar: {state.matcher.get_error()}")
+        self._requests[req_id] = state
 
     def remove_request(self, req_id: str) -> None:
         self._requests.pop(req_id, None)
@@ -241,6 +266,10 @@ class Sampler:
             raise ValueError(f"logits have {logits.shape[-1]} columns, the vocabulary "
                              f"{self.vocab_size} tokens")
         states = [self._requests[r] for r in req_ids]
+        constrained = [i for i, s in enumerate(states) if s.matcher is not None]
+        if constrained:
+            allowed = fill_bitmask([states[i].matcher for i in constrained], self.vocab_size)
+            logits = apply_bitmask(logits, constrained, allowed)
         kernel = self.use_kernel and logits.device.type == "cpu" and logits.dtype == torch.float32
         if kernel:
             logits = logits.contiguous()
@@ -265,6 +294,11 @@ class Sampler:
                 logprobs[i] = result
         for state, token in zip(states, token_ids):
             state.append(token)
+            # Only when every allowed token was also banned (min_tokens against a finished
+            # grammar): the matcher stays in error and allows EOS alone from then on.
+            if state.matcher is not None and not state.matcher.consume_token(token):
+                logger.warning("sampled token %d breaks its grammar: %s", token,
+                               state.matcher.get_error())
         return SamplerOutput(token_ids, logprobs)
 
 
