@@ -7,7 +7,7 @@ MODEL ?= minivllm-demo
 # More `minivllm serve` flags: make serve ARGS="--max-num-seqs 8 --num-kv-blocks 64"
 ARGS ?=
 
-.PHONY: install install-test test lint serve profile-serve clean
+.PHONY: install install-test test lint serve profile-serve clean install-browser test-browser
 
 # What serving needs, and nothing else.
 $(VENV)/.installed: pyproject.toml
@@ -33,6 +33,17 @@ test: install-test lint
 	# One intra-op thread: servers and clients share the cores in tests, and spinning
 	# OpenMP threads on a busy 2-core machine cost far more than they bring.
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests
+
+# The dashboard's browser tests: Debian's chromium and its driver (no browser download at
+# test time), and selenium. Where they cannot be installed, the tests skip and say why.
+install-browser: $(VENV)/.test-installed
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+	  || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) \
+	  || echo "install-browser: chromium / chromium-driver could not be installed"
+	$(PIP) install -q -e '.[dashboard-test]' torch==2.13.0
+
+test-browser: install-browser
+	MINIVLLM_BROWSER_TESTS=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/browser -rs -s
 
 # The hint is a completion: it works for any model, with or without a chat template.
 serve: install

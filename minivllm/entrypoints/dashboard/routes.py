@@ -10,7 +10,9 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import Gauge
 
+from minivllm.engine.metrics import PrometheusStatLogger
 from minivllm.entrypoints.dashboard.events import EngineEventHub
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -32,6 +34,9 @@ def add_dashboard_routes(app: FastAPI, engine, interval: float, page: bool) -> E
     """The events endpoint always; the page when `page`. The hub joins the engine's stat
     loggers, so it sees what /metrics sees."""
     hub = EngineEventHub(engine, dashboard_config(engine), interval)
+    for prometheus in [s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)]:
+        Gauge("minivllm:dashboard_event_streams", "Clients of GET /v1/engine/events.",
+              registry=prometheus.registry).set_function(lambda: len(hub.streams))
     engine.stat_loggers.append(hub)
 
     # Not in the OpenAPI document: a stream that never ends is no route to fuzz or crawl.

@@ -102,6 +102,7 @@ function onSnapshot(s) {
   history.push(s);
   if (history.length > HISTORY) history.shift();
   setValue("q-running", s.running, s.running);
+  $("q-running").dataset.t = String(s.t);  // which snapshot the figures are from
   setValue("q-waiting", s.waiting, s.waiting);
   setValue("q-swapped", s.swapped, s.swapped);
   setValue("q-preemptions", s.preemptions, s.preemptions);

@@ -1,0 +1,215 @@
+"""GET /v1/engine/events and GET /dashboard on a real server: behind --api-key (Bearer, or
+Basic for browsers), the events' shape, a request's lifecycle in order, an abort, figures
+equal to /metrics, and a disconnect that frees its stream; the hub alone with a fake engine:
+tracing on with the first client and off with the last, --disable-dashboard."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from minivllm.config import EngineConfig
+from minivllm.entrypoints.dashboard.events import EngineEventHub
+from minivllm.entrypoints.dashboard.routes import add_dashboard_routes
+from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
+
+KEY = "dash-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+BASIC = {"Authorization": "Basic " + base64.b64encode(f"anyone:{KEY}".encode()).decode()}
+STREAMS = "minivllm:dashboard_event_streams"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dashboard_events")
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--api-key", KEY,
+                                             "--dashboard-interval", "0.2"], tmp / "server.log")
+    yield server
+    server.stop()
+
+
+def events(response: httpx.Response):
+    """(event name, data) of a server-sent event stream."""
+    name, data = None, []
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[len("event: "):]
+        elif line.startswith("data: "):
+            data.append(line[len("data: "):])
+        elif not line and name:
+            yield name, json.loads("".join(data))
+            name, data = None, []
+
+
+def lifecycle_until(stream, request_id: str, last_state: str, timeout: float = 30):
+    """The request's states in order, until `last_state`; and the snapshots meanwhile."""
+    states, snapshots, deadline = [], [], time.monotonic() + timeout
+    for name, data in stream:
+        assert time.monotonic() < deadline, f"no {last_state} for {request_id}: {states}"
+        if name == "snapshot":
+            snapshots.append(data)
+        elif name == "lifecycle":
+            states += [e for e in data["events"] if e["request_id"] == request_id]
+            if states and states[-1]["state"] == last_state:
+                return states, snapshots
+    raise AssertionError("the stream ended")
+
+
+def in_background(fn) -> threading.Thread:
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_key_guards_events_and_page(server):
+    for path in ("/v1/engine/events", "/dashboard", "/dashboard/static/timeline.js"):
+        missing = httpx.get(server.url + path)
+        assert missing.status_code == 401, path
+        assert missing.headers["www-authenticate"].startswith("Basic")  # a browser prompts
+        assert httpx.get(server.url + path, headers={"Authorization": "Bearer nope"}
+                         ).status_code == 401
+    wrong_basic = "Basic " + base64.b64encode(b"anyone:nope").decode()
+    assert httpx.get(server.url + "/dashboard",
+                     headers={"Authorization": wrong_basic}).status_code == 401
+    page = httpx.get(server.url + "/dashboard", headers=BASIC)
+    assert page.status_code == 200 and "timeline.js" in page.text
+    script = httpx.get(server.url + "/dashboard/static/dashboard.js", headers=AUTH)
+    assert script.status_code == 200 and "EventSource" in script.text
+    assert "http" not in page.text  # everything from this server: it works offline
+    # Basic is for the dashboard's paths only: the API keeps Bearer.
+    assert httpx.get(server.url + "/v1/models", headers=BASIC).status_code == 401
+
+
+def test_events_shape_and_a_request_life_in_order(server):
+    done = {}
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
+            "temperature": 0}
+    with httpx.stream("GET", server.url + "/v1/engine/events", headers=AUTH,
+                      timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        stream = events(response)
+        name, config = next(stream)
+        assert name == "config" and config["interval"] == 0.2
+        assert config["policy"]["scheduling_policy"] == "fcfs"
+        assert config["engine"]["max_num_seqs"] == 8 and config["max_model_len"] > 0
+        in_background(lambda: done.update(httpx.post(
+            server.url + "/v1/completions", json=body, headers=AUTH, timeout=60).json()))
+        deadline = time.monotonic() + 30
+        while "id" not in done:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        states, snapshots = lifecycle_until(stream, done["id"] + "-0", "finished")
+        # The next snapshot comes after the finish: nothing runs, as /metrics says.
+        snapshot = next(data for name, data in stream if name == "snapshot")
+        metrics = server.metrics(AUTH)
+    assert [e["state"] for e in states] == ["queued", "prefill", "decode", "finished"]
+    assert [e["t"] for e in states] == sorted(e["t"] for e in states)
+    queued, prefill, _, finished = states
+    assert queued["tokens"] == prefill["tokens"] == done["usage"]["prompt_tokens"]
+    assert queued["priority"] == 0
+    assert finished["tokens"] == 24 and finished["reason"] == "length"
+
+    assert snapshot["running"] == metrics["vllm:num_requests_running"] == 0
+    assert snapshot["waiting"] == metrics["vllm:num_requests_waiting"] == 0
+    assert snapshot["kv_cache_usage"] == metrics["vllm:kv_cache_usage_perc"]
+    assert snapshot["preemptions"] == metrics["vllm:num_preemptions_total"]
+    assert snapshot["prefix_cache_queries"] == metrics["vllm:prefix_cache_queries_total"]
+    busy = [s for s in snapshots if s["steps"]["count"]]
+    assert busy and all(0 < s["steps"]["mean_tokens"] <= s["steps"]["max_tokens"] <= 512
+                        and s["steps"]["token_budget"] == 512 for s in busy)
+    assert sum(s["generation_throughput"] for s in snapshots) > 0
+    blocks = snapshot["block_map"]
+    assert blocks["total"] == 128 and blocks["in_use"] == 0  # FAST_ENGINE_ARGS' 128 blocks
+    assert blocks["in_use"] + blocks["cached"] + blocks["free"] == blocks["total"]
+    assert blocks["cached"] >= 1  # the finished prompt's full blocks stay in the prefix cache
+    assert set(blocks["cells"]["map"]) <= set("ucf") and len(blocks["cells"]["map"]) <= 256
+
+
+def test_an_aborted_request_shows_as_aborted(server):
+    first = {}
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
+            "stream": True}
+
+    def stream_then_leave():
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH,
+                          timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    first["id"] = json.loads(line[6:])["id"]
+                    time.sleep(0.3)
+                    return  # leaving mid-stream aborts the request
+
+    with httpx.stream("GET", server.url + "/v1/engine/events", headers=AUTH,
+                      timeout=30) as response:
+        stream = events(response)
+        next(stream)
+        in_background(stream_then_leave).join(timeout=60)
+        states, _ = lifecycle_until(stream, first["id"] + "-0", "aborted")
+    assert states[0]["state"] == "queued" and "decode" in [e["state"] for e in states]
+    assert 0 < states[-1]["tokens"] < 400
+
+
+def test_a_disconnect_frees_its_stream(server):
+    def open_streams() -> float:
+        return server.metrics().get(STREAMS, -1)
+
+    assert open_streams() == 0
+    with httpx.stream("GET", server.url + "/v1/engine/events", headers=AUTH,
+                      timeout=30) as response:
+        stream = events(response)  # kept: a dropped iterator would close the response
+        next(stream)
+        assert open_streams() == 1
+    deadline = time.monotonic() + 10
+    while open_streams() != 0:
+        assert time.monotonic() < deadline, "the stream outlived its client"
+        time.sleep(0.1)
+
+
+class FakeEngine:
+    """What the hub and the routes ask of an engine client."""
+
+    def __init__(self) -> None:
+        self.tracing: list[tuple[bool, float]] = []
+        self.stat_loggers: list = []
+        self.max_model_len = 64
+        self.config = EngineConfig(model="fake")
+
+    def set_tracing(self, enabled: bool, interval: float) -> None:
+        self.tracing.append((enabled, interval))
+
+
+def test_the_first_client_turns_tracing_on_and_the_last_turns_it_off():
+    async def scenario():
+        engine = FakeEngine()
+        hub = EngineEventHub(engine, {"model": "fake"}, interval=0.05)
+        first, second = hub.stream(), hub.stream()
+        assert (await first.__anext__()).startswith(b"event: config\n")
+        await second.__anext__()
+        assert engine.tracing == [(True, 0.025)] and len(hub.streams) == 2
+        assert (await first.__anext__()).startswith(b"event: snapshot\n")
+        task = hub._task
+        await first.aclose()
+        assert engine.tracing == [(True, 0.025)] and len(hub.streams) == 1
+        await second.aclose()
+        await asyncio.sleep(0)
+        assert engine.tracing[-1][0] is False and not hub.streams
+        assert task.cancelled() and hub._task is None
+
+    asyncio.run(scenario())
+
+
+def test_disable_dashboard_keeps_the_events_but_not_the_page():
+    app = FastAPI()
+    add_dashboard_routes(app, FakeEngine(), interval=1.0, page=False)
+    client = TestClient(app)
+    assert client.get("/dashboard").status_code == 404
+    assert client.get("/dashboard/static/dashboard.js").status_code == 404
+    assert any(route.path == "/v1/engine/events" for route in app.routes)
