@@ -44,10 +44,12 @@ class Sim:
     random, so siblings diverge and a missing copy-on-write copy is caught."""
 
     def __init__(self, policy: str = "fcfs", aging_s: float = 10.0,
-                 sample_seed: int | None = None, **config) -> None:
+                 sample_seed: int | None = None, policy_options: dict | None = None,
+                 **config) -> None:
         config = {"num_blocks": 64, "block_size": 4, **config}
         self.clock = FakeClock()
-        self.scheduler = Scheduler(SchedulerConfig(**config), make_policy(policy, aging_s),
+        self.scheduler = Scheduler(SchedulerConfig(**config),
+                                   make_policy(policy, aging_s, **(policy_options or {})),
                                    clock=self.clock)
         self.config = self.scheduler.config
         self.kv = self.scheduler.kv
@@ -65,14 +67,16 @@ class Sim:
         self.runner_tables: dict[str, list[int]] = {}  # the runner's view, from diffs only
 
     def add(self, request_id: str, prompt_len: int = 4, max_tokens: int = 4, priority: int = 0,
-            prompt: list[int] | None = None, n: int = 1) -> Request:
+            prompt: list[int] | None = None, n: int = 1, **fields) -> Request:
         """A request arriving now; its prompt is fresh tokens unless given. With n > 1 it
-        heads a group whose siblings fork from it, as the engine sets up parallel sampling."""
+        heads a group whose siblings fork from it, as the engine sets up parallel sampling.
+        `fields`: more Request fields (user, ttft_slo_ms, ...)."""
         if prompt is None:
             prompt = [next(self._token_ids) for _ in range(prompt_len)]
-        request = Request(request_id, prompt, max_tokens, self.clock.now, priority)
+        request = Request(request_id, prompt, max_tokens, self.clock.now, priority, **fields)
         for k in range(1, n):
-            sibling = Request(f"{request_id}#{k}", prompt, max_tokens, self.clock.now, priority)
+            sibling = Request(f"{request_id}#{k}", prompt, max_tokens, self.clock.now, priority,
+                              **fields)
             sibling.group = request.group
             request.group.append(sibling)
             request.pending_forks.append(sibling)
@@ -205,9 +209,9 @@ class Sim:
 
 
 def test_unknown_policy_names_the_known_ones():
-    with pytest.raises(ValueError, match="fcfs, priority, sjf"):
+    with pytest.raises(ValueError, match="edf, fcfs, hrrn, mlfq, priority, sjf, vtc"):
         make_policy("lottery")
-    assert set(POLICIES) == {"fcfs", "priority", "sjf"}
+    assert set(POLICIES) == {"fcfs", "priority", "sjf", "mlfq", "vtc", "edf", "hrrn"}
 
 
 # ---- admission order ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minivllm.core.policy import POLICIES
+from minivllm.core.preemption import VICTIM_RULES
 from minivllm.core.request import RequestStatus
 from tests.test_scheduler_policies import Sim
 
@@ -37,6 +38,15 @@ configs = st.fixed_dictionaries({
     "preemption_mode": st.sampled_from([None, "recompute", "swap"]),
     "active_preemption": st.booleans(),
     "min_run_quantum": st.integers(0, 3),
+    "preemption_victim": st.sampled_from(sorted(VICTIM_RULES)),
+    # Read by the policies that take them (edf's deadlines on the fake clock's seconds).
+    "policy_options": st.fixed_dictionaries({
+        "ttft_slo_ms": st.sampled_from([None, 3000.0, 20000.0]),
+        "e2e_slo_ms": st.sampled_from([None, 15000.0]),
+        "edf_action": st.sampled_from(["shed", "deprioritize"]),
+        "vtc_weights": st.sampled_from(["1,2", "1,1"]),
+        "mlfq_base_quantum": st.integers(1, 4),
+    }),
 })
 
 
@@ -57,7 +67,7 @@ def test_random_traffic_loses_nothing_and_leaks_nothing(config, arrivals, aborts
                 prompt += [100 + i] * (prompt_len - len(prompt))
                 try:
                     request = sim.add(f"r{i}", max_tokens=max_tokens, priority=priority,
-                                      prompt=prompt)
+                                      prompt=prompt, user=f"tenant{priority % 2}")
                 except ValueError:  # rejected up front: it could never run
                     assert prompt_len + max_tokens > capacity
                 else:
@@ -71,8 +81,10 @@ def test_random_traffic_loses_nothing_and_leaks_nothing(config, arrivals, aborts
             break
         sim.step()
     assert not sim.scheduler.has_unfinished_requests(), "a request never finished"
+    shed = {r.request_id for r in sim.scheduler.take_shed()}
+    assert len(shed) == sim.scheduler.num_requests_shed
     for request in accepted:
-        if request.request_id in aborted:
+        if request.request_id in aborted | shed:
             assert request.status is RequestStatus.FINISHED_ABORTED
             assert request.num_output_tokens <= request.max_tokens
         else:

@@ -27,16 +27,23 @@ def register(name: str):
 
 
 def make_policy(name: str, aging_s: float = 10.0,
-                length_predictor: str = "mean") -> SchedulingPolicy:
+                length_predictor: str = "mean", **options) -> SchedulingPolicy:
+    """`options`: engine settings by name (vtc_weights, edf_action, ...); each policy takes
+    those its `option_names` list and ignores the others."""
     if name not in POLICIES:
         raise ValueError(
             f"unknown scheduling_policy {name!r}; known policies: {', '.join(sorted(POLICIES))}"
         )
-    return POLICIES[name](aging_s=aging_s, predictor=make_length_predictor(length_predictor))
+    cls = POLICIES[name]
+    own = {k: v for k, v in options.items() if k in cls.option_names and v is not None}
+    return cls(aging_s=aging_s, predictor=make_length_predictor(length_predictor), **own)
 
 
 class SchedulingPolicy(ABC):
     name = "abstract"
+    option_names: tuple[str, ...] = ()  # the engine settings make_policy passes it
+    shed_late = False  # finish queued requests late_requests() names
+    token_budget = 512  # tokens per step; the scheduler sets max_num_batched_tokens
 
     def __init__(self, aging_s: float = 10.0, predictor: LengthPredictor | None = None) -> None:
         self.aging_s = aging_s
@@ -64,6 +71,21 @@ class SchedulingPolicy(ABC):
 
     def outranks(self, candidate: Request, running: Request, now: float) -> bool:
         return self.sort_key(candidate, now) < self.sort_key(running, now)
+
+    # Hooks for policies that keep state (core/policies/): the scheduler calls each one.
+    def on_arrival(self, request: Request, now: float) -> None:
+        """A request was added (forked siblings are not: they join with their head)."""
+
+    def on_step(self, running: list[Request], now: float) -> None:
+        """A step is being scheduled; `running`: the running requests before it."""
+
+    def on_removed(self, request: Request) -> None:
+        """A request left the scheduler, finished or aborted (after on_finished)."""
+
+    def late_requests(self, requests, now: float) -> list[Request]:
+        """Requests that can no longer make their deadline (deadline policies): the
+        scheduler counts them, and sheds the queued ones if `shed_late`."""
+        return []
 
     def on_finished(self, request: Request) -> None:
         """Feedback when a request finishes (not aborted): the output-length predictor
@@ -107,3 +129,6 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
     def sort_key(self, request: Request, now: float) -> tuple:
         effective = self.remaining_work(request) / (1.0 + self.age(request, now) / self.aging_s)
         return (effective, request.arrival_time, request.request_id)
+
+
+import minivllm.core.policies  # noqa: E402, F401  (registers mlfq, vtc, edf, hrrn)

@@ -43,6 +43,9 @@ class Request:
         sampling_params: Any = None,
         seed: int | None = None,
         banned_until_min_tokens: Iterable[int] = (),
+        user: str | None = None,
+        ttft_slo_ms: float | None = None,
+        e2e_slo_ms: float | None = None,
         oracle_output_len: int | None = None,
     ) -> None:
         self.request_id = request_id
@@ -61,6 +64,11 @@ class Request:
         self.sampling_params = sampling_params
         self.seed = seed
         self.banned_until_min_tokens = tuple(banned_until_min_tokens)
+        # For the policies: the tenant (OpenAI's `user`; vtc shares service across them)
+        # and latency deadlines in ms after arrival (edf; None: the server's default).
+        self.user = user
+        self.ttft_slo_ms = ttft_slo_ms
+        self.e2e_slo_ms = e2e_slo_ms
         # Output-length prediction (core/length_predictor.py). The true output length, where
         # the lab knows it (bench replaying a trace, the simulator): only the `oracle`
         # predictor reads it. The final-norm hidden state of the last prompt token (a numpy

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.policy import SchedulingPolicy
+from minivllm.core.preemption import RecomputeTax, victim_rule
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
 
@@ -35,6 +36,7 @@ class SchedulerConfig:
     preemption_mode: str | None = None  # None: swap multi-sequence requests, else recompute
     active_preemption: bool = False
     min_run_quantum: int = 8
+    preemption_victim: str = "lowest_rank"  # core/preemption.py's VICTIM_RULES
 
 
 class Scheduler:
@@ -54,6 +56,15 @@ class Scheduler:
             config.num_swap_blocks,
         )
         policy.cached_tokens = self.kv.num_cached_tokens_probe
+        policy.token_budget = config.max_num_batched_tokens
+        self.victim_rule = victim_rule(config.preemption_victim)
+        self.recompute_tax = RecomputeTax()
+        # Deadline policies: requests shed (finished for missing their deadline while queued;
+        # the engine takes them to report the error) and those ranked last for it.
+        self.shed: list[Request] = []
+        self.num_requests_shed = 0
+        self.num_requests_deprioritized = 0
+        self._late: set[str] = set()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
@@ -98,6 +109,7 @@ class Scheduler:
         request.predicted_output_len = self.policy.predictor.predict(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.policy.on_arrival(request, self.clock())
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Take a request out of whichever queue holds it and release all its blocks."""
@@ -116,6 +128,9 @@ class Scheduler:
             self._finished_ids.append(request.request_id)
         if status is not RequestStatus.FINISHED_ABORTED:
             self.policy.on_finished(request)
+        self.policy.on_removed(request)
+        self.recompute_tax.forget(request)
+        self._late.discard(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -129,6 +144,8 @@ class Scheduler:
                               want_prompt_hidden=self.policy.predictor.needs_hidden_state)
         self._scheduled = {}
         budget = [self.config.max_num_batched_tokens]
+        self.policy.on_step(self.running, now)
+        self._handle_late(now)
         self._schedule_running(out, budget, now)
         if not out.swap_out:  # swap-in and swap-out never share a step
             self._schedule_swapped(out, budget, now)
@@ -136,6 +153,23 @@ class Scheduler:
             self._schedule_waiting(out, budget, now)
         self._emit(out)
         return out
+
+    def _handle_late(self, now: float) -> None:
+        """Requests the policy finds past their deadline: shed if queued and the policy sheds
+        (they free their place for requests that can still make theirs), else counted once
+        as deprioritized (the policy ranks them last)."""
+        for request in self.policy.late_requests(self.requests.values(), now):
+            if self.policy.shed_late and request.status is not RequestStatus.RUNNING:
+                self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+                self.shed.append(request)
+                self.num_requests_shed += 1
+            elif request.request_id not in self._late:
+                self._late.add(request.request_id)
+                self.num_requests_deprioritized += 1
+
+    def take_shed(self) -> list[Request]:
+        shed, self.shed = self.shed, []
+        return shed
 
     def _emit(self, out: SchedulerOutput) -> None:
         """Turn this step's decisions into data: new requests in full, the others as diffs."""
@@ -178,7 +212,7 @@ class Scheduler:
             if num_new == 0:
                 continue
             while self.kv.allocate_slots(request, num_new) is None:
-                victim = self.policy.victim(self.running, now)
+                victim = self.victim_rule(self.running, self.policy, now)
                 self._preempt(victim, out, budget, now, reason="out of KV blocks")
                 if victim is request:
                     break
@@ -258,18 +292,18 @@ class Scheduler:
                      cached: list[int], out: SchedulerOutput, budget: list[int],
                      now: float) -> bool:
         """Active preemption: make room for a waiting request by evicting running ones it
-        outranks (each past its minimum quantum), worst first — but only when the evictions
-        are enough to admit it in this very step; otherwise nobody is evicted.
+        outranks (each past its minimum quantum), in the victim rule's order — but only when
+        the evictions are enough (in KV blocks and max_num_seqs seats) to admit it in this
+        very step; otherwise nobody is evicted.
         `tokens_for(budget)`: how many tokens it would compute with that budget."""
         if not self.config.active_preemption:
             return False
         eligible = [r for r in self.running
-                    if self.step_count - r.last_admitted_step >= self.config.min_run_quantum]
+                    if self.step_count - r.last_admitted_step >= self.config.min_run_quantum
+                    and self.policy.outranks(request, r, now)]
         victims, freed, returned, hits = [], 0, 0, set(cached)
         while eligible:
-            victim = self.policy.victim(eligible, now)
-            if not self.policy.outranks(request, victim, now):
-                return False
+            victim = self.victim_rule(eligible, self.policy, now)
             eligible.remove(victim)
             victims.append(victim)
             freed += self.kv.num_blocks_freed_by(victim, keep=hits)
@@ -335,6 +369,7 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
+            self.recompute_tax.count(request, num_new)
             request.num_computed_tokens += num_new
             token = sampled_token_ids.get(req_id)
             if token is not None:
@@ -349,6 +384,7 @@ class Scheduler:
         """Start the parent's pending siblings: they share its blocks and progress."""
         for child in parent.pending_forks:
             self.kv.fork(parent, child)
+            self.recompute_tax.forked(parent, child)
             child.num_computed_tokens = parent.num_computed_tokens
             child.num_cached_tokens = parent.num_cached_tokens
             child.predicted_output_len = parent.predicted_output_len

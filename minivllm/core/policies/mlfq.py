@@ -1,0 +1,66 @@
+"""`mlfq`: FastServe's skip-join multi-level feedback queue (Wu et al., 2023).
+
+Level k has a quantum of `mlfq_base_quantum * 2**k` decode iterations (lower levels run first).
+Skip-join: a new request enters the first level whose quantum covers its first iteration --
+its prefill, which takes ceil(uncached prompt tokens / the step's token budget) steps -- so a
+long prompt never sits at the top. It is demoted one level each time its service at a level
+(its prefill's steps, which make the first token, then one per token) uses up that level's
+quantum. Within a level it is first come, first served; a request preempts only across levels (with active preemption), so
+two requests of one level never take turns at the cost of a recompute.
+
+Aging keeps it starvation-free: every `aging_s` seconds since arrival lift a request one level
+(its effective level), so a long job under a stream of short ones reaches the top level in
+(level x aging_s) seconds, where it is the oldest.
+"""
+
+from __future__ import annotations
+
+import math
+from weakref import WeakKeyDictionary
+
+from minivllm.core.policy import SchedulingPolicy, register
+from minivllm.core.request import Request
+
+NUM_LEVELS = 12  # quanta base .. base * 2**11 iterations; lower levels keep the last
+
+
+@register("mlfq")
+class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
+    option_names = ("mlfq_base_quantum",)
+
+    def __init__(self, aging_s: float = 10.0, predictor=None, mlfq_base_quantum: int = 4) -> None:
+        super().__init__(aging_s, predictor)
+        if mlfq_base_quantum < 1:
+            raise ValueError(f"mlfq_base_quantum must be >= 1, got {mlfq_base_quantum}")
+        self.base_quantum = mlfq_base_quantum
+        # request -> [level, its service when it entered that level, its prefill iterations]
+        self._levels: WeakKeyDictionary[Request, list[int]] = WeakKeyDictionary()
+
+    def quantum(self, level: int) -> int:
+        return self.base_quantum << level
+
+    def level(self, request: Request) -> int:
+        state = self._levels.get(request)
+        if state is None:  # skip-join: the first level whose quantum covers the prefill
+            uncached = max(1, request.num_prompt_tokens - self.cached_tokens(request))
+            prefill = math.ceil(uncached / self.token_budget)
+            level = next((k for k in range(NUM_LEVELS) if self.quantum(k) >= prefill),
+                         NUM_LEVELS - 1)
+            state = self._levels[request] = [level, 0, prefill]
+        # Iterations of service so far: its prefill's once admitted (they make the first
+        # token), then one per token after the first.
+        admitted = request.first_scheduled_step is not None
+        service = state[2] * admitted + max(0, request.num_output_tokens - 1)
+        while state[0] < NUM_LEVELS - 1 and service - state[1] >= self.quantum(state[0]):
+            state[1] += self.quantum(state[0])  # demoted: its quantum here is used up
+            state[0] += 1
+        return state[0]
+
+    def effective_level(self, request: Request, now: float) -> float:
+        return max(0.0, self.level(request) - math.floor(self.age(request, now) / self.aging_s))
+
+    def sort_key(self, request: Request, now: float) -> tuple:
+        return (self.effective_level(request, now), request.arrival_time, request.request_id)
+
+    def outranks(self, candidate: Request, running: Request, now: float) -> bool:
+        return self.effective_level(candidate, now) < self.effective_level(running, now)
