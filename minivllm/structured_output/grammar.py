@@ -58,10 +58,11 @@ def _structural_tag_grammar(text: str, field: str) -> str:
     return llguidance.StructTag.to_grammar(tags)
 
 
-def build_grammar(params: StructuredOutputsParams, field: str = "structured_outputs") -> str:
-    """The llguidance grammar of a constraint; GrammarError naming `field`.<kind>."""
+def build_grammar(params: StructuredOutputsParams, field: str | None = None) -> str:
+    """The llguidance grammar of a constraint; GrammarError naming `field` (the request's
+    field that carried it; by default structured_outputs.<kind>)."""
     kind = params.kind
-    where = f"{field}.{kind}"
+    where = field or f"structured_outputs.{kind}"
     if kind == "json":
         return _json_schema_grammar(params.json, where)
     if kind == "json_object":
@@ -79,11 +80,11 @@ def build_grammar(params: StructuredOutputsParams, field: str = "structured_outp
     return _structural_tag_grammar(params.structural_tag, where)
 
 
-def check_grammar(params: StructuredOutputsParams, field: str = "structured_outputs") -> str:
+def check_grammar(params: StructuredOutputsParams, field: str | None = None) -> str:
     """build_grammar, then llguidance's own check (syntax, unsupported schema keywords), with
     no tokenizer: cheap enough for the API server to run on every request."""
     grammar = build_grammar(params, field)
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
-        raise GrammarError(f"{field}.{params.kind}", error)
+        raise GrammarError(field or f"structured_outputs.{params.kind}", error)
     return grammar

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.metrics import PrometheusStatLogger
 from minivllm.entrypoints.dashboard.routes import BROWSER_PATHS, add_dashboard_routes
+from minivllm.entrypoints.openai.cli_tools import parsers_from_args
 from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from minivllm.entrypoints.openai.limits import RequestLimits
 from minivllm.entrypoints.openai.middleware import (
@@ -72,6 +73,7 @@ def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
     base = OpenAIServing(engine, model_name, chat_template, limits, defaults)
     completions = OpenAIServingCompletion(engine, model_name, chat_template, limits, defaults)
     chat = OpenAIServingChat(engine, model_name, chat_template, limits, defaults)
+    chat.tool_parser, chat.reasoning_parser = parsers_from_args(args)
     prometheus = next((s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)),
                       None)
     created = int(time.time())

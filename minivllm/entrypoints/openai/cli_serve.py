@@ -8,6 +8,7 @@ import logging
 import os
 
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
+from minivllm.entrypoints.openai.cli_tools import add_tool_args, parsers_from_args
 from minivllm.entrypoints.openai.limits import RequestLimits, add_limit_args
 
 logger = logging.getLogger("minivllm.serve")
@@ -58,6 +59,7 @@ def add_parser(subparsers) -> None:
                         help="torch threads of the engine (the thread governor may use fewer "
                              "while other processes keep cores busy); default: torch's")
     add_limit_args(parser)
+    add_tool_args(parser)
     add_engine_args(parser)
     parser.set_defaults(func=run)
 
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         args.model = args.model_tag
     config = config_from_args(args)
     load_chat_template(args.chat_template)  # a bad path fails now, not on the first chat
+    parsers_from_args(args)  # so does --enable-auto-tool-choice without a parser
     engine = make_engine(config, args)
     try:
         app = build_app(engine, args)

@@ -1,7 +1,7 @@
 """Request and response models of the OpenAI-compatible API (OpenAI's and vLLM's field names).
 
-Requests accept and ignore fields they do not know (`user`, `parallel_tool_calls`, ...), as
-OpenAI clients send many. Ranges are checked by SamplingParams, which names the field; NaN and
+Requests accept and ignore fields they do not know (`user`, `logit_bias`, ...), as OpenAI
+clients send many. Structured outputs' and tools' models are in protocol_tools.py. Ranges are checked by SamplingParams, which names the field; NaN and
 infinities (which Python's JSON parser accepts) are refused here, as are seeds outside int64.
 """
 
@@ -11,6 +11,15 @@ import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from minivllm.entrypoints.openai.protocol_tools import (
+    ChatCompletionToolsParam,
+    DeltaToolCall,
+    NamedToolChoice,
+    ResponseFormat,
+    StructuredOutputsRequest,
+    ToolCall,
+)
 
 
 class OpenAIModel(BaseModel):
@@ -46,6 +55,14 @@ class SamplingRequest(OpenAIModel):
     skip_special_tokens: bool = True
     priority: int = 0
     cache_salt: str | None = None  # requests with different salts never share prefix cache
+    # Structured outputs (at most one): OpenAI's response_format, vLLM's structured_outputs
+    # and its older guided_* fields
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(SamplingRequest):
@@ -62,9 +79,11 @@ class TextPart(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls, sent back
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -79,6 +98,9 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(OpenAIModel):
@@ -158,6 +180,8 @@ class ChatLogprobs(OpenAIModel):
 class ChatResponseMessage(OpenAIModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # --reasoning-parser: the <think> part
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(OpenAIModel):
@@ -180,6 +204,8 @@ class ChatCompletionResponse(OpenAIModel):
 class DeltaMessage(OpenAIModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(OpenAIModel):

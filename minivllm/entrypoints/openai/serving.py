@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from minivllm.entrypoints.openai.errors import (
 )
 from minivllm.entrypoints.openai.limits import RequestLimits
 from minivllm.entrypoints.openai.protocol import ChatMessage, SamplingRequest
+from minivllm.entrypoints.openai.structured import request_constraint
 from minivllm.outputs import Logprob, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -109,6 +111,7 @@ class OpenAIServing:
         cap = defaults.get("max_tokens")  # vLLM: the config's max_new_tokens caps max_tokens
         if cap is not None and max_tokens is not None:  # None: capped in generate()
             max_tokens = min(max_tokens, cap)
+        structured_outputs = request_constraint(req)  # a bad schema: 400 naming its field
         try:
             return SamplingParams(
                 n=req.n,
@@ -133,6 +136,7 @@ class OpenAIServing:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 # A stream sends what is new; a whole answer needs only the last output.
                 output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
+                structured_outputs=structured_outputs,
             )
         except ValueError as e:  # SamplingParams names the field first
             raise OpenAIError(str(e), 400, str(e).split(" ", 1)[0]) from e
@@ -146,16 +150,17 @@ class OpenAIServing:
             raise OpenAIError(f"{param}: not valid Unicode ({e.reason})", 400, param) from e
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+    def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
+                    tools: list[dict] | None = None) -> str:
         template = self.chat_template or self.tokenizer.chat_template
         if not template:
             raise OpenAIError("this model's tokenizer has no chat template: start the server "
                               "with --chat-template FILE", 400, "messages")
-        conversation = [{"role": m.role, "content": m.text()} for m in messages]
+        conversation = [_template_message(m) for m in messages]
         try:
             return self.tokenizer.apply_chat_template(
                 conversation, chat_template=template, tokenize=False,
-                add_generation_prompt=add_generation_prompt)
+                add_generation_prompt=add_generation_prompt, tools=tools)
         except jinja2.TemplateError as e:
             raise OpenAIError(f"the chat template failed: {e}", 400, "messages") from e
 
@@ -174,6 +179,28 @@ class OpenAIServing:
             params = dataclasses.replace(params, max_tokens=min(cap, room))  # vLLM's rule
         return self.engine.generate(prompt, params, request_id, prompt_token_ids=token_ids,
                                     priority=req.priority, cache_salt=req.cache_salt)
+
+
+def _template_message(m: ChatMessage) -> dict:
+    """A message as chat templates read it: an assistant's tool calls with their arguments
+    as objects (templates write them with tojson; OpenAI sends JSON text)."""
+    message = {"role": m.role, "content": m.text()}
+    if m.tool_calls:
+        calls = []
+        for call in m.tool_calls:
+            try:
+                arguments = json.loads(call.function.arguments)
+            except json.JSONDecodeError as e:
+                raise OpenAIError(f"messages: tool call arguments are not JSON ({e})", 400,
+                                  "messages") from e
+            calls.append({"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": arguments}})
+        message["tool_calls"] = calls
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        message["name"] = m.name
+    return message
 
 
 async def gather_or_cancel(awaitables: Iterable[Awaitable]) -> list:

@@ -1,13 +1,17 @@
-"""POST /v1/chat/completions: messages through the chat template, answered whole or streamed."""
+"""POST /v1/chat/completions: messages through the chat template, answered whole or streamed;
+tools rendered by the template, tool calls forced by a grammar or parsed from the text, and
+the thinking of reasoning models split off (chat_tools.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
+from minivllm.entrypoints.openai.chat_tools import ChoiceParser
 from minivllm.entrypoints.openai.errors import OpenAIError
 from minivllm.entrypoints.openai.protocol import (
     ChatChoice,
@@ -33,10 +37,35 @@ from minivllm.entrypoints.openai.serving import (
     sse,
     sse_error,
 )
+from minivllm.entrypoints.openai.structured import tool_choice_constraint
 from minivllm.outputs import Logprob, RequestOutput
 
 
 class OpenAIServingChat(OpenAIServing):
+    tool_parser = None  # --enable-auto-tool-choice --tool-call-parser (tool_parsers.py)
+    reasoning_parser = None  # --reasoning-parser (reasoning_parsers.py)
+
+    def _tool_mode(self, req: ChatCompletionRequest) -> str:
+        choice = req.tool_choice
+        if not req.tools or choice == "none":
+            return "none"
+        if choice == "required":
+            return "required"
+        if choice is not None and choice != "auto":
+            return "named"
+        if self.tool_parser is None:  # the default "auto" without a parser: text only
+            if choice == "auto":
+                raise OpenAIError('tool_choice: "auto" needs a server started with '
+                                  "--enable-auto-tool-choice --tool-call-parser NAME", 400,
+                                  "tool_choice")
+            return "none"
+        return "auto"
+
+    def choice_parser(self, req: ChatCompletionRequest) -> ChoiceParser:
+        mode = self._tool_mode(req)
+        named = req.tool_choice.function.name if mode == "named" else None
+        return ChoiceParser(mode, named, self.tool_parser, self.reasoning_parser)
+
     async def create(self, req: ChatCompletionRequest) -> Response:
         self.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
@@ -48,7 +77,15 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(req, max_tokens,
                                       (req.top_logprobs or 0) if req.logprobs else None,
                                       logprobs_param="top_logprobs")
-        prompt = self.render_chat(req.messages, req.add_generation_prompt)
+        self.choice_parser(req)  # a tool_choice this server cannot serve: 400 now
+        forced = tool_choice_constraint(req)
+        if forced is not None:
+            if params.structured_outputs is not None:
+                raise OpenAIError("tool_choice: a forced tool call cannot be combined with "
+                                  "response_format or structured_outputs", 400, "tool_choice")
+            params = dataclasses.replace(params, structured_outputs=forced)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        prompt = self.render_chat(req.messages, req.add_generation_prompt, tools)
         # The template writes the special tokens (BOS ...) itself.
         token_ids = self.encode(prompt, "messages", add_special_tokens=False)
         self.check_token_ids(token_ids, "messages")
@@ -59,10 +96,15 @@ class OpenAIServingChat(OpenAIServing):
             firsts = await first_outputs([gen])
             return SSEResponse(self._stream(req, request_id, gen, firsts[0]))
         final = await last_output(gen)
-        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                              logprobs=self._logprobs(req, c.token_ids, c.logprobs),
-                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                   for c in final.outputs]
+        choices = []
+        for c in final.outputs:
+            content, reasoning, tool_calls = self.choice_parser(req).whole(c.text)
+            finish = "tool_calls" if tool_calls and c.finish_reason == "stop" else c.finish_reason
+            choices.append(ChatChoice(
+                index=c.index, message=ChatResponseMessage(
+                    content=content, reasoning_content=reasoning, tool_calls=tool_calls),
+                logprobs=self._logprobs(req, c.token_ids, c.logprobs), finish_reason=finish,
+                stop_reason=c.stop_reason))
         response = ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                           usage=self._usage(final))
         return JSONResponse(response.model_dump())
@@ -103,6 +145,7 @@ class OpenAIServingChat(OpenAIServing):
                                            choices=[choice]))
 
         try:
+            parsers = [self.choice_parser(req) for _ in range(req.n)]
             for index in range(req.n):
                 yield chunk(index, DeltaMessage(role="assistant", content=""))
             num_completion_tokens = 0
@@ -110,9 +153,18 @@ class OpenAIServingChat(OpenAIServing):
                 for c in output.outputs:  # deltas: only what is new
                     num_completion_tokens += len(c.token_ids)
                     if c.text or c.token_ids or c.finish_reason:
-                        yield chunk(c.index, DeltaMessage(content=c.text),
+                        parser = parsers[c.index]
+                        content, reasoning, calls = parser.feed(
+                            c.text, c.finish_reason is not None)
+                        finish = c.finish_reason
+                        if parser.called and finish == "stop":
+                            finish = "tool_calls"
+                        delta = DeltaMessage(content=content if content or not (
+                            reasoning or calls) else None, reasoning_content=reasoning or None,
+                            tool_calls=calls or None)
+                        yield chunk(c.index, delta,
                                     self._logprobs(req, c.token_ids, c.logprobs),
-                                    c.finish_reason, c.stop_reason)
+                                    finish, c.stop_reason)
                 if output.finished and req.stream_options and req.stream_options.include_usage:
                     prompt = len(output.prompt_token_ids)
                     usage = UsageInfo.count(prompt, num_completion_tokens,
