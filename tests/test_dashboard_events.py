@@ -16,6 +16,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from minivllm.bench.client import RequestResult
+from minivllm.bench.timeline_html import client_events, record_engine_events, write_run_timeline
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.dashboard.events import EngineEventHub
 from minivllm.entrypoints.dashboard.routes import add_dashboard_routes
@@ -171,6 +173,40 @@ def test_a_disconnect_frees_its_stream(server):
     while open_streams() != 0:
         assert time.monotonic() < deadline, "the stream outlived its client"
         time.sleep(0.1)
+
+
+def test_bench_records_the_servers_timeline(server, tmp_path):
+    async def two_requests():
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"prompt": "Once upon a time", "max_tokens": 8, "ignore_eos": True}
+            answers = await asyncio.gather(*[client.post(
+                server.url + "/v1/completions", json=body, headers=AUTH) for _ in range(2)])
+        return [a.json()["id"] + "-0" for a in answers]
+
+    ids, events = asyncio.run(record_engine_events(two_requests(), server.url, AUTH))
+    for rid in ids:
+        assert [e["state"] for e in events if e["request_id"] == rid] == [
+            "queued", "prefill", "decode", "finished"]
+    page = write_run_timeline(tmp_path, "two <requests>", [], events).read_text()
+    assert "renderTimeline" in page and ids[0] in page and "two &lt;requests&gt;" in page
+    assert "the server's lifecycle events" in page
+    # A server without the endpoint: the recorder says so, and the client's view is drawn.
+    unguarded = asyncio.run(record_engine_events(two_requests(), server.url + "/nowhere",
+                                                 AUTH))
+    assert unguarded[1] is None
+
+
+def test_the_client_view_when_the_server_sends_no_events(tmp_path):
+    results = [RequestResult(0, 1, None, 10, 4, 0.0, start=0.5, ttft=0.2, e2e=0.9,
+                             output_tokens=4, success=True),
+               RequestResult(1, 2, 3, 10, 4, 0.0, start=0.6, error="HTTP 500")]
+    events = client_events(results)
+    assert [(e["request_id"], e["state"], e["t"]) for e in events] == [
+        ("request-0", "queued", 0.5), ("request-0", "decode", 0.7),
+        ("request-0", "finished", 1.4), ("request-1", "queued", 0.6),
+        ("request-1", "aborted", 0.6)]
+    page = write_run_timeline(tmp_path, "run", results, None).read_text()
+    assert "as the client saw it" in page and '"user":"user-2"' in page
 
 
 class FakeEngine:

@@ -18,6 +18,7 @@ import aiohttp
 
 from minivllm.bench import client, metrics, prompts, report, traces, workload
 from minivllm.bench.sampling import add_sampling_args, describe, sampling_fields
+from minivllm.bench.timeline_html import record_engine_events, write_run_timeline
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args
 
@@ -188,10 +189,10 @@ async def prepare(args, base_url: str, model: str | None, max_model_len: int | N
 def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path, title: str,
             send_priority: bool = True) -> tuple[dict, list]:
     sampling = sampling_fields(args)
-    results, duration = asyncio.run(client.run_trace(
+    (results, duration), engine_events = asyncio.run(record_engine_events(client.run_trace(
         trace, texts, counts, base_url, model, endpoint=args.endpoint,
         max_concurrency=args.max_concurrency, send_priority=send_priority,
-        progress=not args.disable_tqdm, sampling=sampling))
+        progress=not args.disable_tqdm, sampling=sampling), base_url))
     summary = metrics.summarize(results, duration, trace.buckets, metrics.parse_goodput(args.goodput))
     meta = {"title": title, "base_url": base_url, "model": model, "workload": trace.workload,
             "seed": args.seed, "length_scale": trace.length_scale, "endpoint": args.endpoint,
@@ -199,6 +200,7 @@ def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path
             "priority_sent": send_priority, "sampling": sampling,
             "prompt_seed": args.prompt_seed, "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, results, summary)
+    write_run_timeline(out_dir, title, results, engine_events)
     return summary, results
 
 
