@@ -36,8 +36,9 @@ class StatLoggerBase:
 class LoggingStatLogger(StatLoggerBase):
     """One INFO line per interval while busy, in vLLM's words; quiet when idle."""
 
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock=time.monotonic, prefix: str = "") -> None:
         self._clock = clock
+        self._prefix = prefix  # data parallel: "Engine 000: ", "Total (2 engines): "
         self._last_log_time = clock()
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -64,9 +65,9 @@ class LoggingStatLogger(StatLoggerBase):
             return
         self._last_was_busy = busy
         logger.info(
-            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+            "%sAvg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
             "Running: %d reqs, Swapped: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, "
-            "Prefix cache hit rate: %.1f%%",
+            "Prefix cache hit rate: %.1f%%", self._prefix,
             prompt_throughput, generation_throughput, s.num_running, s.num_swapped,
             s.num_waiting, s.kv_cache_usage * 100, s.prefix_cache_hit_rate * 100,
         )
