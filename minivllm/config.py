@@ -48,6 +48,15 @@ class EngineConfig:
     priority_aging_s: float = 10.0  # waiting this long improves effective priority by one level
     active_preemption: bool = False
     min_run_quantum: int = 8  # steps a request runs before it may be actively preempted
+    preemption_victim: str = "lowest_rank"  # lowest_rank | latest_arrival | least_work_done
+    # Options of the policies that take them (core/policies/): vtc's token weights "W_P,W_Q";
+    # edf's action on a request past its deadline, and the deadlines (ms after arrival) of
+    # requests that give none; mlfq's first quantum (decode iterations).
+    vtc_weights: str = "1,2"
+    edf_action: str = "shed"
+    ttft_slo_ms: float | None = None
+    e2e_slo_ms: float | None = None
+    mlfq_base_quantum: int = 4
     max_num_waiting_requests: int | None = None
     max_num_waiting_tokens: int | None = None
     request_timeout: float | None = None  # seconds a request may wait before it fails
@@ -94,6 +103,20 @@ class EngineConfig:
             raise bad("priority_aging_s", "must be > 0")
         if self.min_run_quantum < 0:
             raise bad("min_run_quantum", "must be >= 0")
+        from minivllm.core.policies.edf import EDF_ACTIONS
+        from minivllm.core.policies.vtc import parse_vtc_weights
+        from minivllm.core.preemption import VICTIM_RULES
+
+        if self.preemption_victim not in VICTIM_RULES:
+            raise bad("preemption_victim", f"must be one of {', '.join(VICTIM_RULES)}")
+        parse_vtc_weights(self.vtc_weights)  # its error names the setting
+        if self.edf_action not in EDF_ACTIONS:
+            raise bad("edf_action", "must be shed or deprioritize")
+        for name in ("ttft_slo_ms", "e2e_slo_ms"):
+            if getattr(self, name) is not None and not 0 < getattr(self, name) < float("inf"):
+                raise bad(name, "must be > 0 (milliseconds)")
+        if self.mlfq_base_quantum < 1:
+            raise bad("mlfq_base_quantum", "must be >= 1")
         for name in ("max_num_waiting_requests", "max_num_waiting_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")

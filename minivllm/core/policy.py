@@ -39,6 +39,12 @@ def make_policy(name: str, aging_s: float = 10.0,
     return cls(aging_s=aging_s, predictor=make_length_predictor(length_predictor), **own)
 
 
+def policy_options(settings) -> dict:
+    """Every policy's options read off `settings` (an EngineConfig, parsed flags) by name."""
+    names = {name for cls in POLICIES.values() for name in cls.option_names}
+    return {name: getattr(settings, name) for name in sorted(names) if hasattr(settings, name)}
+
+
 class SchedulingPolicy(ABC):
     name = "abstract"
     option_names: tuple[str, ...] = ()  # the engine settings make_policy passes it

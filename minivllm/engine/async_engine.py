@@ -43,6 +43,7 @@ class _Add:
     priority: int
     cache_salt: str | None
     oracle_output_len: int | None
+    scheduling: dict  # user, ttft_slo_ms, e2e_slo_ms
     stream: RequestStream
     accepted: asyncio.Future
 
@@ -119,8 +120,9 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None, priority: int = 0,
-                       cache_salt: str | None = None, oracle_output_len: int | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, oracle_output_len: int | None = None,
+                       user: str | None = None, ttft_slo_ms: float | None = None,
+                       e2e_slo_ms: float | None = None) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs, of its params.output_kind; the last one has
         finished=True.
 
@@ -134,7 +136,8 @@ class AsyncLLMEngine:
         stream = RequestStream(loop, params.output_kind is RequestOutputKind.DELTA)
         accepted = loop.create_future()
         self._submit(_Add(request_id, prompt, params, prompt_token_ids, priority, cache_salt,
-                          oracle_output_len, stream, accepted))
+                          oracle_output_len, {"user": user, "ttft_slo_ms": ttft_slo_ms,
+                                              "e2e_slo_ms": e2e_slo_ms}, stream, accepted))
         self._num_in_flight += 1
         finished = False
         try:
@@ -236,7 +239,8 @@ class AsyncLLMEngine:
                 self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
                                         prompt_token_ids=cmd.prompt_token_ids,
                                         priority=cmd.priority, cache_salt=cmd.cache_salt,
-                                        oracle_output_len=cmd.oracle_output_len)
+                                        oracle_output_len=cmd.oracle_output_len,
+                                        **cmd.scheduling)
             except Exception as e:  # ValueError for bad input; anything else is the caller's too
                 if isinstance(e, EngineOverloadedError):
                     self._count_rejected(e.reason)

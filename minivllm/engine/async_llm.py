@@ -133,8 +133,9 @@ class AsyncLLM:
 
     async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None, priority: int = 0,
-                       cache_salt: str | None = None, oracle_output_len: int | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+                       cache_salt: str | None = None, oracle_output_len: int | None = None,
+                       user: str | None = None, ttft_slo_ms: float | None = None,
+                       e2e_slo_ms: float | None = None) -> AsyncIterator[RequestOutput]:
         """As AsyncLLMEngine.generate: the request's outputs, the last with finished=True;
         ValueError, EngineOverloadedError, RequestFailedError (RequestTimeoutError) or
         EngineDeadError otherwise. A consumer that stops early aborts the request."""
@@ -152,7 +153,8 @@ class AsyncLLM:
                 raise ValueError("either prompt or prompt_token_ids is required")
             prompt_token_ids = self.tokenizer(prompt).input_ids
         request = make_core_request(request_id, prompt_token_ids, params, priority=priority,
-                                    cache_salt=cache_salt, oracle_output_len=oracle_output_len)
+                                    cache_salt=cache_salt, oracle_output_len=oracle_output_len,
+                                    user=user, ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms)
         try:
             data = self._core.encode(request)
         except (OverflowError, msgspec.EncodeError) as e:  # JSON allows ints msgpack does not

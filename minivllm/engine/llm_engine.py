@@ -38,7 +38,8 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | None, params: SamplingParams,
                     prompt_token_ids: list[int] | None = None, priority: int = 0,
                     arrival_time: float | None = None, cache_salt: str | None = None,
-                    oracle_output_len: int | None = None) -> None:
+                    oracle_output_len: int | None = None, user: str | None = None,
+                    ttft_slo_ms: float | None = None, e2e_slo_ms: float | None = None) -> None:
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if prompt_token_ids is None:
@@ -46,7 +47,8 @@ class LLMEngine:
                 raise ValueError("either prompt or prompt_token_ids is required")
             prompt_token_ids = self.tokenizer(prompt).input_ids
         request = make_core_request(request_id, prompt_token_ids, params, arrival_time,
-                                    priority, cache_salt, oracle_output_len)
+                                    priority, cache_salt, oracle_output_len, user,
+                                    ttft_slo_ms, e2e_slo_ms)
         self.core.add_request(request)  # raises for input it rejects, leaving nothing behind
         self.output_processor.add_request(request, prompt, params)
 

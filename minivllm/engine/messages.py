@@ -35,6 +35,11 @@ class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
     # The true output length, known only in the lab (bench replaying a trace): read by the
     # `oracle` length predictor alone, and refused by a core running any other.
     oracle_output_len: int | None = None
+    # For the scheduling policies: the tenant (OpenAI's `user`, vtc's unit of fairness) and
+    # latency deadlines in ms after arrival (edf; None: the server's defaults).
+    user: str | None = None
+    ttft_slo_ms: float | None = None
+    e2e_slo_ms: float | None = None
 
 
 class EngineCoreAbort(msgspec.Struct, tag="abort", omit_defaults=True):
@@ -74,7 +79,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     first_scheduled_time: float | None = None
     # A request the core turned away or failed: error_kind is "invalid" (a ValueError),
     # "overloaded" (EngineOverloadedError; overload_reason is its reason), "failed" (any
-    # other error adding it) or "timeout" (it waited too long, never scheduled).
+    # other error adding it), "timeout" (it waited too long, never scheduled) or "deadline"
+    # (edf shed it: it could no longer make its deadline).
     error: str | None = None
     error_kind: str | None = None
     overload_reason: str | None = None
@@ -114,14 +120,17 @@ def seq_id(request_id: str, index: int, num_seqs: int) -> str:
 def make_core_request(request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                       arrival_time: float | None = None, priority: int = 0,
                       cache_salt: str | None = None,
-                      oracle_output_len: int | None = None) -> EngineCoreRequest:
+                      oracle_output_len: int | None = None, user: str | None = None,
+                      ttft_slo_ms: float | None = None,
+                      e2e_slo_ms: float | None = None) -> EngineCoreRequest:
     if (params.best_of or params.n) > params.n and params.logprobs is None:
         params = dataclasses.replace(params, logprobs=0)  # best_of ranks by logprob
     return EngineCoreRequest(
         request_id=request_id, prompt_token_ids=list(prompt_token_ids),
         sampling_params=params,
         arrival_time=arrival_time if arrival_time is not None else time.time(),
-        priority=priority, cache_salt=cache_salt, oracle_output_len=oracle_output_len)
+        priority=priority, cache_salt=cache_salt, oracle_output_len=oracle_output_len,
+        user=user, ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms)
 
 
 def pack_logprobs(entry: dict[int, Logprob]) -> LogprobsLists:

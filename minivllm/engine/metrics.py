@@ -127,6 +127,18 @@ class PrometheusStatLogger(StatLoggerBase):
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits",
                                          "Prompt tokens served from the prefix cache.")
         self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (swap or recompute).")
+        self.num_recomputed_tokens = counter(
+            "minivllm:num_recomputed_tokens",
+            "Tokens computed again after recompute preemption (the recompute tax's numerator).")
+        self.num_computed_tokens = counter(
+            "minivllm:num_computed_tokens",
+            "Tokens computed by the model, recomputed ones included (prefix-cache hits not).")
+        self.num_requests_shed = counter(
+            "minivllm:num_requests_shed",
+            "Requests finished with an error for missing their deadline while queued (edf).")
+        self.num_requests_deprioritized = counter(
+            "minivllm:num_requests_deprioritized",
+            "Requests ranked last for missing their deadline (edf).")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
         self.request_success = Counter("vllm:request_success", "Finished requests by reason.",
@@ -168,7 +180,9 @@ class PrometheusStatLogger(StatLoggerBase):
         used_swap = s.num_total_swap_blocks - s.num_free_swap_blocks
         self.cpu_cache_usage.set(used_swap / s.num_total_swap_blocks if s.num_total_swap_blocks
                                  else 0.0)
-        for name in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions"):
+        for name in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
+                     "num_recomputed_tokens", "num_computed_tokens", "num_requests_shed",
+                     "num_requests_deprioritized"):
             delta = getattr(s, name) - getattr(self._last, name)
             if delta > 0:
                 getattr(self, name).inc(delta)

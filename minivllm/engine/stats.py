@@ -20,6 +20,12 @@ class SchedulerStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens served from the cache
+    # The recompute tax: tokens computed again after recompute preemption, of all computed.
+    num_recomputed_tokens: int = 0
+    num_computed_tokens: int = 0
+    # Deadline policies (edf): requests shed for a missed deadline, and ranked last for it.
+    num_requests_shed: int = 0
+    num_requests_deprioritized: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -21,7 +21,17 @@ _HELP = {
                       "model, read by the attention kernels as fp32",
     "scheduling_policy": " | ".join(POLICIES),
     "preemption_mode": "recompute | swap (default: swap for multi-sequence requests)",
-    "active_preemption": "let a better-ranked waiting request preempt a running one",
+    "active_preemption": "let a better-ranked waiting request preempt a running one (when "
+                         "KV blocks or max_num_seqs seats run out)",
+    "preemption_victim": "lowest_rank (the policy's worst) | latest_arrival | least_work_done "
+                         "(fewest computed tokens: the least recompute)",
+    "vtc_weights": "vtc: W_P,W_Q, the service counted per prompt and per output token",
+    "edf_action": "edf: shed (finish with an error) | deprioritize (rank last) a request "
+                  "that can no longer make its deadline",
+    "ttft_slo_ms": "edf: the TTFT deadline (ms after arrival) of requests that give none",
+    "e2e_slo_ms": "edf: the end-to-end deadline (ms after arrival) of requests that give none",
+    "mlfq_base_quantum": "mlfq: the top level's quantum in decode iterations (doubling per "
+                         "level)",
     "max_num_batched_tokens": "tokens per step (None: 512 with chunked prefill, else "
                               "max(2048, max_model_len))",
     "generation_config": "sampling defaults: 'auto' (the model's generation_config.json), "

@@ -21,6 +21,15 @@ PromptType = str | dict[str, Any]
 logger = logging.getLogger(__name__)
 
 
+def _per_prompt(value, num_prompts: int, name: str) -> list:
+    """One value for every prompt, or a sequence of one per prompt."""
+    if value is None or isinstance(value, (str, int, float)):
+        return [value] * num_prompts
+    if len(value) != num_prompts:
+        raise ValueError(f"got {len(value)} {name} values for {num_prompts} prompts")
+    return list(value)
+
+
 class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         if model is not None:
@@ -50,7 +59,12 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        user: str | Sequence[str | None] | None = None,
+        ttft_slo_ms: float | Sequence[float | None] | None = None,
+        e2e_slo_ms: float | Sequence[float | None] | None = None,
     ) -> list[RequestOutput]:
+        """`user` (vtc's tenant), `ttft_slo_ms` and `e2e_slo_ms` (edf's deadlines): one value
+        for every prompt, or one per prompt."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -62,6 +76,8 @@ class LLM:
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+        scheduling = {name: _per_prompt(value, len(prompts), name) for name, value in
+                      (("user", user), ("ttft_slo_ms", ttft_slo_ms), ("e2e_slo_ms", e2e_slo_ms))}
         ids = []
         try:
             for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
@@ -70,7 +86,8 @@ class LLM:
                 request_id = str(next(self._counter))
                 text, token_ids = self._split_prompt(prompt)
                 self.llm_engine.add_request(request_id, text, params, token_ids,
-                                            priority=priority[i] if priority else 0)
+                                            priority=priority[i] if priority else 0,
+                                            **{k: v[i] for k, v in scheduling.items()})
                 ids.append(request_id)
         except Exception:
             self.llm_engine.abort_request(ids)

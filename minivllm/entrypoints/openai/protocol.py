@@ -55,6 +55,11 @@ class SamplingRequest(OpenAIModel):
     skip_special_tokens: bool = True
     priority: int = 0
     cache_salt: str | None = None  # requests with different salts never share prefix cache
+    # For the scheduling policies: OpenAI's `user` is the tenant vtc shares service across;
+    # ttft_slo_ms / e2e_slo_ms are edf's deadlines, ms after arrival (unset: the server's).
+    user: str | None = Field(None, max_length=256)
+    ttft_slo_ms: float | None = Field(None, gt=0)
+    e2e_slo_ms: float | None = Field(None, gt=0)
     # Structured outputs (at most one): OpenAI's response_format, vLLM's structured_outputs
     # and its older guided_* fields
     response_format: ResponseFormat | None = None

@@ -178,6 +178,8 @@ class OpenAIServing:
         if params.max_tokens is None and cap is not None and room >= 1:
             params = dataclasses.replace(params, max_tokens=min(cap, room))  # vLLM's rule
         return self.engine.generate(prompt, params, request_id, prompt_token_ids=token_ids,
+                                    user=req.user, ttft_slo_ms=req.ttft_slo_ms,
+                                    e2e_slo_ms=req.e2e_slo_ms,
                                     priority=req.priority, cache_salt=req.cache_salt)
 
 
