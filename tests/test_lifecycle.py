@@ -121,3 +121,16 @@ def test_every_request_ends_once_whatever_the_policy(policy):
         states = [s for _, s, _ in seq]
         assert states[0] == "queued" and states[-1] == "finished"
         assert states.count("finished") == 1 and states[-2] in ("prefill", "decode")
+
+
+def test_sim_policies_write_a_timeline_per_run(tmp_path):
+    from minivllm.entrypoints.cli import main
+
+    assert main(["sim", "policies", "--preset", "rtx4090-qwen2.5-7b", "--workload",
+                 "seed-high", "--num-prompts", "5", "--policies", "fcfs,sjf", "--output",
+                 str(tmp_path), "--disable-tqdm"]) == 0
+    for policy in ("fcfs", "sjf"):
+        page = (tmp_path / policy / "timeline.html").read_text()
+        assert "function renderTimeline" in page and "in simulated seconds" in page
+        assert page.count('"state":"queued"') == 5 and page.count('"state":"finished"') == 5
+        assert "<script src" not in page  # self-contained

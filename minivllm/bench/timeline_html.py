@@ -12,6 +12,7 @@ Where the events come from:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from html import escape
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import aiohttp
 
 from minivllm.bench.client import RequestResult
+from minivllm.core.lifecycle import LifecycleEvent
 
 TIMELINE_JS = (Path(__file__).parent.parent / "entrypoints" / "dashboard" / "static"
                / "timeline.js")
@@ -104,6 +106,13 @@ def write_run_timeline(out_dir: Path, title: str, results: list[RequestResult],
                               "queued = waiting for the first token")
     return write_timeline(Path(out_dir) / "timeline.html", engine_events, title,
                           "the server's lifecycle events (GET /v1/engine/events)")
+
+
+def write_sim_timeline(out_dir: Path, title: str, events: list[LifecycleEvent]) -> Path:
+    """A simulated run's timeline.html, from the simulator's tracer."""
+    rows = [{k: v for k, v in dataclasses.asdict(e).items() if v is not None} for e in events]
+    return write_timeline(Path(out_dir) / "timeline.html", rows, title,
+                          "simulated: the scheduler's lifecycle events, in simulated seconds")
 
 
 class EngineEventsRecorder:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from minivllm.bench import metrics, report, workload
 from minivllm.bench.cli import add_workload_args, describe_trace, trace_args
+from minivllm.bench.timeline_html import write_sim_timeline
 from minivllm.config import EngineConfig
 from minivllm.core.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from minivllm.core.scheduler import SchedulerConfig
@@ -136,7 +137,7 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
                                     data_parallel_size=args.data_parallel_size,
                                     router_policy=args.router_policy)
     else:
-        sim = Simulator(config, policy, cost, **common)
+        sim = Simulator(config, policy, cost, **common, record_timeline=True)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0
@@ -156,6 +157,8 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
             "max_concurrency": args.max_concurrency,
             "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, result.results, summary)
+    if result.timeline:  # one simulator's (data parallel runs record none)
+        write_sim_timeline(out_dir, title, result.timeline)
     print(f"[{policy}] simulated {len(trace.entries)} requests, "
           f"{result.stats.simulated_wall_time_s:.1f} s of serving in {elapsed:.1f} s")
     if isinstance(result, DataParallelResult):
