@@ -3,11 +3,24 @@ import pytest
 from tests.model_factory import CONFIGS, STORIES, save_tiny_model
 
 
+class _TinyModels(dict):
+    """kind -> directory, each built on first use (a run of a few tests builds one)."""
+
+    def __init__(self, root) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, kind: str):
+        if kind not in CONFIGS:
+            raise KeyError(kind)
+        self[kind] = save_tiny_model(kind, self.root / kind)
+        return self[kind]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory):
-    """Every supported architecture as a tiny random-weight model directory."""
-    root = tmp_path_factory.mktemp("models")
-    return {kind: save_tiny_model(kind, root / kind) for kind in CONFIGS}
+    """Every supported architecture as a tiny random-weight model directory (by kind)."""
+    return _TinyModels(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="session")

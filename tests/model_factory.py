@@ -8,10 +8,16 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
+    Phi3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 VOCAB_SIZE = 512
@@ -30,8 +36,32 @@ CONFIGS = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}),
     "qwen2": lambda: Qwen2Config(**_COMMON, tie_word_embeddings=False),
-    "mistral": lambda: MistralConfig(**_COMMON, sliding_window=None),
+    # a window shorter than most prompts, on every layer (Mistral has no layer_types)
+    "mistral": lambda: MistralConfig(**_COMMON, sliding_window=16),
+    # head_dim not hidden / heads; saved in shards with an index (SHARDED)
+    "qwen3": lambda: Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=False),
+    "phi3": lambda: Phi3Config(**_COMMON, pad_token_id=0, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
+        "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+        "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 64.0]}),
+    "mixtral": lambda: MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2),
+    # unnormalized top-k weights (Mixtral's are), and a dense MLP on layer 1
+    "qwen3_moe": lambda: Qwen3MoeConfig(**_COMMON, num_experts=4, num_experts_per_tok=2,
+                                        moe_intermediate_size=48, norm_topk_prob=False,
+                                        mlp_only_layers=[1]),
+    # small windows and caps, so that they change the output (untied: a tied head over
+    # Gemma's sqrt(hidden)-scaled embeddings just repeats the last token at this size)
+    "gemma2": lambda: Gemma2Config(**_COMMON, head_dim=16, sliding_window=8,
+                                   query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                                   final_logit_softcapping=10.0, tie_word_embeddings=False),
+    "gemma3": lambda: Gemma3TextConfig(
+        **_COMMON, head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+        tie_word_embeddings=False, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}}),
 }
+SHARDED = {"qwen3"}
 
 
 def word_tokenizer() -> PreTrainedTokenizerFast:
@@ -48,7 +78,7 @@ def save_tiny_model(kind: str, directory: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = CONFIGS[kind]()
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(directory)
+    model.save_pretrained(directory, max_shard_size="100KB" if kind in SHARDED else "5GB")
     word_tokenizer().save_pretrained(directory)
     return directory
 
@@ -71,6 +101,32 @@ def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int
             logprobs.append(float(lp[token]))
             ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
     return tokens, logprobs
+
+
+def hf_greedy_batch(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
+                    ) -> list[tuple[list[int], list[float]]]:
+    """hf_greedy for every prompt in one left-padded batch: a forward per step, not per
+    prompt and step (8x fewer; the references of the architecture tests are most of their
+    time). Padding is masked and positions count real tokens only."""
+    model = _load(model_dir)
+    width = max(map(len, prompts))
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    results = [([], []) for _ in prompts]
+    past = None
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+            out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=past,
+                        use_cache=True)
+            past = out.past_key_values
+            lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+            ids = lp.argmax(-1, keepdim=True)
+            for (tokens, logprobs), row, token in zip(results, lp, ids[:, 0].tolist()):
+                tokens.append(token)
+                logprobs.append(float(row[token]))
+            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+    return results
 
 
 def hf_prompt_logprobs(model_dir: Path, prompt_ids: list[int]) -> list[float]:

@@ -5,7 +5,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from tests.conftest import assert_all_blocks_free
-from tests.model_factory import CONFIGS, hf_greedy, hf_prompt_logprobs
+from tests.model_factory import CONFIGS, hf_greedy, hf_greedy_batch, hf_prompt_logprobs
 
 PROMPT_LENGTHS = [3, 5, 8, 13, 21, 34, 55, 70]
 MAX_TOKENS = 12
@@ -15,10 +15,21 @@ def _prompts():
     return [[1] + [(7 * n + 13 * i) % 500 + 3 for i in range(n - 1)] for n in PROMPT_LENGTHS]
 
 
+class _References(dict):
+    """transformers' greedy tokens and logprobs per architecture, computed on first use."""
+
+    def __init__(self, model_dirs) -> None:
+        super().__init__()
+        self.model_dirs = model_dirs
+
+    def __missing__(self, kind: str):
+        self[kind] = hf_greedy_batch(self.model_dirs[kind], _prompts(), MAX_TOKENS)
+        return self[kind]
+
+
 @pytest.fixture(scope="module")
 def references(tiny_model_dirs):
-    return {kind: [hf_greedy(path, p, MAX_TOKENS) for p in _prompts()]
-            for kind, path in tiny_model_dirs.items()}
+    return _References(tiny_model_dirs)
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))

@@ -113,10 +113,8 @@ class EngineCore:
                     f"{self.max_model_len:,}", runner.num_blocks / blocks_per_request)
 
     def _max_model_len(self) -> int:
+        # Sliding-window layers attend to their window, past it too (model/attention.py).
         limit = getattr(self.hf_config, "max_position_embeddings", 2048)
-        window = getattr(self.hf_config, "sliding_window", None)
-        if window and getattr(self.hf_config, "use_sliding_window", True):
-            limit = min(limit, window)  # no sliding-window attention: stay inside the window
         if self.config.max_model_len is not None:
             if self.config.max_model_len > limit:
                 raise ValueError(f"max_model_len ({self.config.max_model_len}) exceeds the "

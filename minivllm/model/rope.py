@@ -1,5 +1,7 @@
 """Rotary position embeddings, with the scaling variants transformers knows
-(llama3, linear, dynamic, yarn, ...) computed by transformers' own init functions."""
+(llama3, linear, dynamic, yarn, longrope, ...) computed by transformers' own init functions.
+A config may give parameters per layer type (Gemma 3: a local base for sliding-window
+layers, a global one, maybe scaled, for full-attention layers)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ import torch
 from torch import nn
 
 
-def _rope_parameters(cfg) -> dict:
+def _rope_parameters(cfg, layer_type: str | None = None) -> dict:
     params = dict(getattr(cfg, "rope_parameters", None) or {})
+    if layer_type is not None:
+        params = dict(params[layer_type])
     legacy = getattr(cfg, "rope_scaling", None) or {}
     params = {**legacy, **params}
     params.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
@@ -16,22 +20,47 @@ def _rope_parameters(cfg) -> dict:
     return params
 
 
-class RotaryEmbedding(nn.Module):
-    def __init__(self, cfg, head_dim: int) -> None:
-        super().__init__()
-        params = _rope_parameters(cfg)
-        rope_type = params["rope_type"]
-        if rope_type == "default":
-            exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-            inv_freq, scaling = 1.0 / (params["rope_theta"] ** exponents), 1.0
-        else:
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+def rope_layer_types(cfg) -> set[str] | None:
+    """The layer types that have RoPE parameters of their own, or None (one for all)."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    types = set(getattr(cfg, "layer_types", None) or ())
+    return types if types and types <= set(params) else None
 
-            if rope_type not in ROPE_INIT_FUNCTIONS:
-                raise ValueError(f"unsupported rope_scaling type {rope_type!r}")
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))
+
+def _inv_freqs(cfg, params: dict, head_dim: int, layer_type: str | None,
+               positions: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """[positions, D/2] inverse frequencies, and the cos/sin scaling."""
+    rope_type = params["rope_type"]
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"unsupported rope_parameters partial_rotary_factor "
+                         f"{params['partial_rotary_factor']} (only 1.0: RoPE on whole heads)")
+    if rope_type == "default":
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        inv_freq = 1.0 / (params["rope_theta"] ** exponents)
+        return inv_freq.expand(len(positions), -1), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope_scaling type {rope_type!r}")
+    init = ROPE_INIT_FUNCTIONS[rope_type]
+    inv_freq, scaling = init(cfg, torch.device("cpu"), layer_type=layer_type)
+    if rope_type == "longrope":
+        # transformers switches every position of a sequence to the long factors once it
+        # outgrows original_max_position_embeddings; here a position's own place decides
+        # (short factors before it, long after), so cached keys never need recomputing.
+        original = params["original_max_position_embeddings"]
+        long, _ = init(cfg, torch.device("cpu"), seq_len=original + 1, layer_type=layer_type)
+        return torch.where(positions[:, None] < original, inv_freq, long), scaling
+    return inv_freq.expand(len(positions), -1), scaling
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, cfg, head_dim: int, layer_type: str | None = None) -> None:
+        super().__init__()
+        params = _rope_parameters(cfg, layer_type)
         positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq.float())
+        inv_freq, scaling = _inv_freqs(cfg, params, head_dim, layer_type, positions)
+        freqs = positions[:, None] * inv_freq.float()
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         # rotate_half(x) * sin == x.roll(half) * sin with the first half's sign flipped.
