@@ -60,7 +60,8 @@ class ServerProcess:
     patches the engine there. It is their sitecustomize module, which every Python process
     started with its folder on PYTHONPATH imports before anything else."""
 
-    def __init__(self, model: Path, args: list[str], log_path: Path, prelude: str = "") -> None:
+    def __init__(self, model: Path, args: list[str], log_path: Path, prelude: str = "",
+                 ready_timeout: float = 90) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -75,7 +76,7 @@ class ServerProcess:
         cmd = [sys.executable, "-c", LAUNCH, "serve", str(model), "--port", str(self.port),
                *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self._wait_ready(timeout=90)
+        self._wait_ready(timeout=ready_timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

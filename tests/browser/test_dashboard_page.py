@@ -48,7 +48,7 @@ def server(tmp_path_factory):
     server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--max-num-seqs", "2",
                                              "--api-key", KEY, "--dashboard-interval",
                                              str(INTERVAL)],
-                           tmp / "server.log", prelude=SLOW_STEPS)
+                           tmp / "server.log", prelude=SLOW_STEPS, ready_timeout=300)
     yield server
     server.stop()
 
