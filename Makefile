@@ -7,7 +7,8 @@ MODEL ?= minivllm-demo
 # More `minivllm serve` flags: make serve ARGS="--max-num-seqs 8 --num-kv-blocks 64"
 ARGS ?=
 
-.PHONY: install install-test test lint serve profile-serve clean install-browser test-browser
+.PHONY: install install-test test lint serve profile-serve clean install-browser test-browser \
+	install-ray test-ray
 
 # What serving needs, and nothing else.
 $(VENV)/.installed: pyproject.toml
@@ -44,6 +45,17 @@ install-browser: $(VENV)/.test-installed
 
 test-browser: install-browser
 	MINIVLLM_BROWSER_TESTS=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/browser -rs -s
+
+# Data parallel (`serve --data-parallel-size N`): Ray, an optional extra; torch stays pinned.
+$(VENV)/.ray-installed: $(VENV)/.test-installed
+	$(PIP) install -q -e '.[ray]' torch==2.13.0
+	touch $@
+
+install-ray: $(VENV)/.ray-installed
+
+# Two replicas of a tiny model on a local Ray cluster that each test server starts (minutes).
+test-ray: install-ray
+	MINIVLLM_TEST_RAY=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/test_ray_data_parallel.py -rs -s
 
 # The hint is a completion: it works for any model, with or without a chat template.
 serve: install

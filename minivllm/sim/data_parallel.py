@@ -46,8 +46,14 @@ class DataParallelSimulator:
     def __init__(self, config: SchedulerConfig, policy: str, cost_model: CostModel, *,
                  data_parallel_size: int, router_policy: str, aging_s: float = 10.0,
                  send_priority: bool = False, progress: bool = False,
-                 max_concurrency: int | None = None, sticky_sessions: bool = False) -> None:
+                 max_concurrency: int | None = None, sticky_sessions: bool = False,
+                 length_predictor: str = "mean", request_max_tokens: str = "trace") -> None:
+        if request_max_tokens not in ("trace", "context"):
+            raise ValueError(f"request_max_tokens must be trace or context, got "
+                             f"{request_max_tokens!r}")
         self.config, self.cost_model = config, cost_model
+        # As Simulator's: "context" stops a request at its trace length as EOS would.
+        self.length_predictor, self.request_max_tokens = length_predictor, request_max_tokens
         self.policy_name, self.aging_s = policy, aging_s
         self.size, self.router_policy = data_parallel_size, router_policy
         self.send_priority, self.progress = send_priority, progress
@@ -66,8 +72,12 @@ class DataParallelSimulator:
     def _run(self, trace: Trace, prompts: list[list[int]] | None) -> DataParallelResult:
         self.now = 0.0
         config = self.config
-        replicas = [_Replica(Scheduler(config, make_policy(self.policy_name, self.aging_s),
+        replicas = [_Replica(Scheduler(config, make_policy(self.policy_name, self.aging_s,
+                                                           length_predictor=self.length_predictor),
                                        clock=lambda: self.now)) for _ in range(self.size)]
+        if replicas[0].sched.policy.predictor.needs_hidden_state:
+            raise ValueError(f"the {self.length_predictor} length predictor is not simulated "
+                             "with data parallelism (it needs prompt hidden states)")
         router = make_router(self.router_policy, self.size, config.block_size,
                              sticky_sessions=self.sticky_sessions,
                              cache_capacity_blocks=config.num_blocks)
@@ -130,9 +140,12 @@ class DataParallelSimulator:
     def _add(self, sched: Scheduler, entry, index: int, ids: list[int]) -> bool:
         result = self.results[index]
         priority = entry.priority if self.send_priority and entry.priority is not None else 0
+        max_tokens = entry.output_tokens
+        if self.request_max_tokens == "context":
+            max_tokens = max(entry.output_tokens, self.config.max_model_len - len(ids))
         try:
-            sched.add_request(Request(str(index), ids, entry.output_tokens, result.start,
-                                      priority))
+            sched.add_request(Request(str(index), ids, max_tokens, result.start, priority,
+                                      oracle_output_len=entry.output_tokens))
         except ValueError as e:  # the server's 400
             result.error = f"HTTP 400: {e}"
             return False
@@ -172,8 +185,12 @@ class DataParallelSimulator:
             else:
                 res.itl.append(self.now - self.last_token[r.request_id])
             self.last_token[r.request_id] = self.now
-            if r.num_output_tokens >= r.max_tokens or r.num_tokens >= self.config.max_model_len:
-                sched.finish_request(r, RequestStatus.FINISHED_LENGTH)
+            stopped = r.num_output_tokens >= r.oracle_output_len  # EOS, as it were
+            if (stopped or r.num_output_tokens >= r.max_tokens
+                    or r.num_tokens >= self.config.max_model_len):
+                sched.finish_request(r, RequestStatus.FINISHED_STOPPED if stopped
+                                     and r.num_output_tokens < r.max_tokens
+                                     else RequestStatus.FINISHED_LENGTH)
                 res.output_tokens, res.e2e = r.num_output_tokens, self.now - res.start
                 res.success = True
                 del self.last_token[r.request_id]

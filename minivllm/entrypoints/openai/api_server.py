@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
@@ -74,8 +75,9 @@ def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
     completions = OpenAIServingCompletion(engine, model_name, chat_template, limits, defaults)
     chat = OpenAIServingChat(engine, model_name, chat_template, limits, defaults)
     chat.tool_parser, chat.reasoning_parser = parsers_from_args(args)
-    prometheus = next((s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)),
-                      None)
+    # PrometheusStatLogger, or (data parallel) one with every replica's series
+    prometheus = next((s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)
+                       or getattr(s, "registry", None) is not None), None)
     created = int(time.time())
 
     app = FastAPI(title="minivllm OpenAI-compatible server", version=_package_version())
@@ -87,6 +89,11 @@ def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
             return error_response(f"engine is not running: {engine.dead_reason}", 503)
         if engine.draining:
             return error_response("the server is shutting down", 503)
+        replica_states = getattr(engine, "replica_states", None)  # data parallel
+        if replica_states is not None:
+            states = replica_states()
+            up = all(s["state"] == "up" for s in states)
+            return JSONResponse({"status": "ok" if up else "degraded", "replicas": states})
         return Response(status_code=200)
 
     @app.get("/version")

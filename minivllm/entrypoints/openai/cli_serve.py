@@ -58,10 +58,32 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--engine-threads", type=_positive_int, default=None, metavar="N",
                         help="torch threads of the engine (the thread governor may use fewer "
                              "while other processes keep cores busy); default: torch's")
+    add_data_parallel_args(parser)
     add_limit_args(parser)
     add_tool_args(parser)
     add_engine_args(parser)
     parser.set_defaults(func=run)
+
+
+def add_data_parallel_args(parser) -> None:
+    from minivllm.core.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
+
+    parser.add_argument("--data-parallel-size", type=_positive_int, default=1, metavar="N",
+                        help="N engine-core replicas, each with its own KV cache, as Ray actors "
+                             "behind the router (N > 1 needs: pip install 'minivllm[ray]'); "
+                             "default: 1, no Ray")
+    parser.add_argument("--data-parallel-backend", choices=("ray",), default="ray",
+                        help="where the replicas run (default: ray)")
+    parser.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
+                        help="join this Ray cluster (auto: the one on this machine); default: "
+                             "start a local one, stopped with the server")
+    parser.add_argument("--router-policy", choices=sorted(ROUTER_POLICIES),
+                        default=DEFAULT_ROUTER_POLICY,
+                        help="which replica serves a request (default: "
+                             f"{DEFAULT_ROUTER_POLICY}: the longest cached prefix, unless that "
+                             "replica is much busier than the least loaded)")
+    parser.add_argument("--data-parallel-max-restarts", type=int, default=3, metavar="N",
+                        help="times Ray restarts a replica that died (default: 3)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +136,19 @@ def make_engine(config, args: argparse.Namespace):
     if args.engine_mode not in ENGINE_MODES:  # argparse does not check a default
         raise ValueError(f"--engine-mode (MINIVLLM_ENGINE_MODE) must be one of "
                          f"{', '.join(ENGINE_MODES)}, got {args.engine_mode!r}")
+    if args.data_parallel_size > 1:
+        if args.engine_mode == "thread":
+            raise ValueError("--data-parallel-size > 1 runs engine-core replicas: it needs "
+                             "--engine-mode process")
+        from minivllm.distributed.ray_replica import import_ray
+
+        import_ray()  # not installed: say how, before anything starts
+        from minivllm.distributed.data_parallel import DataParallelAsyncLLM
+
+        return DataParallelAsyncLLM(
+            config, args.data_parallel_size, router_policy=args.router_policy,
+            ray_address=args.ray_address, engine_threads=args.engine_threads,
+            log_interval=args.log_interval, max_restarts=args.data_parallel_max_restarts)
     if args.engine_mode == "thread":
         import torch
 

@@ -1,0 +1,127 @@
+"""One data-parallel engine replica: an EngineCore in a Ray actor, and its client in the API
+server.
+
+The actor runs the engine-core process's busy loop (core_proc._serve) on two ZeroMQ sockets
+over TCP that the frontend binds, so a replica streams its steps exactly as the
+single-process engine core does, on any machine of the Ray cluster. Ray places the actor
+(`num_cpus` = --engine-threads), notices when its process dies and restarts it
+(`max_restarts`); the frontend learns both from the actor's `run` call, which returns only
+when the loop ends and raises when the process is gone.
+
+`ray` is imported only here and in data_parallel.py: it is an optional extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from minivllm.config import EngineConfig
+from minivllm.engine.messages import EngineCoreMessage
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = ("--data-parallel-size > 1 runs the replicas on Ray, which is not installed: "
+                "pip install 'minivllm[ray]' (or: make install-ray)")
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(INSTALL_HINT) from None
+    return ray
+
+
+class EngineCoreActor:
+    """The Ray actor (wrapped by ray.remote in make_actor_class). Cheap to construct, so that
+    Ray's restart of a dead one is quick; the engine starts in `run`."""
+
+    def __init__(self, config: EngineConfig, engine_threads: int | None, log_level: int,
+                 log_format: str | None, log_datefmt: str | None) -> None:
+        logging.basicConfig(level=log_level, format=log_format, datefmt=log_datefmt)
+        self.config, self.engine_threads = config, engine_threads
+
+    def pid(self) -> int:
+        """Answers once the actor (again) exists: the frontend's readiness probe."""
+        return os.getpid()
+
+    def run(self, input_addr: str, output_addr: str) -> int:
+        """The engine core's loop until EngineCoreShutdown (0) or its failure (1)."""
+        from minivllm.engine.core_proc import _serve
+
+        context = zmq.Context()
+        inputs = context.socket(zmq.PULL)
+        inputs.connect(input_addr)
+        outputs = context.socket(zmq.PUSH)
+        outputs.setsockopt(zmq.SNDHWM, 0)
+        outputs.setsockopt(zmq.LINGER, 2000)
+        outputs.connect(output_addr)
+        encoder = msgspec.msgpack.Encoder()
+        try:
+            return _serve(self.config, self.engine_threads, inputs,
+                          lambda msg: outputs.send(encoder.encode(msg)))
+        finally:
+            inputs.close(linger=0)
+            outputs.close()
+            context.term()
+
+
+def make_actor_class(ray, engine_threads: int | None, max_restarts: int):
+    return ray.remote(num_cpus=engine_threads or 1, max_restarts=max_restarts,
+                      max_task_retries=0)(EngineCoreActor)
+
+
+class ReplicaClient:
+    """The frontend's end of one replica: the actor handle, its `run` call, and the two
+    sockets (bound here: the actor connects, again after each restart)."""
+
+    def __init__(self, index: int, actor, host: str) -> None:
+        self.index, self.actor = index, actor
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(EngineCoreMessage)
+        self._zmq = zmq.Context()
+        self._input = self._zmq.socket(zmq.PUSH)
+        self._input.setsockopt(zmq.SNDHWM, 0)
+        self._output = self._zmq.socket(zmq.PULL)
+        self._output.setsockopt(zmq.RCVHWM, 0)
+        self.input_addr = f"tcp://{host}:{self._input.bind_to_random_port(f'tcp://{host}')}"
+        self.output_addr = f"tcp://{host}:{self._output.bind_to_random_port(f'tcp://{host}')}"
+        self._readable = zmq.asyncio.Socket.from_socket(self._output)  # for awaiting
+        self.run_ref = None  # the running `run` call: done when the loop ends or the actor dies
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        self.run_ref = self.actor.run.remote(self.input_addr, self.output_addr)
+
+    def encode(self, msg) -> bytes:
+        return self._encoder.encode(msg)
+
+    def send(self, msg) -> None:
+        self.send_bytes(self.encode(msg))
+
+    def send_bytes(self, data: bytes) -> None:
+        try:
+            self._input.send(data, flags=zmq.NOBLOCK)
+        except zmq.ZMQError:  # no peer: the replica is gone, its run call says so
+            pass
+
+    def recv_nowait(self):
+        try:
+            return self._decoder.decode(self._output.recv(flags=zmq.NOBLOCK))
+        except zmq.Again:
+            return None
+
+    def poll(self, timeout_ms: int) -> bool:
+        """Block until a message is here or timeout_ms passed (before the event loop runs)."""
+        return bool(self._output.poll(timeout_ms))
+
+    async def wait_readable(self, timeout_ms: int) -> bool:
+        return bool(await self._readable.poll(timeout_ms))
+
+    def close(self) -> None:
+        self._zmq.destroy(linger=0)

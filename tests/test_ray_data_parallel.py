@@ -1,0 +1,207 @@
+"""`minivllm serve --data-parallel-size 2` on a local Ray cluster that the server starts:
+greedy outputs equal a single engine's, cache_aware routing beats round_robin on prefix-cache
+hits, a killed replica loses no request that had not started and hangs none that had, and
+SIGTERM leaves no Ray process behind.
+
+Slow (each server starts a Ray cluster): `make test-ray` runs these, `make test` skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psutil
+import pytest
+
+from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stories_model
+
+if not os.environ.get("MINIVLLM_TEST_RAY"):
+    pytest.skip("the Ray tests run with `make test-ray` (MINIVLLM_TEST_RAY=1)",
+                allow_module_level=True)
+pytest.importorskip("ray")
+
+pytestmark = pytest.mark.timeout(900)
+DP_ARGS = [*FAST_ENGINE_ARGS, "--engine-threads", "1", "--log-interval", "2"]
+
+
+class RayServer(ServerProcess):
+    """A server whose start includes a Ray cluster's: minutes on a loaded 2-core machine."""
+
+    def _wait_ready(self, timeout: float) -> None:
+        super()._wait_ready(timeout=max(timeout, 300))
+
+
+def complete(url: str, model: str, prompt: str, max_tokens: int, **extra) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            **extra}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def prefix_hit_rate(server: ServerProcess) -> tuple[float, float]:
+    m = server.metrics()
+    hits = sum(v for k, v in m.items() if k.startswith("vllm:prefix_cache_hits_total"))
+    queries = sum(v for k, v in m.items() if k.startswith("vllm:prefix_cache_queries_total"))
+    return hits, queries
+
+
+def shared_prompts(num_systems: int = 8, num_users: int = 6) -> list[str]:
+    rng = random.Random(0)
+    systems = [f"System {s}: you are a storyteller who always writes about a {animal} that "
+               f"lives near the {place} and loves to eat {food} every single morning."
+               for s, (animal, place, food) in enumerate(
+                   zip(["cat", "dog", "fox", "owl", "bear", "frog", "duck", "lion"],
+                       ["river", "forest", "sea", "hill", "park", "farm", "lake", "town"],
+                       ["cake", "fish", "bread", "soup", "rice", "pie", "jam", "corn"]))]
+    systems = systems[:num_systems]
+    return [f"{systems[rng.randrange(num_systems)]} User {u}: tell me about day {u}."
+            for u in range(num_systems * num_users)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return str(stories_model())
+
+
+@pytest.fixture(scope="module")
+def cache_aware_server(model, tmp_path_factory):
+    server = RayServer(model, [*DP_ARGS, "--data-parallel-size", "2", "--router-policy",
+                               "cache_aware"], tmp_path_factory.mktemp("dp") / "ca.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def round_robin_server(model, tmp_path_factory):
+    # Slow steps (5 ms at least) and 2 sequences a replica: a queue to re-route from.
+    server = RayServer(model, [*DP_ARGS, "--max-num-seqs", "2", "--data-parallel-size", "2",
+                               "--router-policy",
+                               "round_robin"], tmp_path_factory.mktemp("dp") / "rr.log",
+                       prelude=SLOW_STEPS)
+    yield server
+    server.stop()
+
+
+def test_two_replicas_give_a_single_engines_greedy_outputs(model, cache_aware_server, tmp_path):
+    prompts = [("Once upon a time", 24), ("The little dog", 5), ("Lily and Ben went to", 40),
+               ("One day, a bird", 1), ("The sun was", 17), ("Tom had a big red ball and", 30),
+               ("Mom said", 12), ("There was a tree", 8)] * 2
+    results: dict[str, list] = {}
+    single = ServerProcess(model, FAST_ENGINE_ARGS, tmp_path / "single.log")
+    try:
+        for name, server in (("single", single), ("dp", cache_aware_server)):
+            with ThreadPoolExecutor(len(prompts)) as pool:  # all at once: both replicas busy
+                results[name] = list(pool.map(
+                    lambda pn, url=server.url: complete(url, model, *pn)["choices"][0]["text"],
+                    prompts))
+    finally:
+        single.stop()
+    assert results["dp"] == results["single"]
+    routed = [v for k, v in cache_aware_server.metrics().items()
+              if k.startswith("minivllm:router_requests_total")]
+    assert len(routed) == 2 and all(v > 0 for v in routed), routed  # both replicas served
+
+
+def test_cache_aware_beats_round_robin_on_shared_system_prompts(
+        model, cache_aware_server, round_robin_server):
+    prompts = shared_prompts()
+    rates = {}
+    for name, server in (("cache_aware", cache_aware_server),
+                         ("round_robin", round_robin_server)):
+        hits0, queries0 = prefix_hit_rate(server)
+        for prompt in prompts:  # one at a time: each sees every earlier prompt cached
+            complete(server.url, model, prompt, 2)
+        hits, queries = prefix_hit_rate(server)
+        rates[name] = (hits - hits0) / (queries - queries0)
+    print(f"prefix-cache hit rate on 8 system prompts x 6 users, 2 replicas: "
+          f"cache_aware {rates['cache_aware']:.1%}, round_robin {rates['round_robin']:.1%}")
+    assert rates["cache_aware"] > rates["round_robin"] + 0.05
+
+
+def _stream(url: str, model: str, prompt: str, record: dict) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": 48, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    record.update(tokens=0, error=None, finish=None)
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=180) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                if '"error"' in line:
+                    record["error"] = line
+                elif '"text"' in line:
+                    record["tokens"] += 1
+                    if '"finish_reason":"length"' in line.replace(" ", ""):
+                        record["finish"] = "length"
+    except httpx.HTTPError as e:  # a hang ends here, as a failure
+        record["error"] = f"{type(e).__name__}: {e}"
+
+
+def test_a_killed_replica_loses_no_queued_request_and_hangs_none(model, round_robin_server):
+    server = round_robin_server
+    replicas = httpx.get(server.url + "/health").json()["replicas"]
+    victim = replicas[0]["pid"]
+    records = [{} for _ in range(12)]
+    threads = [threading.Thread(target=_stream, args=(server.url, model,
+                                                      f"Once upon a time {i}", records[i]))
+               for i in range(12)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    # Three streams under way: both replicas (2 sequences each) are running some.
+    while sum(r.get("tokens", 0) > 0 for r in records) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        health = httpx.get(server.url + "/health", timeout=10).json()
+        if health["status"] == "degraded":
+            break
+        time.sleep(0.1)
+    assert health["status"] == "degraded", health
+    assert health["replicas"][0]["state"] != "up" and health["replicas"][1]["state"] == "up"
+    for t in threads:
+        t.join(timeout=240)
+    assert not any(t.is_alive() for t in threads), "a stream hung"
+    errored = [r for r in records if r["error"]]
+    done = [r for r in records if r["finish"] == "length" and not r["error"]]
+    print(f"replica {victim} killed: {len(done)} completed, {len(errored)} errored "
+          f"(tokens before the error: {[r['tokens'] for r in errored]})")
+    assert len(done) + len(errored) == 12
+    assert all(r["tokens"] == 48 for r in done)
+    # Only requests the dead replica was running fail: they had output. None that waited.
+    assert all(r["tokens"] > 0 for r in errored)
+    assert 1 <= len(errored) <= 2  # --max-num-seqs 2 on the killed replica
+    assert complete(server.url, model, "The little dog", 4)["choices"][0]["text"]
+    # Ray restarts the actor; the router takes it back.
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        health = httpx.get(server.url + "/health", timeout=10).json()
+        if health["status"] == "ok":
+            break
+        time.sleep(1)
+    assert health["status"] == "ok", health
+    assert health["replicas"][0]["pid"] != victim
+    assert "replica_up" in str(server.metrics())
+
+
+def test_sigterm_leaves_no_ray_process(round_robin_server):
+    server = round_robin_server
+    family = psutil.Process(server.proc.pid).children(recursive=True)
+    names = " ".join(" ".join(p.cmdline()) for p in family if p.is_running())
+    assert "raylet" in names and "EngineCoreActor" in names, names
+    server.stop()
+    assert server.proc.returncode == 0, server.log()[-3000:]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(p.is_running() and p.status() != "zombie"
+                                              for p in family):
+        time.sleep(0.5)
+    left = [p.pid for p in family if p.is_running() and p.status() != "zombie"]
+    assert not left, f"processes left after SIGTERM: {left}"
