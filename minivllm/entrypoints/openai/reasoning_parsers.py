@@ -28,10 +28,10 @@ class ReasoningParser:
         output does not think. While streaming (not final) a tail that may be the start of
         a tag is left undecided."""
         stripped = text.lstrip()
+        if not final and len(stripped) < len(START) and START.startswith(stripped):
+            return None, "", 0  # it may still open with <think>
         opened = stripped.startswith(START)
         if not (opened or self.starts_thinking):
-            if not final and START.startswith(stripped):  # may still open with <think>
-                return None, "", 0
             return None, text, len(text)
         body_start = len(text) - len(stripped) + (len(START) if opened else 0)
         end = text.find(END, body_start)
