@@ -19,8 +19,10 @@ from fastapi.testclient import TestClient
 from minivllm.bench.client import RequestResult
 from minivllm.bench.timeline_html import client_events, record_engine_events, write_run_timeline
 from minivllm.config import EngineConfig
+from minivllm.engine.async_engine import AsyncLLMEngine
 from minivllm.entrypoints.dashboard.events import EngineEventHub
 from minivllm.entrypoints.dashboard.routes import add_dashboard_routes
+from minivllm.sampling_params import SamplingParams
 from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
 
 KEY = "dash-key"
@@ -238,6 +240,41 @@ def test_the_first_client_turns_tracing_on_and_the_last_turns_it_off():
         await asyncio.sleep(0)
         assert engine.tracing[-1][0] is False and not hub.streams
         assert task.cancelled() and hub._task is None
+
+    asyncio.run(scenario())
+
+
+def test_thread_mode_feeds_the_hub_too(tiny_llama):
+    """--engine-mode thread: the engine on a thread of the server's process."""
+
+    async def scenario():
+        engine = AsyncLLMEngine.from_config(EngineConfig(model=str(tiny_llama),
+                                                         num_kv_blocks=32, swap_space=0.01))
+        try:
+            hub = EngineEventHub(engine, {}, interval=0.05)
+            engine.stat_loggers.append(hub)
+            stream = hub.stream()
+            await stream.__anext__()
+            params = SamplingParams(max_tokens=6, ignore_eos=True)
+            async for _ in engine.generate(None, params, "r1", prompt_token_ids=[1, 2, 3]):
+                pass
+            states, generated = [], 0.0
+            while not states or states[-1] != "finished":
+                name, _, data = (await asyncio.wait_for(stream.__anext__(), 10)).decode(
+                    ).partition("\ndata: ")
+                data = json.loads(data)
+                if name == "event: lifecycle":
+                    states += [e["state"] for e in data["events"] if e["request_id"] == "r1"]
+                else:
+                    generated += data["generation_throughput"]
+            assert states == ["queued", "prefill", "decode", "finished"] and generated > 0
+            await stream.aclose()
+            deadline = time.monotonic() + 10
+            while engine.engine.core.tracer is not None:  # the last client turned it off
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+        finally:
+            engine.shutdown()
 
     asyncio.run(scenario())
 

@@ -82,9 +82,10 @@ class AsyncLLMEngine:
         # The HTTP side tokenizes on the event loop while the engine thread detokenizes:
         # a copy keeps the two from sharing one (not thread-safe) Rust tokenizer.
         self.tokenizer = copy.deepcopy(engine.tokenizer)
-        self.stat_loggers = list(stat_loggers)
-        for stat_logger in self.stat_loggers:
+        for stat_logger in stat_loggers:
             engine.add_stat_logger(stat_logger)
+        # The engine's own list: a logger added later (the dashboard's) is fed by its steps.
+        self.stat_loggers = engine.stat_loggers
         self.log_interval = log_interval
         self.errored = False  # the loop has stopped, for whatever reason
         self.crashed = False  # ... because a step raised: the process should be restarted
