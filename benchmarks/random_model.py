@@ -20,8 +20,7 @@ def save_random_model(shape: str, directory: Path, seed: int = 0) -> Path:
     """A LlamaForCausalLM of the named shape with random weights and a word-level
     tokenizer over its vocabulary (w0, w1, ...), saved in the Hugging Face layout."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     directory = Path(directory)
     if (directory / "config.json").exists():
@@ -30,11 +29,19 @@ def save_random_model(shape: str, directory: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(**cfg, bos_token_id=1, eos_token_id=2)
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(directory)
+    save_word_tokenizer(directory, cfg["vocab_size"])
+    return directory
+
+
+def save_word_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over vocab_size made-up words (w3, w4, ...)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"w{i}": i for i in range(3, cfg["vocab_size"])})
+    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                             unk_token="<unk>").save_pretrained(directory)
-    return directory
 
