@@ -34,7 +34,8 @@ def bucket_label(name: str, thresholds) -> str:
 
 
 ENGINE_HEADER = ("| simulated wall time (s) | steps | prefix cache hit rate | preemptions (swap / "
-                 "recompute) | peak KV usage | peak running / waiting |")
+                 "recompute) | peak KV usage | peak running / waiting | recompute tax |")
+ENGINE_COLUMNS = ENGINE_HEADER.count("|") - 1
 
 
 def engine_row(engine: dict) -> str:
@@ -43,7 +44,8 @@ def engine_row(engine: dict) -> str:
     return (f"| {engine['simulated_wall_time_s']:.1f} | {engine['num_steps']} | "
             f"{'-' if rate is None else f'{rate:.1%}'} | {engine['preemptions']['swap']} / "
             f"{engine['preemptions']['recompute']} | {engine['peak_kv_usage']:.1%} | "
-            f"{engine['peak_num_running']} / {engine['peak_num_waiting']} |")
+            f"{engine['peak_num_running']} / {engine['peak_num_waiting']} | "
+            f"{engine['recompute_tax']:.2%} |")
 
 
 def plot_label(meta: dict) -> str:
@@ -79,7 +81,7 @@ def markdown_summary(summary: dict, title: str = "Run") -> str:
                      f"{_f(b['tpot_ms']['mean'], 2)} | {_f(_rate(b['tpot_ms']['mean']))} | "
                      f"{_f(b['output_tokens_per_s']['mean'])} |")
     if s.get("engine"):
-        lines += ["", ENGINE_HEADER, "|---" * 6 + "|", engine_row(s["engine"])]
+        lines += ["", ENGINE_HEADER, "|---" * ENGINE_COLUMNS + "|", engine_row(s["engine"])]
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +183,8 @@ def comparison_markdown(summaries: dict[str, dict], title: str) -> str:
                          f"{_f(x['output_tokens_per_s']['mean'])} |")
         lines.append("")
     if all(s.get("engine") for s in summaries.values()):
-        lines += ["### Engine side (simulated)", "", "| policy " + ENGINE_HEADER, "|---" * 7 + "|"]
+        lines += ["### Engine side (simulated)", "", "| policy " + ENGINE_HEADER,
+                  "|---" * (ENGINE_COLUMNS + 1) + "|"]
         lines += [f"| {policy} " + engine_row(s["engine"]) for policy, s in summaries.items()]
         lines.append("")
     lines += ["## What changed", "", describe_changes(summaries)]

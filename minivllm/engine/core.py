@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from minivllm.config import EngineConfig
 from minivllm.core.lifecycle import LifecycleTracer, TraceSample
-from minivllm.core.policy import make_policy
+from minivllm.core.policy import make_policy, policy_options
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.engine.errors import EngineOverloadedError
@@ -75,7 +75,8 @@ class EngineCore:
                                                   self.eos_token_ids)
         self.runner.sampler.structured = self.structured
         self._compiling: dict[str, tuple[futures.Future, Request]] = {}
-        policy = make_policy(config.scheduling_policy, config.priority_aging_s)
+        policy = make_policy(config.scheduling_policy, config.priority_aging_s,
+                             **policy_options(config))
         self.scheduler = Scheduler(SchedulerConfig(
             num_blocks=self.runner.num_blocks,
             block_size=config.block_size,
@@ -88,6 +89,7 @@ class EngineCore:
             preemption_mode=config.preemption_mode,
             active_preemption=config.active_preemption,
             min_run_quantum=config.min_run_quantum,
+            preemption_victim=config.preemption_victim,
         ), policy)
         self.groups: dict[str, _Group] = {}  # by the caller's request id
         self._seqs: dict[str, tuple[str, int]] = {}  # sequence id -> (caller's id, index)
@@ -144,6 +146,7 @@ class EngineCore:
                     req.priority, req.cache_salt,
                     needs_prompt_logits=params.prompt_logprobs is not None and index == 0,
                     sampling_params=params, banned_until_min_tokens=banned,
+                    user=req.user, ttft_slo_ms=req.ttft_slo_ms, e2e_slo_ms=req.e2e_slo_ms,
                     seed=None if params.seed is None else params.seed + index)
             for index in range(num_seqs)]
         head = requests[0]
@@ -260,6 +263,25 @@ class EngineCore:
                     f"request timed out: it waited {now - request.arrival_time:.1f}s in the "
                     f"queue, longer than request_timeout={timeout}s")))
 
+    def _fail_shed(self) -> None:
+        """Fail the requests the policy shed for a deadline they can no longer make (edf
+        with --edf-action shed), each with its whole group; this step's outputs say so."""
+        for request in self.scheduler.take_shed():
+            group_id, _ = self._seqs.get(request.request_id, (None, None))
+            group = self.groups.get(group_id)
+            if group is None:
+                continue
+            for r in group.requests:
+                self._finish(r, RequestStatus.FINISHED_ABORTED)
+            slos = ", ".join(f"{name}={value:g}" for name, value in
+                             (("ttft_slo_ms", request.ttft_slo_ms),
+                              ("e2e_slo_ms", request.e2e_slo_ms)) if value is not None)
+            self._failed.append(EngineCoreOutput(
+                group_id, finish_reason="abort", error_kind="deadline", error=(
+                    "request shed: it could no longer meet its deadline "
+                    f"({slos or 'the server defaults'}) under scheduling_policy=edf, "
+                    "edf_action=shed")))
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups) or bool(self._failed)
 
@@ -270,6 +292,7 @@ class EngineCore:
             self._expire_waiting(time.time())
         self._admit_compiled()
         sched_out = self.scheduler.schedule()
+        self._fail_shed()
         now = started = time.time()
         if self.tracer is not None:
             self.tracer.see_arrivals(now)
@@ -362,4 +385,8 @@ class EngineCore:
             kv_cache_usage=kv.usage, num_total_swap_blocks=kv.num_swap_blocks,
             num_free_swap_blocks=len(kv.free_swap_blocks), num_preemptions=s.num_preemptions,
             prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            num_recomputed_tokens=s.recompute_tax.num_recomputed_tokens,
+            num_computed_tokens=s.recompute_tax.num_computed_tokens_total,
+            num_requests_shed=s.num_requests_shed,
+            num_requests_deprioritized=s.num_requests_deprioritized,
         )

@@ -14,6 +14,7 @@ from minivllm.bench import metrics, report, workload
 from minivllm.bench.cli import add_workload_args, describe_trace, trace_args
 from minivllm.bench.timeline_html import write_sim_timeline
 from minivllm.config import EngineConfig
+from minivllm.core.policy import policy_options
 from minivllm.core.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.entrypoints.engine_args import add_engine_args
@@ -24,6 +25,8 @@ from minivllm.sim.simulator import SimResult, Simulator
 
 # The engine flags that change what the scheduler does; the rest are the model runner's.
 SIM_ENGINE_ARGS = ("block_size", "num_kv_blocks", "swap_space", "enable_prefix_caching",
+                   "preemption_victim", "vtc_weights", "edf_action", "ttft_slo_ms",
+                   "e2e_slo_ms", "mlfq_base_quantum",
                    "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "enable_chunked_prefill", "scheduling_policy", "preemption_mode",
                    "priority_aging_s", "active_preemption", "min_run_quantum")
@@ -105,7 +108,7 @@ def scheduler_config(args, cost: CostModel) -> SchedulerConfig:
         enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill,
         preemption_mode=args.preemption_mode, active_preemption=args.active_preemption,
-        min_run_quantum=args.min_run_quantum)
+        min_run_quantum=args.min_run_quantum, preemption_victim=args.preemption_victim)
 
 
 def prepare(args):
@@ -137,7 +140,8 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
                                     data_parallel_size=args.data_parallel_size,
                                     router_policy=args.router_policy)
     else:
-        sim = Simulator(config, policy, cost, **common, record_timeline=True)
+        sim = Simulator(config, policy, cost, **common, record_timeline=True,
+                        policy_options=policy_options(args))
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0

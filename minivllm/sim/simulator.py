@@ -48,6 +48,15 @@ class SimStats:
     peak_kv_usage: float = 0.0
     peak_num_running: int = 0
     peak_num_waiting: int = 0
+    num_recomputed_tokens: int = 0  # computed again after recompute preemption
+    num_computed_tokens: int = 0
+    num_requests_shed: int = 0  # edf: finished for a deadline they could no longer make
+    num_requests_deprioritized: int = 0
+
+    @property
+    def recompute_tax(self) -> float:
+        """Recomputed tokens as a share of all computed tokens."""
+        return self.num_recomputed_tokens / self.num_computed_tokens if self.num_computed_tokens else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -61,7 +70,11 @@ class SimStats:
                 "preemptions": {"swap": self.num_preemptions_swap,
                                 "recompute": self.num_preemptions_recompute},
                 "peak_kv_usage": self.peak_kv_usage, "peak_num_running": self.peak_num_running,
-                "peak_num_waiting": self.peak_num_waiting}
+                "peak_num_waiting": self.peak_num_waiting, "recompute_tax": self.recompute_tax,
+                "recomputed_tokens": self.num_recomputed_tokens,
+                "computed_tokens": self.num_computed_tokens,
+                "requests_shed": self.num_requests_shed,
+                "requests_deprioritized": self.num_requests_deprioritized}
 
 
 @dataclass
@@ -85,13 +98,14 @@ class Simulator:
     def __init__(self, config: SchedulerConfig, policy: str, cost_model: CostModel, *,
                  aging_s: float = 10.0, send_priority: bool = False, progress: bool = False,
                  record_decisions: bool = False, max_concurrency: int | None = None,
-                 record_timeline: bool = False) -> None:
+                 record_timeline: bool = False, policy_options: dict | None = None) -> None:
         self.config, self.cost_model = config, cost_model
         self.max_concurrency = max_concurrency
         self.policy_name, self.aging_s = policy, aging_s
         self.send_priority, self.progress = send_priority, progress
         self.record_decisions = record_decisions
         self.record_timeline = record_timeline
+        self.policy_options = policy_options or {}  # vtc_weights, edf_action, ...
         self.now = 0.0
 
     def run(self, trace: Trace, prompts: list[list[int]] | None = None) -> SimResult:
@@ -106,7 +120,8 @@ class Simulator:
 
     def _run(self, trace: Trace, prompts: list[list[int]] | None) -> SimResult:
         self.now = 0.0
-        sched = Scheduler(self.config, make_policy(self.policy_name, self.aging_s),
+        sched = Scheduler(self.config, make_policy(self.policy_name, self.aging_s,
+                                                   **self.policy_options),
                           clock=lambda: self.now)
         entries = trace.entries
         results = [RequestResult(i, e.user, e.priority, e.prompt_tokens, e.output_tokens,
@@ -141,7 +156,14 @@ class Simulator:
                     self.now = max(self.now, entries[next_arrival].send_time)
                 continue
             out = sched.schedule()
+            for r in sched.take_shed():  # edf: failed, as the server's 503
+                results[int(r.request_id)].error = "shed: it could no longer meet its deadline"
+                del last_token[r.request_id]
+                free_since = self.now if free_since is None else free_since
+                bar.update(1)
             if not out.num_scheduled_tokens:
+                if not sched.has_unfinished_requests():
+                    continue
                 if next_arrival >= len(entries):
                     raise RuntimeError(f"simulator stalled at {self.now:.3f} s: nothing "
                                        f"schedulable and no arrival left ({sched.waiting!r})")
@@ -187,6 +209,10 @@ class Simulator:
         stats.simulated_wall_time_s = self.now
         stats.prefix_cache_queries = sched.kv.prefix_cache_queries
         stats.prefix_cache_hits = sched.kv.prefix_cache_hits
+        stats.num_recomputed_tokens = sched.recompute_tax.num_recomputed_tokens
+        stats.num_computed_tokens = sched.recompute_tax.num_computed_tokens_total
+        stats.num_requests_shed = sched.num_requests_shed
+        stats.num_requests_deprioritized = sched.num_requests_deprioritized
         timeline = tracer.take(self.now, with_block_map=False).events if tracer else []
         return SimResult(results, stats, decisions, timeline)
 
@@ -195,7 +221,8 @@ class Simulator:
         ids = (prompts[index] if prompts is not None
                else symbolic_prompt(entry, index, trace.prefix_block_tokens or 1))
         priority = entry.priority if self.send_priority and entry.priority is not None else 0
-        request = Request(str(index), ids, entry.output_tokens, result.start, priority)
+        request = Request(str(index), ids, entry.output_tokens, result.start, priority,
+                          user=str(entry.user))
         try:
             sched.add_request(request)
         except ValueError as e:  # the server's 400
