@@ -47,7 +47,7 @@ class FakeEngine:
         self.thread_ids.add(threading.get_ident())
 
     def add_request(self, request_id, prompt, params, prompt_token_ids=None, priority=0,
-                    arrival_time=None, cache_salt=None):
+                    arrival_time=None, cache_salt=None, oracle_output_len=None):
         self._touch()
         if params.max_tokens is not None and params.max_tokens > self.max_model_len:
             raise ValueError(f"max_tokens {params.max_tokens} > {self.max_model_len}")
