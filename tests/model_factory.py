@@ -44,6 +44,9 @@ CONFIGS = {
         "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
         "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
         "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 64.0]}),
+    # Phi-4-mini's partial rotary: RoPE on the first 3/4 of each head
+    "phi4-mini": lambda: Phi3Config(**_COMMON, pad_token_id=0, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
     "mixtral": lambda: MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2),
     # unnormalized top-k weights (Mixtral's are), and a dense MLP on layer 1
     "qwen3_moe": lambda: Qwen3MoeConfig(**_COMMON, num_experts=4, num_experts_per_tok=2,

@@ -57,8 +57,6 @@ def _edited(tmp_path, source, **fields):
     ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
     ("llama", {"rope_parameters": {"rope_type": "bogus", "rope_theta": 10000.0}},
      "rope_scaling type 'bogus'"),
-    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                  "partial_rotary_factor": 0.75}}, "partial_rotary_factor"),
     ("llama", {"mlp_bias": True}, "mlp_bias=True"),
     ("gemma2", {"hidden_activation": "relu2"}, "hidden_activation='relu2'"),
 ])

@@ -1,7 +1,8 @@
 """Rotary position embeddings, with the scaling variants transformers knows
 (llama3, linear, dynamic, yarn, longrope, ...) computed by transformers' own init functions.
 A config may give parameters per layer type (Gemma 3: a local base for sliding-window
-layers, a global one, maybe scaled, for full-attention layers)."""
+layers, a global one, maybe scaled, for full-attention layers). With partial_rotary_factor
+< 1 (Phi-4-mini) only the first rotary_dim dimensions of each head rotate."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ def _rope_parameters(cfg, layer_type: str | None = None) -> dict:
     return params
 
 
+def rotary_dim(cfg, head_dim: int) -> int:
+    params = _rope_parameters(cfg, next(iter(rope_layer_types(cfg) or [None])))
+    factor = params.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None))
+    return int(head_dim * (factor or 1.0))
+
+
 def rope_layer_types(cfg) -> set[str] | None:
     """The layer types that have RoPE parameters of their own, or None (one for all)."""
     params = getattr(cfg, "rope_parameters", None) or {}
@@ -31,9 +38,6 @@ def _inv_freqs(cfg, params: dict, head_dim: int, layer_type: str | None,
                positions: torch.Tensor) -> tuple[torch.Tensor, float]:
     """[positions, D/2] inverse frequencies, and the cos/sin scaling."""
     rope_type = params["rope_type"]
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"unsupported rope_parameters partial_rotary_factor "
-                         f"{params['partial_rotary_factor']} (only 1.0: RoPE on whole heads)")
     if rope_type == "default":
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         inv_freq = 1.0 / (params["rope_theta"] ** exponents)
@@ -59,29 +63,33 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         params = _rope_parameters(cfg, layer_type)
         positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
-        inv_freq, scaling = _inv_freqs(cfg, params, head_dim, layer_type, positions)
+        self.rotary_dim = dim = rotary_dim(cfg, head_dim)
+        inv_freq, scaling = _inv_freqs(cfg, params, dim, layer_type, positions)
         freqs = positions[:, None] * inv_freq.float()
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         # rotate_half(x) * sin == x.roll(half) * sin with the first half's sign flipped.
         sin = emb.sin() * scaling
-        sin[:, :head_dim // 2].neg_()
+        sin[:, :dim // 2].neg_()
         self.register_buffer("signed_sin", sin, persistent=False)
 
     @property
     def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin of every position, [max_positions, D] float32."""
+        """cos and signed sin of every position, [max_positions, rotary_dim] float32."""
         return self.cos, self.signed_sin
 
     def at(self, positions: torch.Tensor, dtype: torch.dtype
            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin at the positions, [T, 1, D]."""
+        """cos and signed sin at the positions, [T, 1, rotary_dim]."""
         return (self.cos[positions].unsqueeze(1).to(dtype),
                 self.signed_sin[positions].unsqueeze(1).to(dtype))
 
 
 def apply_rope(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """x: [T, heads, D] (q and k heads together). Bit-identical to transformers'
-    x * cos + rotate_half(x) * sin."""
+    x * cos + rotate_half(x) * sin, on the first rotary_dim dimensions."""
     cos, signed_sin = cos_sin
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:  # partial rotary: the rest passes through
+        return torch.cat([apply_rope(x[..., :dim], cos_sin), x[..., dim:]], dim=-1)
+    return x * cos + x.roll(dim // 2, dims=-1) * signed_sin

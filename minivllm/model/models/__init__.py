@@ -48,8 +48,6 @@ def check_config(name: str, arch: Arch, cfg) -> None:
     for field in ("mlp_bias", "use_bidirectional_attention"):
         if _set(cfg, field):
             raise unsupported(field, "not implemented")
-    if getattr(cfg, "partial_rotary_factor", 1.0) not in (None, 1.0):
-        raise unsupported("partial_rotary_factor", "RoPE on whole heads only")
     activation_field = "hidden_activation" if _set(cfg, "hidden_activation") else "hidden_act"
     if getattr(cfg, activation_field, "silu") not in ACTIVATIONS:
         raise unsupported(activation_field, f"supported: {', '.join(ACTIVATIONS)}")

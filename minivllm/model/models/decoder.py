@@ -27,7 +27,7 @@ from minivllm.model.attention import AttentionMetadata
 from minivllm.model.kernels import cpu
 from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm, linear
 from minivllm.model.models.moe import EXPERT_NAMES, SparseMoeBlock
-from minivllm.model.rope import RotaryEmbedding, rope_layer_types
+from minivllm.model.rope import RotaryEmbedding, rope_layer_types, rotary_dim
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ class DecoderLayer(nn.Module):
             cfg, lin(qkv, qkv_bias), norm(attn + "q_norm.weight") if has_qk_norm else None,
             norm(attn + "k_norm.weight") if has_qk_norm else None, scalar ** -0.5,
             layer_windows(cfg)[index],
-            (cfg.attn_logit_softcapping or 0.0) if arch.attn_softcap else 0.0, fused)
+            (cfg.attn_logit_softcapping or 0.0) if arch.attn_softcap else 0.0,
+            fused and _whole_head_rope(cfg))
         self.o_proj = lin(w(attn + "o_proj.weight"), w.maybe(attn + "o_proj.bias"))
         self.input_norm = norm("input_layernorm.weight")
         # Llama: post_attention_layernorm is the MLP's input norm. Gemma: it normalizes the
@@ -118,6 +119,11 @@ class DecoderLayer(nn.Module):
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
 
 
+def _whole_head_rope(cfg) -> bool:
+    """The C RoPE + KV write rotates whole heads; partial rotary takes the torch ops."""
+    return rotary_dim(cfg, cfg.head_dim) == cfg.head_dim
+
+
 def _num_experts(cfg) -> int:
     return getattr(cfg, "num_local_experts", None) or cfg.num_experts
 
@@ -140,6 +146,7 @@ class CausalLM(nn.Module):
         self.embed_scale = (torch.tensor(cfg.hidden_size ** 0.5, dtype=self.embed.dtype)
                             if arch.gemma else None)
         self.fused = fast and cpu.available(self.embed.device, self.embed.dtype)
+        self.fused_rope = self.fused and _whole_head_rope(cfg)
         int8 = quantization == "int8"
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, arch, Weights(weights, f"model.layers.{i}."), i, fast, self.fused,
@@ -167,7 +174,7 @@ class CausalLM(nn.Module):
         x = F.embedding(input_ids, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
-        ropes = {t: rope.tables if self.fused else rope.at(positions, x.dtype)
+        ropes = {t: rope.tables if self.fused_rope else rope.at(positions, x.dtype)
                  for t, rope in self.ropes.items()}
         for i, layer in enumerate(self.layers):
             x = layer(x, positions, ropes[self.layer_rope[i]], k_caches[i], v_caches[i], meta)

@@ -62,7 +62,7 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv, self.q_norm, self.k_norm = qkv, q_norm, k_norm
         self.scale, self.window, self.softcap = scale, window, softcap
-        self.fused = fused
+        self.fused = fused  # the C RoPE + KV write
 
     def _normed(self, qkv: torch.Tensor) -> torch.Tensor:
         """qkv with q and k normalized per head, one contiguous [T, (H + 2 KVH) * D]."""
