@@ -59,6 +59,7 @@ def _edited(tmp_path, source, **fields):
      "rope_scaling type 'bogus'"),
     ("llama", {"mlp_bias": True}, "mlp_bias=True"),
     ("gemma2", {"hidden_activation": "relu2"}, "hidden_activation='relu2'"),
+    ("qwen3", {"layer_types": ["chunked_attention", "full_attention"]}, "layer_types"),
 ])
 def test_unimplemented_config_field_fails_at_load_naming_it(kind, fields, message, tmp_path,
                                                             tiny_model_dirs):
