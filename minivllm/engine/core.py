@@ -233,7 +233,7 @@ class EngineCore:
         if not self._compiling:
             return
         if not self.scheduler.has_unfinished_requests():
-            futures.wait([f for f, _ in self._compiling.values()], timeout=0.05,
+            futures.wait([f for f, _ in self._compiling.values()], timeout=0.01,
                          return_when=futures.FIRST_COMPLETED)
         for request_id, (future, head) in list(self._compiling.items()):
             if not future.done():
