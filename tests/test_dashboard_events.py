@@ -191,7 +191,7 @@ def test_bench_records_the_servers_timeline(server, tmp_path):
             "queued", "prefill", "decode", "finished"]
     page = write_run_timeline(tmp_path, "two <requests>", [], events).read_text()
     assert "renderTimeline" in page and ids[0] in page and "two &lt;requests&gt;" in page
-    assert "the server's lifecycle events" in page
+    assert "lifecycle events (GET /v1/engine/events)" in page
     # A server without the endpoint: the recorder says so, and the client's view is drawn.
     unguarded = asyncio.run(record_engine_events(two_requests(), server.url + "/nowhere",
                                                  AUTH))
