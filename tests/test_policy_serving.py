@@ -4,15 +4,17 @@ flags' validation, and the recompute tax and shed counts in /metrics."""
 
 from __future__ import annotations
 
-import threading
-import time
+import argparse
+import asyncio
 
 import httpx
 import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
-from tests.server_utils import CHAT_TEMPLATE, ServerProcess, stories_model
+from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.entrypoints.openai.api_server import build_app
+from tests.server_utils import CHAT_TEMPLATE
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
@@ -56,42 +58,45 @@ def test_bad_policy_settings_are_named(setting, message):
         EngineConfig(**setting)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("policy_serving")
-    template = tmp / "chat.jinja"
-    template.write_text(CHAT_TEMPLATE)
-    server = ServerProcess(stories_model(), [
-        "--num-kv-blocks", "128", "--swap-space", "0.05", "--max-num-seqs", "1",
-        "--scheduling-policy", "edf", "--edf-action", "shed", "--chat-template", str(template),
-    ], tmp / "server.log")
-    yield server
-    server.stop()
+def test_api_sheds_a_request_past_its_ttft_deadline(tiny_llama):
+    """The app in-process (no server start), its engine on a thread: a request waits behind
+    a long one for the only seat, past its 1 ms TTFT deadline, and is shed with a 503 naming
+    it, on completions and chat alike; /metrics counts it; a bad SLO is a 400 naming it."""
+    engine = AsyncLLMEngine.from_config(EngineConfig(
+        model=str(tiny_llama), num_kv_blocks=64, block_size=4, max_num_seqs=1,
+        scheduling_policy="edf", edf_action="shed"), log_interval=60)
+    app = build_app(engine, argparse.Namespace(chat_template=CHAT_TEMPLATE))
 
+    async def scenario(client: httpx.AsyncClient) -> None:
+        for endpoint, prompt in (("completions", {"prompt": "a b c"}),
+                                 ("chat/completions",
+                                  {"messages": [{"role": "user", "content": "a b c"}]})):
+            body = {"max_tokens": 60, "temperature": 0, "ignore_eos": True, "user": "t1",
+                    **prompt}
+            busy = asyncio.ensure_future(client.post(f"/v1/{endpoint}", json=body))
+            while engine.engine.get_stats().num_running == 0:
+                await asyncio.sleep(0.005)
+            late = await client.post(f"/v1/{endpoint}",
+                                     json=body | {"max_tokens": 2, "ttft_slo_ms": 1.0})
+            assert (await busy).status_code == 200
+            assert late.status_code == 503, late.text
+            assert "request shed: it could no longer meet its deadline (ttft_slo_ms=1)" in late.text
+        metrics = (await client.get("/metrics")).text
+        assert 'minivllm:num_requests_shed_total{model_name="' in metrics
+        shed = [line for line in metrics.splitlines()
+                if line.startswith("minivllm:num_requests_shed_total")]
+        assert shed[0].endswith(" 2.0")
+        assert "minivllm:num_recomputed_tokens_total" in metrics
+        bad = await client.post("/v1/completions",
+                                json={"prompt": "x", "max_tokens": 2, "e2e_slo_ms": -5})
+        assert bad.status_code == 400 and "e2e_slo_ms" in bad.text
 
-@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
-def test_api_sheds_a_request_past_its_ttft_deadline(server, endpoint):
-    body = {"max_tokens": 200, "temperature": 0, "ignore_eos": True, "user": "tenant-a"}
-    body |= ({"prompt": "Once upon a time"} if endpoint == "completions"
-             else {"messages": [{"role": "user", "content": "Once upon a time"}]})
-    url = f"{server.url}/v1/{endpoint}"
-    busy = threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body, "timeout": 60})
-    busy.start()  # holds the one seat for 200 tokens
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            await scenario(client)
+
     try:
-        while server.metrics().get("vllm:num_requests_running", 0) < 1:
-            time.sleep(0.01)
-        late = httpx.post(url, json=body | {"max_tokens": 2, "ttft_slo_ms": 1.0}, timeout=60)
+        asyncio.run(main())
     finally:
-        busy.join()
-    assert late.status_code == 503, late.text
-    assert "request shed: it could no longer meet its deadline (ttft_slo_ms=1)" in late.text
-    metrics = server.metrics()
-    assert metrics["minivllm:num_requests_shed_total"] >= 1
-    assert metrics["minivllm:num_computed_tokens_total"] > 200
-    assert metrics["minivllm:num_recomputed_tokens_total"] == 0  # nothing was preempted
-
-
-def test_api_refuses_a_bad_slo_naming_the_field(server):
-    resp = httpx.post(f"{server.url}/v1/completions",
-                      json={"prompt": "x", "max_tokens": 2, "e2e_slo_ms": -5})
-    assert resp.status_code == 400 and "e2e_slo_ms" in resp.text
+        engine.shutdown()
