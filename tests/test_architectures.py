@@ -85,3 +85,16 @@ def test_int8_serves_the_new_layer_kinds(tiny_model_dirs):
             entry = output.outputs[0].logprobs[0]
             assert token in entry, (kind, token, entry)
             assert entry[token].logprob == pytest.approx(logprob, abs=0.2)
+
+
+def test_checkpoint_tensor_we_do_not_use_fails_at_load(tmp_path, tiny_model_dirs):
+    """A part of a model we do not implement (here a Qwen2-MoE-style shared expert) is
+    refused by name instead of run without."""
+    from safetensors.torch import load_file, save_file
+
+    path = _edited(tmp_path, tiny_model_dirs["llama"])
+    state = load_file(f"{path}/model.safetensors")
+    state["model.layers.0.mlp.shared_expert.gate_proj.weight"] = torch.zeros(128, 64)
+    save_file(state, f"{path}/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="does not use: model.layers.0.mlp.shared_expert"):
+        LLM(path, num_kv_blocks=8)

@@ -50,7 +50,7 @@ def layer_windows(cfg) -> list[int]:
 
 
 class Weights:
-    """Pops one layer's tensors out of the state dict (so leftovers can be reported)."""
+    """Pops one layer's tensors out of the state dict (CausalLM refuses leftovers)."""
 
     def __init__(self, state: dict[str, torch.Tensor], prefix: str) -> None:
         self.state, self.prefix = state, prefix
@@ -94,19 +94,7 @@ class DecoderLayer(nn.Module):
         else:
             self.post_attn_norm, self.post_mlp_norm = None, None
             self.pre_mlp_norm = norm("post_attention_layernorm.weight")
-        activation = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
-        if arch.experts and _is_sparse(cfg, index):
-            moe, gate, up, down = EXPERT_NAMES[arch.experts]
-            experts = [GatedMLP(lin(torch.cat([w(f"{moe}experts.{e}.{gate}.weight"),
-                                               w(f"{moe}experts.{e}.{up}.weight")])),
-                                lin(w(f"{moe}experts.{e}.{down}.weight")), activation, fused)
-                       for e in range(_num_experts(cfg))]
-            self.mlp = SparseMoeBlock(w(moe + "gate.weight"), experts, cfg.num_experts_per_tok,
-                                      getattr(cfg, "norm_topk_prob", True))
-        else:
-            if (gate_up := w.maybe("mlp.gate_up_proj.weight")) is None:  # Phi-3: fused
-                gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
-            self.mlp = GatedMLP(lin(gate_up), lin(w("mlp.down_proj.weight")), activation, fused)
+        self.mlp = _mlp(cfg, arch, w, index, lin, fused)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
@@ -117,6 +105,22 @@ class DecoderLayer(nn.Module):
             return self.mlp(self.pre_mlp_norm(x), residual=x)
         x = x + self.post_attn_norm(self.o_proj(attn))
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+
+
+def _mlp(cfg, arch: Arch, w: Weights, index: int, lin, fused: bool
+         ) -> GatedMLP | SparseMoeBlock:
+    activation = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
+    if arch.experts and _is_sparse(cfg, index):
+        moe, gate, up, down = EXPERT_NAMES[arch.experts]
+        experts = [GatedMLP(lin(torch.cat([w(f"{moe}experts.{e}.{gate}.weight"),
+                                           w(f"{moe}experts.{e}.{up}.weight")])),
+                            lin(w(f"{moe}experts.{e}.{down}.weight")), activation, fused)
+                   for e in range(_num_experts(cfg))]
+        return SparseMoeBlock(w(moe + "gate.weight"), experts, cfg.num_experts_per_tok,
+                              getattr(cfg, "norm_topk_prob", True))
+    if (gate_up := w.maybe("mlp.gate_up_proj.weight")) is None:  # Phi-3 ships it fused
+        gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
+    return GatedMLP(lin(gate_up), lin(w("mlp.down_proj.weight")), activation, fused)
 
 
 def _whole_head_rope(cfg) -> bool:
@@ -157,6 +161,12 @@ class CausalLM(nn.Module):
         if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
             lm_head = self.embed
         self.lm_head = linear(lm_head, None, fast, int8)
+        # A tensor nothing here reads is a part of the model we do not implement (Qwen2-MoE's
+        # shared expert, a bias we do not add...): refuse it rather than run without it.
+        unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
+        if unused:
+            raise ValueError(f"checkpoint tensors this architecture does not use: "
+                             f"{', '.join(unused[:4])}{' ...' if len(unused) > 4 else ''}")
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None) if arch.gemma else None
         # One RoPE table per layer type that has its own parameters (Gemma 3), else one.
         types = rope_layer_types(cfg)
