@@ -104,6 +104,10 @@ def test_events_shape_and_a_request_life_in_order(server):
         assert name == "config" and config["interval"] == 0.2
         assert config["policy"]["scheduling_policy"] == "fcfs"
         assert config["engine"]["max_num_seqs"] == 8 and config["max_model_len"] > 0
+        # Before any request: the core answers the dashboard with its block map all the same.
+        snapshots = (data for name, data in stream if name == "snapshot")
+        idle = next(s for _, s in zip(range(25), snapshots) if s["block_map"])
+        assert idle["block_map"]["total"] == 128 and idle["running"] == 0
         in_background(lambda: done.update(httpx.post(
             server.url + "/v1/completions", json=body, headers=AUTH, timeout=60).json()))
         deadline = time.monotonic() + 30

@@ -197,6 +197,7 @@ class AsyncLLM:
 
     def set_tracing(self, enabled: bool, interval: float) -> None:
         """Ask the core for request lifecycles and block maps (stat loggers' record_trace)."""
+        self._ensure_started()  # its answer may come before any request
         self._send(EngineCoreTracing(enabled, interval))
 
     def _send(self, msg) -> None:

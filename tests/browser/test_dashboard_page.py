@@ -2,8 +2,8 @@
 against a real server under a small load: `make test-browser` (after `make install-browser`).
 
 The page loads with no console error through --api-key (HTTP Basic in the URL, as a person
-types it); its queue and KV figures equal /metrics sampled within one interval of the
-snapshot they show; a request sent during the test appears on the timeline with its states
+types it); its queue and KV figures equal /metrics at the same moment (the engine held still
+under load, the page a snapshot later); a request sent during the test appears on the timeline with its states
 in order, one that is aborted shows as aborted, its hover shows its details; a screenshot is
 saved under results/browser-tests/ (the path is printed)."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stories_model
+from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
 
 if os.environ.get("MINIVLLM_BROWSER_TESTS") != "1":
     pytest.skip("browser tests run from `make test-browser`", allow_module_level=True)
@@ -29,6 +29,7 @@ if not (shutil.which("chromium") and shutil.which("chromedriver")):
     pytest.skip("chromium / chromedriver are not installed and `make install-browser` could "
                 "not install them (apt-get install chromium chromium-driver)",
                 allow_module_level=True)
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -41,14 +42,36 @@ FIELDS = {"q-running": "vllm:num_requests_running", "q-waiting": "vllm:num_reque
           "q-swapped": "vllm:num_requests_swapped", "kv-usage": "vllm:kv_cache_usage_perc"}
 
 
+# Steps of at least 5 ms, and none while the pause file exists: the engine holds still, so
+# that the page and /metrics can be read at the same moment.
+PAUSABLE_STEPS = """
+import os, time
+from minivllm.model.runner import ModelRunner
+
+def _execute(self, *args, _original=ModelRunner.execute):
+    time.sleep(0.005)
+    while os.path.exists({pause!r}):
+        time.sleep(0.02)
+    return _original(self, *args)
+
+ModelRunner.execute = _execute
+"""
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def pause_file(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pause") / "pause"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, pause_file):
     tmp = tmp_path_factory.mktemp("dashboard_browser")
-    # Two seats for three clients: a queue forms; slow steps keep requests alive for seconds.
+    # Two seats for three clients: a queue forms.
     server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--max-num-seqs", "2",
                                              "--api-key", KEY, "--dashboard-interval",
                                              str(INTERVAL)],
-                           tmp / "server.log", prelude=SLOW_STEPS, ready_timeout=300)
+                           tmp / "server.log", prelude=PAUSABLE_STEPS.format(pause=str(pause_file)),
+                           ready_timeout=300)
     yield server
     server.stop()
 
@@ -89,31 +112,6 @@ class Load:
             thread.join(timeout=120)
 
 
-class MetricsRecorder:
-    """/metrics every 50 ms, timestamped, to compare with what the page showed."""
-
-    def __init__(self, server) -> None:
-        self.server, self.samples, self.stop = server, [], threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            before = time.time()
-            values = self.server.metrics()
-            self.samples.append((before, time.time(), values))
-            time.sleep(0.05)
-
-    def near(self, t: float, window: float) -> list[dict]:
-        """The samples read within `window` seconds of time t."""
-        return [values for before, after, values in self.samples
-                if before - window <= t <= after + window]
-
-    @property
-    def since(self) -> float:
-        return self.samples[0][0] if self.samples else float("inf")
-
-
 def page_values(driver) -> tuple[float, dict]:
     """The snapshot time the page shows and its queue and KV figures."""
     values = driver.execute_script(
@@ -124,8 +122,25 @@ def page_values(driver) -> tuple[float, dict]:
 
 
 def row_states(driver, request_id: str) -> list[str] | None:
-    rows = driver.find_elements(By.CSS_SELECTOR, f'g.request[data-request-id="{request_id}"]')
-    return rows[0].get_attribute("data-states").split() if rows else None
+    # In the page's own script: the timeline is redrawn with every event, and an element
+    # found a moment ago may be gone.
+    states = driver.execute_script(
+        "const row = document.querySelector(`g.request[data-request-id=\"${arguments[0]}\"]`);"
+        " return row ? row.dataset.states : null", request_id)
+    return states.split() if states else None
+
+
+def hover(driver, request_id: str) -> None:
+    """The mouse over the request's bar (again if the bar was redrawn meanwhile)."""
+    for _ in range(10):
+        try:
+            row = driver.find_element(By.CSS_SELECTOR,
+                                      f'g.request[data-request-id="{request_id}"]')
+            ActionChains(driver).move_to_element(row.find_element(By.TAG_NAME, "rect")).perform()
+            return
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"could not hover {request_id}")
 
 
 def wait_for_states(driver, request_id: str, last: str, timeout: float = 90) -> list[str]:
@@ -135,33 +150,31 @@ def wait_for_states(driver, request_id: str, last: str, timeout: float = 90) -> 
     return row_states(driver, request_id)
 
 
-def test_the_dashboard_live_against_metrics(server, browser):
+def test_the_dashboard_live_against_metrics(server, browser, pause_file):
     host = server.url.removeprefix("http://")
     browser.get(f"http://dashboard:{KEY}@{host}/dashboard")  # Basic credentials, as typed
     WebDriverWait(browser, 30).until(
         lambda d: d.find_element(By.ID, "status").text == "live", "the page never went live")
     assert browser.find_element(By.ID, "policy-name").text == "fcfs"
 
-    recorder = MetricsRecorder(server)
     load = Load(server.url)
     try:
-        # The figures, under load: each equals /metrics read within one interval of the
-        # snapshot the page shows.
-        compared, busy = 0, 0
-        deadline = time.monotonic() + 60
-        while (compared < 8 or not busy) and time.monotonic() < deadline:
-            time.sleep(INTERVAL)
-            shown_at, shown = page_values(browser)
-            if shown_at < recorder.since:
-                continue  # a snapshot from before the recording
-            time.sleep(INTERVAL * 1.5)  # let /metrics samples after the snapshot come
-            nearby = recorder.near(shown_at, INTERVAL)
-            assert nearby, "no /metrics sample near the snapshot"
-            for element, metric in FIELDS.items():
-                seen = sorted({values[metric] for values in nearby})
-                assert shown[element] in seen, (element, shown[element], seen)
-            compared += 1
-            busy += shown["q-running"] > 0 and shown["q-waiting"] > 0
+        # Under load, the engine held still a few times: the page's figures, a snapshot
+        # later, equal /metrics at that moment.
+        busy = 0
+        for _ in range(4):
+            time.sleep(1.0)
+            pause_file.touch()
+            try:
+                time.sleep(4 * INTERVAL)  # the step in flight ends; a snapshot comes after
+                metrics = server.metrics()
+                shown_at, shown = page_values(browser)
+                assert shown_at > time.time() - 3 * INTERVAL, "the page is not live"
+                for element, metric in FIELDS.items():
+                    assert shown[element] == metrics[metric], (element, shown, metrics[metric])
+                busy += shown["q-running"] == 2 and shown["q-waiting"] >= 1
+            finally:
+                pause_file.unlink()
         assert busy, "the load never filled the running batch and the queue"
 
         # A request of our own, then one we abort: both on the timeline.
@@ -174,20 +187,18 @@ def test_the_dashboard_live_against_metrics(server, browser):
         states = wait_for_states(browser, aborted_id + "-0", "aborted")
         assert states[0] == "queued" and states[-1] == "aborted", states
 
-        row = browser.find_element(By.CSS_SELECTOR,
-                                   f'g.request[data-request-id="{done["id"]}-0"]')
-        ActionChains(browser).move_to_element(row.find_element(By.TAG_NAME, "rect")).perform()
+        hover(browser, done["id"] + "-0")
         tooltip = browser.find_element(By.ID, "tooltip")
         WebDriverWait(browser, 5).until(lambda d: tooltip.is_displayed())
         assert done["id"] in tooltip.text and "priority 0" in tooltip.text
-        ActionChains(browser).move_by_offset(0, 400).perform()  # the tooltip off the shot
+        # The tooltip out of the picture, taken while the load may still run.
+        ActionChains(browser).move_to_element(browser.find_element(By.TAG_NAME, "h1")).perform()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "dashboard.png"
+        browser.save_screenshot(str(shot))
+        print(f"\nscreenshot: {shot.resolve()}")
     finally:
         load.close()
-        recorder.stop.set()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "dashboard.png"
-    browser.save_screenshot(str(shot))
-    print(f"\nscreenshot: {shot.resolve()}")
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
 

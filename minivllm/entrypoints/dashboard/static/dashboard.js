@@ -19,7 +19,9 @@ function setValue(id, value, text) {
 const pct = (x) => `${(x * 100).toFixed(1)}%`;
 
 // A line chart of `series` [{name, color, key(point)}] over the history.
-function lineChart(canvas, series, {max = null, format = (v) => v.toFixed(0)} = {}) {
+const tick = (v) => (Number.isInteger(v) || v >= 10 ? v.toFixed(0) : v.toFixed(1));
+
+function lineChart(canvas, series, {max = null, format = tick} = {}) {
   const ratio = window.devicePixelRatio || 1;
   const w = canvas.clientWidth, h = canvas.clientHeight;
   canvas.width = w * ratio;
