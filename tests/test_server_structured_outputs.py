@@ -57,7 +57,8 @@ def server(tmp_path_factory):
 def client(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     assert client.models.list().data[0].id == MODEL
-    return client
+    yield client
+    client.close()  # no kept-alive connection for the server's shutdown to wait on
 
 
 def parallel(fn, items):

@@ -75,7 +75,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    yield client
+    client.close()  # no kept-alive connection for the server's shutdown to wait on
 
 
 @pytest.fixture(scope="module")
