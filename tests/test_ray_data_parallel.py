@@ -8,6 +8,7 @@ Slow (each server starts a Ray cluster): `make test-ray` runs these, `make test`
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -28,6 +29,11 @@ pytest.importorskip("ray")
 
 pytestmark = pytest.mark.timeout(900)
 DP_ARGS = [*FAST_ENGINE_ARGS, "--engine-threads", "1", "--log-interval", "2"]
+# SLOW_STEPS in Ray's worker processes only (an engine core runs in one): every process of
+# the Ray cluster imports the prelude, and its agents, importing torch, would start too late.
+ENGINE_WORKER_SLOW_STEPS = ("import sys\n"
+                            "if sys.argv and sys.argv[0].endswith('default_worker.py'):\n"
+                            + "".join(f"    {line}\n" for line in SLOW_STEPS.strip().splitlines()))
 
 
 class RayServer(ServerProcess):
@@ -70,26 +76,44 @@ def model():
     return str(stories_model())
 
 
-@pytest.fixture(scope="module")
-def cache_aware_server(model, tmp_path_factory):
-    server = RayServer(model, [*DP_ARGS, "--data-parallel-size", "2", "--router-policy",
-                               "cache_aware"], tmp_path_factory.mktemp("dp") / "ca.log")
-    yield server
-    server.stop()
+class OneServerAtATime:
+    """The module's data-parallel servers, started when first asked for: one at a time, since
+    two Ray clusters starting on a loaded 2-core machine time out."""
+
+    def __init__(self, model: str, tmp_path_factory) -> None:
+        self.model, self.tmp = model, tmp_path_factory
+        self.name, self.server = None, None
+        self.hit_rates: dict[str, float] = {}
+
+    def get(self, policy: str) -> RayServer:
+        if self.name != policy:
+            self.stop()
+            args = [*DP_ARGS, "--data-parallel-size", "2", "--router-policy", policy]
+            # round_robin's server also serves the failure tests: slow steps (5 ms at least)
+            # and 2 sequences a replica, so that requests queue behind running ones.
+            prelude = ENGINE_WORKER_SLOW_STEPS if policy == "round_robin" else ""
+            if policy == "round_robin":
+                args += ["--max-num-seqs", "2"]
+            self.server = RayServer(self.model, args, self.tmp.mktemp("dp") / f"{policy}.log",
+                                    prelude=prelude)
+            self.name = policy
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.name, self.server = None, None
 
 
 @pytest.fixture(scope="module")
-def round_robin_server(model, tmp_path_factory):
-    # Slow steps (5 ms at least) and 2 sequences a replica: a queue to re-route from.
-    server = RayServer(model, [*DP_ARGS, "--max-num-seqs", "2", "--data-parallel-size", "2",
-                               "--router-policy",
-                               "round_robin"], tmp_path_factory.mktemp("dp") / "rr.log",
-                       prelude=SLOW_STEPS)
-    yield server
-    server.stop()
+def servers(model, tmp_path_factory):
+    servers = OneServerAtATime(model, tmp_path_factory)
+    yield servers
+    servers.stop()
 
 
-def test_two_replicas_give_a_single_engines_greedy_outputs(model, cache_aware_server, tmp_path):
+def test_two_replicas_give_a_single_engines_greedy_outputs(model, servers, tmp_path):
+    cache_aware_server = servers.get("cache_aware")
     prompts = [("Once upon a time", 24), ("The little dog", 5), ("Lily and Ben went to", 40),
                ("One day, a bird", 1), ("The sun was", 17), ("Tom had a big red ball and", 30),
                ("Mom said", 12), ("There was a tree", 8)] * 2
@@ -109,17 +133,17 @@ def test_two_replicas_give_a_single_engines_greedy_outputs(model, cache_aware_se
     assert len(routed) == 2 and all(v > 0 for v in routed), routed  # both replicas served
 
 
-def test_cache_aware_beats_round_robin_on_shared_system_prompts(
-        model, cache_aware_server, round_robin_server):
-    prompts = shared_prompts()
-    rates = {}
-    for name, server in (("cache_aware", cache_aware_server),
-                         ("round_robin", round_robin_server)):
-        hits0, queries0 = prefix_hit_rate(server)
-        for prompt in prompts:  # one at a time: each sees every earlier prompt cached
-            complete(server.url, model, prompt, 2)
-        hits, queries = prefix_hit_rate(server)
-        rates[name] = (hits - hits0) / (queries - queries0)
+def measure_hit_rate(server: ServerProcess, model: str) -> float:
+    hits0, queries0 = prefix_hit_rate(server)
+    for prompt in shared_prompts():  # one at a time: each sees every earlier prompt cached
+        complete(server.url, model, prompt, 2)
+    hits, queries = prefix_hit_rate(server)
+    return (hits - hits0) / (queries - queries0)
+
+
+def test_cache_aware_beats_round_robin_on_shared_system_prompts(model, servers):
+    rates = {policy: measure_hit_rate(servers.get(policy), model)
+             for policy in ("cache_aware", "round_robin")}
     print(f"prefix-cache hit rate on 8 system prompts x 6 users, 2 replicas: "
           f"cache_aware {rates['cache_aware']:.1%}, round_robin {rates['round_robin']:.1%}")
     assert rates["cache_aware"] > rates["round_robin"] + 0.05
@@ -127,25 +151,28 @@ def test_cache_aware_beats_round_robin_on_shared_system_prompts(
 
 def _stream(url: str, model: str, prompt: str, record: dict) -> None:
     body = {"model": model, "prompt": prompt, "max_tokens": 48, "ignore_eos": True,
-            "temperature": 0, "stream": True}
-    record.update(tokens=0, error=None, finish=None)
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    record.update(chunks=0, error=None, finish=None, completion_tokens=None)
     try:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=180) as r:
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                if '"error"' in line:
-                    record["error"] = line
-                elif '"text"' in line:
-                    record["tokens"] += 1
-                    if '"finish_reason":"length"' in line.replace(" ", ""):
-                        record["finish"] = "length"
+                chunk = json.loads(line[len("data: "):])
+                if "error" in chunk:
+                    record["error"] = chunk["error"]["message"]
+                    continue
+                if chunk.get("usage"):
+                    record["completion_tokens"] = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    record["chunks"] += 1  # a chunk may carry several tokens
+                    record["finish"] = choice.get("finish_reason") or record["finish"]
     except httpx.HTTPError as e:  # a hang ends here, as a failure
         record["error"] = f"{type(e).__name__}: {e}"
 
 
-def test_a_killed_replica_loses_no_queued_request_and_hangs_none(model, round_robin_server):
-    server = round_robin_server
+def test_a_killed_replica_loses_no_queued_request_and_hangs_none(model, servers):
+    server = servers.get("round_robin")
     replicas = httpx.get(server.url + "/health").json()["replicas"]
     victim = replicas[0]["pid"]
     records = [{} for _ in range(12)]
@@ -156,7 +183,7 @@ def test_a_killed_replica_loses_no_queued_request_and_hangs_none(model, round_ro
         t.start()
     deadline = time.monotonic() + 120
     # Three streams under way: both replicas (2 sequences each) are running some.
-    while sum(r.get("tokens", 0) > 0 for r in records) < 3 and time.monotonic() < deadline:
+    while sum(r.get("chunks", 0) > 0 for r in records) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 60
@@ -173,11 +200,13 @@ def test_a_killed_replica_loses_no_queued_request_and_hangs_none(model, round_ro
     errored = [r for r in records if r["error"]]
     done = [r for r in records if r["finish"] == "length" and not r["error"]]
     print(f"replica {victim} killed: {len(done)} completed, {len(errored)} errored "
-          f"(tokens before the error: {[r['tokens'] for r in errored]})")
+          f"(chunks before the error: {[r['chunks'] for r in errored]})")
     assert len(done) + len(errored) == 12
-    assert all(r["tokens"] == 48 for r in done)
+    assert all(r["completion_tokens"] == 48 for r in done)
     # Only requests the dead replica was running fail: they had output. None that waited.
-    assert all(r["tokens"] > 0 for r in errored)
+    assert all(r["chunks"] > 0 for r in errored)
+    assert all("engine replica 0 died while running this request" in r["error"]
+               for r in errored)
     assert 1 <= len(errored) <= 2  # --max-num-seqs 2 on the killed replica
     assert complete(server.url, model, "The little dog", 4)["choices"][0]["text"]
     # Ray restarts the actor; the router takes it back.
@@ -192,8 +221,8 @@ def test_a_killed_replica_loses_no_queued_request_and_hangs_none(model, round_ro
     assert "replica_up" in str(server.metrics())
 
 
-def test_sigterm_leaves_no_ray_process(round_robin_server):
-    server = round_robin_server
+def test_sigterm_leaves_no_ray_process(servers):
+    server = servers.get("round_robin")
     family = psutil.Process(server.proc.pid).children(recursive=True)
     names = " ".join(" ".join(p.cmdline()) for p in family if p.is_running())
     assert "raylet" in names and "EngineCoreActor" in names, names
