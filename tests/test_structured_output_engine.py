@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jsonschema
 import msgspec
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +20,7 @@ import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.sampling_params import StructuredOutputsParams
+from minivllm.structured_output.manager import fill_bitmask
 from tests.test_preemption_e2e import record_preemptions
 
 DEMO = Path(minivllm.__file__).parent / "demo_model"
@@ -109,3 +111,26 @@ def test_a_request_added_again_resumes_its_grammar(llm):
     assert running.compute_bitmask() == resumed.compute_bitmask() != fresh.compute_bitmask()
     sampler.remove_request("a")
     sampler.remove_request("b")
+
+
+def test_every_sequence_of_a_parallel_request_is_constrained(llm):
+    params = SamplingParams(n=3, best_of=4, temperature=1.0, seed=1, max_tokens=30,
+                            structured_outputs=StructuredOutputsParams(regex="[a-z]{2,8}!"))
+    texts = [c.text for c in llm.generate(["Once"], params, use_tqdm=False)[0].outputs]
+    assert len(texts) == 3 and all(re.fullmatch("[a-z]{2,8}!", t) for t in texts)
+
+
+def test_a_structural_tag_constrains_only_what_follows_its_trigger(llm):
+    tag = json.dumps({"type": "structural_tag", "triggers": ["<f="], "structures": [
+        {"begin": "<f=get>", "schema": {"type": "object", "properties": {
+            "n": {"type": "integer", "maximum": 9}}, "required": ["n"],
+            "additionalProperties": False}, "end": "</f>"}]})
+    params = StructuredOutputsParams(structural_tag=tag)
+    manager, tokenizer = llm.llm_engine.core.structured, llm.get_tokenizer()
+    matcher = manager.new_matcher(params)
+    free = fill_bitmask([matcher], manager.vocab_size)[0]
+    assert free.sum() > 500  # before the trigger: free text
+    assert matcher.consume_tokens(tokenizer.encode("hi <f=get>", add_special_tokens=False))
+    allowed = np.flatnonzero(fill_bitmask([matcher], manager.vocab_size)[0])
+    texts = [tokenizer.decode([t]) for t in allowed]
+    assert texts and all('{"n": '.startswith(t) for t in texts), texts
