@@ -83,7 +83,13 @@ def build_grammar(params: StructuredOutputsParams, field: str | None = None) -> 
 def check_grammar(params: StructuredOutputsParams, field: str | None = None) -> str:
     """build_grammar, then llguidance's own check (syntax, unsupported schema keywords), with
     no tokenizer: cheap enough for the API server to run on every request."""
-    grammar = build_grammar(params, field)
+    try:
+        grammar = build_grammar(params, field)
+    except GrammarError:
+        raise
+    except Exception as e:  # whatever else odd input makes the converters raise
+        raise GrammarError(field or f"structured_outputs.{params.kind}",
+                           f"cannot be built: {e!r}") from e
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
         raise GrammarError(field or f"structured_outputs.{params.kind}", error)
