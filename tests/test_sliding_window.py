@@ -5,7 +5,7 @@ from the definition, and the blocks wholly before a window are never read."""
 import pytest
 import torch
 
-from minivllm.model.attention import AttentionMetadata, paged_attention, reference_attention
+from minivllm.model.attention import AttentionMetadata, paged_attention
 from minivllm.model.kernels import cpu
 
 KERNEL_BUILT = cpu.available(torch.device("cpu"), torch.float32)
@@ -65,13 +65,15 @@ def test_window_and_softcap_match_dense_oracle(path, window, softcap):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.skipif(not KERNEL_BUILT, reason="the C kernels are not built")
-def test_kernels_never_read_blocks_before_the_window():
+@pytest.mark.parametrize("path", ["reference"] + (["kernel"] if KERNEL_BUILT else []))
+def test_blocks_before_the_window_are_never_read(path):
     """NaN in every block that lies wholly before each request's window: NaN would spread
-    to the output if any kernel read it (a zero-weight NaN is still NaN)."""
+    to the output if a path read it (a zero-weight NaN is still NaN). The C kernels and
+    the per-request torch path (the reference, and prefill without the kernels) skip them;
+    the padded torch decode path gathers them (then masks them)."""
     window = 9
     q, k_cache, v_cache, tables, meta = _batch(seed=1)
-    meta.use_kernel = True
+    meta.use_reference, meta.use_kernel = path == "reference", path == "kernel"
     expected = paged_attention(q, k_cache, v_cache, meta, 0.3, window)
     for table, query_len, seq_len in zip(tables, QUERY_LENS, SEQ_LENS):
         first_seen = max(0, seq_len - query_len - window + 1)  # the first query's window
@@ -79,4 +81,5 @@ def test_kernels_never_read_blocks_before_the_window():
             k_cache[block] = v_cache[block] = float("nan")
     got = paged_attention(q, k_cache, v_cache, meta, 0.3, window)
     torch.testing.assert_close(got, expected)
-    assert reference_attention(q, k_cache, v_cache, meta, 0.3, window).isnan().any()
+    meta.use_reference, meta.use_kernel = False, False  # the padded decode path reads them:
+    assert paged_attention(q, k_cache, v_cache, meta, 0.3, window).isnan().any()

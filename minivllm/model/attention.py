@@ -70,16 +70,19 @@ def _one_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  table: torch.Tensor, seq_len: int, scale: float, window: int = 0,
                  softcap: float = 0.0) -> torch.Tensor:
     """q: [n, H, D] of one request's new tokens, the last n of its seq_len positions."""
-    query_len = q.shape[0]
-    k = k_cache[table].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)  # [1, KVH, L, D]
-    v = v_cache[table].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)
+    query_len, block_size = q.shape[0], k_cache.shape[1]
+    # With a window, the blocks before the first query's window are not even gathered.
+    skipped = max(0, seq_len - query_len - window + 1) // block_size if window else 0
+    length = seq_len - skipped * block_size  # the context gathered, from block `skipped`
+    k = k_cache[table[skipped:]].flatten(0, 1)[:length].transpose(0, 1).unsqueeze(0)
+    v = v_cache[table[skipped:]].flatten(0, 1)[:length].transpose(0, 1).unsqueeze(0)
     k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (--kv-cache-dtype) under fp32 math
     mask = None
-    if query_len > 1 or 0 < window < seq_len:  # query i sits at position seq_len - query_len + i
-        mask = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device)
-        mask = mask.tril(diagonal=seq_len - query_len)
+    if query_len > 1 or 0 < window < length:  # query i sits at position length - query_len + i
+        mask = torch.ones(query_len, length, dtype=torch.bool, device=q.device)
+        mask = mask.tril(diagonal=length - query_len)
         if window:
-            mask = mask.triu(diagonal=seq_len - query_len - window + 1)
+            mask = mask.triu(diagonal=length - query_len - window + 1)
     out = _sdpa(q.transpose(0, 1).unsqueeze(0), k, v, mask, scale, softcap)
     return out.squeeze(0).transpose(0, 1)
 
