@@ -44,6 +44,12 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
+    # What SJF (and any policy that ranks by output length) predicts it with: mean | oracle |
+    # bucket | probe (core/length_predictor.py).
+    length_predictor: str = "mean"
+    # A JSON line per finished request (prompt tokens, predicted and true output length):
+    # what bench reads to report the predictor's Kendall tau and error.
+    length_prediction_log: str | None = None
     preemption_mode: str | None = None  # None: vLLM V0's rule (swap if >1 seq, else recompute)
     priority_aging_s: float = 10.0  # waiting this long improves effective priority by one level
     active_preemption: bool = False
@@ -99,6 +105,10 @@ class EngineConfig:
             raise bad("max_model_len", "must be >= 1")
         if self.preemption_mode not in (None, "recompute", "swap"):
             raise bad("preemption_mode", "must be recompute or swap")
+        from minivllm.core.length_predictor import LENGTH_PREDICTORS
+
+        if self.length_predictor not in LENGTH_PREDICTORS:
+            raise bad("length_predictor", f"must be one of {', '.join(LENGTH_PREDICTORS)}")
         if self.priority_aging_s <= 0:
             raise bad("priority_aging_s", "must be > 0")
         if self.min_run_quantum < 0:

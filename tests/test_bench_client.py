@@ -215,7 +215,8 @@ def test_bench_policies_replays_the_same_trace_per_server(tmp_path, monkeypatch)
 
     record = tmp_path / "payloads.jsonl"
 
-    def fake_server_command(model, port, policy, flags):
+    def fake_server_command(model, port, policy, flags, length_predictor, prediction_log):
+        assert length_predictor == "mean" and prediction_log.name == "predictions.jsonl"
         assert model == "some-model" and "--active-preemption" in flags
         return [sys.executable, __file__, "--port", str(port), "--record", f"{record}.{policy}"]
 
@@ -231,7 +232,7 @@ def test_bench_policies_replays_the_same_trace_per_server(tmp_path, monkeypatch)
     assert all("priority" not in b for b in fcfs) and all("priority" in b for b in prio)
     assert all(b["temperature"] == 0.0 for b in fcfs + prio)  # policies: greedy by default
     md = (tmp_path / "comparison.md").read_text()
-    assert md.count("| fcfs |") == 3 and md.count("| priority |") == 3
+    assert md.count("| fcfs |") == 4 and md.count("| priority |") == 4  # + the policy table
     assert "priority vs fcfs" in md
     for name in ("comparison.json", "comparison_ttft_cdf.png", "comparison_buckets.png",
                  "fcfs/run.json", "priority/run.json", "server-fcfs.log"):

@@ -114,7 +114,9 @@ def test_report_files(tmp_path):
     assert {p.name for p in paths} == {"comparison.json", "comparison.md",
                                        "comparison_ttft_cdf.png", "comparison_buckets.png"}
     md = (tmp_path / "comparison.md").read_text()
-    assert md.count("| fcfs |") == 3 and md.count("| sjf |") == 3
+    # a row in the policy table, then one per bucket table
+    assert md.count("| fcfs |") == 4 and md.count("| sjf |") == 4
+    assert "| run | completed | goodput (req/s) | mean E2E (s) |" in md
     text = describe_changes({p: v[0] for p, v in runs.items()})
     assert "sjf vs fcfs: short TTFT 0.15 -> 0.3 s (+100%), TPOT 117 -> 233 ms (+100%)" in text
     assert "lowest mean TTFT: short: fcfs" in text

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import aiohttp
 
-from minivllm.bench import client, metrics, prompts, report, traces, workload
+from minivllm.bench import client, metrics, prediction, prompts, report, traces, workload
 from minivllm.bench.sampling import add_sampling_args, describe, sampling_fields
 from minivllm.bench.timeline_html import record_engine_events, write_run_timeline
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args
 
-SKIPPED_ENGINE_ARGS = ("model", "seed", "scheduling_policy", "tokenizer")
+SKIPPED_ENGINE_ARGS = ("model", "seed", "scheduling_policy", "tokenizer", "length_predictor",
+                       "length_prediction_log")
 BACKENDS = {"openai": "completions", "openai-chat": "chat"}
 
 
@@ -65,10 +66,59 @@ def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
                             "openai-chat = --endpoint chat")
         p.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
                        help="send token ids (exact; default for completions) or text (chat)")
+        p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                       help="--no-ignore-eos: the trace's output length is only max_tokens, "
+                            "a cap, and the model's EOS ends each request: output lengths the "
+                            "model decides, as length predictors meet them (default: ignore "
+                            "EOS, exact lengths)")
+        p.add_argument("--request-seed", type=int, default=None, metavar="N",
+                       help="request i sends seed N + i: sampled outputs repeat across runs "
+                            "(default: not sent)")
     p.add_argument("--goodput", nargs="+", default=None, metavar="SLO",
                    help="SLOs in ms, e.g. ttft:500 tpot:50")
     p.add_argument("--output", default="results/bench", help="directory for the report")
     p.add_argument("--disable-tqdm", action="store_true")
+
+
+def add_comparison_args(p: argparse.ArgumentParser) -> None:
+    """--policies and --length-predictors of `bench policies` / `sim policies`."""
+    p.add_argument("--policies", nargs="+", default=["fcfs", "priority", "sjf"],
+                   metavar="POLICY", help="policies to compare, space- or comma-separated "
+                                          "(default: fcfs priority sjf)")
+    p.add_argument("--length-predictors", nargs="+", default=["mean"], metavar="PREDICTOR",
+                   help="length predictors to run each policy that ranks by output length "
+                        "with (sjf, ...): mean oracle bucket probe (default: mean)")
+
+
+def _names(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))
+
+
+def comparison_runs(args) -> list[tuple[str, str, str]]:
+    """(run name, policy, length predictor) for every policy x predictor: a policy that does
+    not rank by output length runs once; runs are named POLICY/PREDICTOR when several
+    predictors are compared."""
+    from minivllm.core.length_predictor import LENGTH_PREDICTORS
+    from minivllm.core.policy import POLICIES
+
+    policies, predictors = _names(args.policies), _names(args.length_predictors)
+    if not policies:
+        raise SystemExit("--policies is empty")
+    if not predictors:
+        raise SystemExit("--length-predictors is empty")
+    for kind, names, known in (("policy", policies, POLICIES),
+                               ("length predictor", predictors, LENGTH_PREDICTORS)):
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise SystemExit(f"unknown {kind} {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    args.length_predictors = predictors
+    runs = []
+    for policy in policies:
+        uses = getattr(POLICIES[policy], "uses_length_predictor", True)
+        for predictor in predictors if uses else predictors[:1]:
+            name = f"{policy}/{predictor}" if uses and len(predictors) > 1 else policy
+            runs.append((name, policy, predictor))
+    return runs
 
 
 def workload_spec(value: str) -> str:
@@ -123,11 +173,18 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--max-model-len", type=int, default=None,
                        help="server context (default: from /v1/models or /tokenize)")
     add_workload_args(serve, "none")
+    serve.add_argument("--oracle-lengths", action="store_true",
+                       help="send each request's trace output length as oracle_output_len "
+                            "(a server run with --length-predictor oracle; with ignore-eos)")
+    serve.add_argument("--length-prediction-log", default=None, metavar="PATH",
+                       help="the server's --length-prediction-log (same machine): report its "
+                            "predictor's Kendall tau, error and the longest queue wait over "
+                            "the lines this run added")
     add_sampling_args(serve)
     serve.set_defaults(func=run_serve)
     pol = sub.add_parser("policies", help="start a minivllm server per policy; compare them")
     pol.add_argument("--model", required=True, help="model directory or name to serve")
-    pol.add_argument("--policies", default="fcfs,priority,sjf")
+    add_comparison_args(pol)
     pol.add_argument("--server-timeout", type=float, default=600, help="seconds to wait for /health")
     add_workload_args(pol, "length")
     add_sampling_args(pol, greedy=True)  # the README's policy table was measured greedy
@@ -187,18 +244,31 @@ async def prepare(args, base_url: str, model: str | None, max_model_len: int | N
 
 
 def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path, title: str,
-            send_priority: bool = True) -> tuple[dict, list]:
+            send_priority: bool = True, oracle_lengths: list[int] | None = None,
+            prediction_log: str | None = None) -> tuple[dict, list]:
+    """Replay the trace; `prediction_log`: the server's --length-prediction-log, whose lines
+    this run adds give the predictor's ranking quality and the longest queue wait."""
     sampling = sampling_fields(args)
+    log_start = Path(prediction_log).stat().st_size if (
+        prediction_log and Path(prediction_log).exists()) else 0
     (results, duration), engine_events = asyncio.run(record_engine_events(client.run_trace(
         trace, texts, counts, base_url, model, endpoint=args.endpoint,
         max_concurrency=args.max_concurrency, send_priority=send_priority,
-        progress=not args.disable_tqdm, sampling=sampling), base_url))
+        progress=not args.disable_tqdm, sampling=sampling, ignore_eos=args.ignore_eos,
+        request_seed=args.request_seed, oracle_lengths=oracle_lengths), base_url))
     summary = metrics.summarize(results, duration, trace.buckets, metrics.parse_goodput(args.goodput))
+    if prediction_log:
+        rows = prediction.read_prediction_log(prediction_log, start=log_start)
+        q = prediction.quality_from_log(rows)
+        summary["max_queue_s"] = q.pop("max_queue_s")
+        summary["length_prediction"] = q
     meta = {"title": title, "base_url": base_url, "model": model, "workload": trace.workload,
             "seed": args.seed, "length_scale": trace.length_scale, "endpoint": args.endpoint,
             "max_concurrency": args.max_concurrency, "priority": args.priority,
             "priority_sent": send_priority, "sampling": sampling,
-            "prompt_seed": args.prompt_seed, "argv": sys.argv[1:]}
+            "prompt_seed": args.prompt_seed, "ignore_eos": args.ignore_eos,
+            "request_seed": args.request_seed, "oracle_lengths_sent": oracle_lengths is not None,
+            "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, results, summary)
     write_run_timeline(out_dir, title, results, engine_events)
     return summary, results
@@ -220,8 +290,14 @@ def run_serve(args) -> int:
         prepare(args, args.base_url, args.model, args.max_model_len))
     title = (f"{trace.workload} (seed {args.seed}) against {model}, "
              f"{describe(sampling_fields(args))}")
-    summary, _ = measure(args, trace, texts, counts, args.base_url, model, Path(args.output), title)
+    oracle = [e.output_tokens for e in trace.entries] if args.oracle_lengths else None
+    summary, _ = measure(args, trace, texts, counts, args.base_url, model, Path(args.output),
+                         title, oracle_lengths=oracle,
+                         prediction_log=args.length_prediction_log)
     print(report.markdown_summary(summary, title))
+    if args.length_prediction_log:
+        print(f"length prediction: {prediction.describe(summary['length_prediction'])}; "
+              f"longest queue wait {summary['max_queue_s']} s")
     print(f"report written to {args.output}/")
     return 1 if summary["completed"] == 0 else 0
 
@@ -243,9 +319,13 @@ def engine_flags(args) -> list[str]:
     return flags
 
 
-def server_command(model: str, port: int, policy: str, flags: list[str]) -> list[str]:
-    return [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", model, "--host",
-            "127.0.0.1", "--port", str(port), "--scheduling-policy", policy, *flags]
+def server_command(model: str, port: int, policy: str, flags: list[str],
+                   length_predictor: str = "mean", prediction_log: Path | None = None
+                   ) -> list[str]:
+    cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", model, "--host",
+           "127.0.0.1", "--port", str(port), "--scheduling-policy", policy,
+           "--length-predictor", length_predictor, *flags]
+    return cmd + (["--length-prediction-log", str(prediction_log)] if prediction_log else [])
 
 
 def free_port() -> int:
@@ -280,21 +360,55 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def scrape_recompute_tax(base_url: str) -> float | None:
+    """The server's recompute tax from /metrics (its counters since it started), or None
+    where it does not count one."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    totals = {}
+    for line in text.splitlines():
+        for name in ("minivllm:num_recomputed_tokens_total", "minivllm:num_computed_tokens_total"):
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    computed = totals.get("minivllm:num_computed_tokens_total")
+    if computed is None or "minivllm:num_recomputed_tokens_total" not in totals:
+        return None
+    return totals["minivllm:num_recomputed_tokens_total"] / computed if computed else 0.0
+
+
 def run_policies(args) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies:
-        raise SystemExit("--policies is empty")
+    combos = comparison_runs(args)
+    policies = list(dict.fromkeys(p for _, p, _ in combos))
     metrics.parse_goodput(args.goodput)
     resolve_endpoint(args)
+    # Oracle runs send each request's true output length: the trace's under --ignore-eos;
+    # else the model decides, so they run last and send what an earlier run generated, with
+    # per-request seeds so that sampling repeats (greedy repeats anyway).
+    combos.sort(key=lambda c: c[2] == "oracle")
+    if not args.ignore_eos and any(c[2] == "oracle" for c in combos):
+        if all(c[2] == "oracle" for c in combos):
+            raise SystemExit("with --no-ignore-eos an oracle run needs an earlier run's output "
+                             "lengths: add a non-oracle run (e.g. --policies fcfs sjf)")
+        if args.request_seed is None:
+            args.request_seed = 0
+            print("oracle runs with --no-ignore-eos: sending per-request seeds "
+                  "(--request-seed 0) so outputs repeat across runs")
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    flags, runs, prepared = engine_flags(args), {}, None
-    for policy in policies:
+    flags, runs, prepared, generated = engine_flags(args), {}, None, None
+    for name, policy, predictor in combos:
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
-        log = out / f"server-{policy}.log"
-        cmd = server_command(args.model, port, policy, flags)
-        print(f"[{policy}] starting: {' '.join(cmd)}")
+        run_dir = out / name.replace("/", "-")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        predictions = run_dir / "predictions.jsonl"
+        predictions.unlink(missing_ok=True)
+        log = out / f"server-{name.replace('/', '-')}.log"
+        cmd = server_command(args.model, port, policy, flags, predictor, predictions)
+        print(f"[{name}] starting: {' '.join(cmd)}")
         with open(log, "w") as log_file:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
             try:
@@ -302,17 +416,33 @@ def run_policies(args) -> int:
                 if prepared is None:  # the same trace and prompts for every policy
                     prepared = asyncio.run(prepare(args, base_url, None, args.max_model_len))
                 trace, texts, counts, model, _ = prepared
-                title = f"{trace.workload} (seed {args.seed}), policy {policy}"
-                runs[policy] = measure(args, trace, texts, counts, base_url, model, out / policy,
-                                       title, send_priority=policy == "priority")
-                print(report.markdown_summary(runs[policy][0], title))
+                oracle = None
+                if predictor == "oracle" and not args.ignore_eos and generated is None:
+                    raise SystemExit("no earlier run completed every request: no output "
+                                     "lengths for the oracle")
+                if predictor == "oracle":
+                    oracle = ([e.output_tokens for e in trace.entries] if args.ignore_eos
+                              else [max(1, n) for n in generated])
+                title = f"{trace.workload} (seed {args.seed}), policy {name}"
+                runs[name] = measure(args, trace, texts, counts, base_url, model, run_dir,
+                                     title, send_priority=policy == "priority",
+                                     oracle_lengths=oracle, prediction_log=str(predictions))
+                tax = scrape_recompute_tax(base_url)
+                runs[name][0]["recompute_tax"] = tax  # the server's, from /metrics
+                if generated is None and all(r.success for r in runs[name][1]):
+                    generated = [r.output_tokens for r in runs[name][1]]
+                print(report.markdown_summary(runs[name][0], title))
+                print(f"[{name}] length predictor {predictor}: "
+                      f"{prediction.describe(runs[name][0]['length_prediction'])}")
             finally:
                 stop_server(proc)
     trace, model = prepared[0], prepared[3]
     meta = {"title": f"Policies on {trace.workload} (seed {args.seed}, length scale "
                      f"{trace.length_scale:.4g}, model {model})",
-            "policies": policies, "engine_flags": flags, "workload": trace.workload,
+            "policies": policies, "length_predictors": args.length_predictors,
+            "runs": list(runs), "engine_flags": flags, "workload": trace.workload,
             "seed": args.seed, "length_scale": trace.length_scale, "priority": args.priority,
+            "ignore_eos": args.ignore_eos, "request_seed": args.request_seed,
             "sampling": sampling_fields(args)}
     report.write_comparison(out, meta, runs)
     print((out / "comparison.md").read_text())

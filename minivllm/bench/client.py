@@ -1,7 +1,8 @@
 """Async streaming client: replays a trace against any OpenAI-compatible server, timing each token.
 
 Each request streams /v1/completions (or /v1/chat/completions) with ignore_eos, a fixed
-max_tokens, usage in the last chunk and the sampling fields given (bench/sampling.py: none by
+max_tokens (or, without ignore_eos, max_tokens as a cap: the model's EOS ends it), usage in the
+last chunk and the sampling fields given (bench/sampling.py: none by
 default, so the server's default sampling applies, as in `vllm bench serve`). A chunk carrying text is one token
 arrival (a final chunk with empty text and a finish_reason is only the end marker); the output
 token count is the server's usage.completion_tokens when sent, else the number of arrivals.
@@ -37,6 +38,10 @@ class RequestResult:
     output_tokens: int = 0
     success: bool = False
     error: str = ""
+    # Seconds from sent to first scheduled, where the engine side says (sim; bench from the
+    # server's --length-prediction-log); the output length the server's predictor predicted.
+    queue_s: float | None = None
+    predicted_output_tokens: float | None = None
 
 
 async def server_info(session: aiohttp.ClientSession, base_url: str) -> tuple[str, int | None]:
@@ -49,9 +54,13 @@ async def server_info(session: aiohttp.ClientSession, base_url: str) -> tuple[st
 
 
 def make_payload(model: str, prompt: list[int] | str, max_tokens: int, chat: bool,
-                 priority: int | None, user: int, sampling: dict | None = None) -> dict:
-    """One request's body; `sampling` (temperature, top_p, ...) is sent as given."""
-    body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True,
+                 priority: int | None, user: int, sampling: dict | None = None, *,
+                 ignore_eos: bool = True, seed: int | None = None,
+                 oracle_output_len: int | None = None) -> dict:
+    """One request's body; `sampling` (temperature, top_p, ...) is sent as given; `seed`
+    (sampling reproducible across runs) and `oracle_output_len` (the lab's field, for a
+    server run with --length-predictor oracle) only when given."""
+    body = {"model": model, "max_tokens": max_tokens, "ignore_eos": ignore_eos,
             "stream": True, "stream_options": {"include_usage": True}, "user": f"user-{user}",
             **(sampling or {})}
     if chat:
@@ -60,6 +69,10 @@ def make_payload(model: str, prompt: list[int] | str, max_tokens: int, chat: boo
         body["prompt"] = prompt
     if priority is not None:
         body["priority"] = priority
+    if seed is not None:
+        body["seed"] = seed
+    if oracle_output_len is not None:
+        body["oracle_output_len"] = oracle_output_len
     return body
 
 
@@ -119,9 +132,13 @@ async def run_trace(trace: Trace, prompts: list, prompt_counts: list[int], base_
                     model: str, *,
                     endpoint: str = "completions", max_concurrency: int | None = None,
                     send_priority: bool = True, progress: bool = True,
-                    sampling: dict | None = None,
+                    sampling: dict | None = None, ignore_eos: bool = True,
+                    request_seed: int | None = None,
+                    oracle_lengths: list[int] | None = None,
                     ) -> tuple[list[RequestResult], float]:
-    """Send every entry at its send_time (held back by max_concurrency); (results, seconds)."""
+    """Send every entry at its send_time (held back by max_concurrency); (results, seconds).
+    `request_seed`: request i sends seed request_seed + i; `oracle_lengths`: request i sends
+    oracle_output_len oracle_lengths[i]."""
     chat = endpoint == "chat"
     url = f"{base_url.rstrip('/')}/v1/{'chat/completions' if chat else 'completions'}"
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -132,8 +149,10 @@ async def run_trace(trace: Trace, prompts: list, prompt_counts: list[int], base_
     async def one(session: aiohttp.ClientSession, i: int, t0: float) -> None:
         entry, res = trace.entries[i], results[i]
         priority = entry.priority if send_priority else None
-        payload = make_payload(model, prompts[i], entry.output_tokens, chat, priority, entry.user,
-                               sampling)
+        payload = make_payload(
+            model, prompts[i], entry.output_tokens, chat, priority, entry.user, sampling,
+            ignore_eos=ignore_eos, seed=None if request_seed is None else request_seed + i,
+            oracle_output_len=oracle_lengths[i] if oracle_lengths else None)
         if limit is None:
             await send_request(session, url, payload, chat, res, t0)
         else:

@@ -69,6 +69,29 @@ def _latencies(done: list) -> dict[str, dict]:
     }
 
 
+def policy_figures(results: list, done: list, duration: float) -> dict:
+    """What a policy comparison reads beside latencies: the mean TTFT of short requests (the
+    quarter with the fewest prompt + output tokens: what shortest-first ordering is for), the
+    longest wait before first scheduled (where the engine side says), output tokens per second
+    per user, and the length predictor's ranking quality (bench/prediction.py)."""
+    from minivllm.bench.prediction import quality
+
+    work = sorted(done, key=lambda r: r.prompt_tokens + r.output_tokens)
+    short = work[:max(1, len(work) // 4)] if work else []
+    queue = [r.queue_s for r in done if r.queue_s is not None]
+    users: dict[str, int] = {}
+    for r in done:
+        users[str(r.user)] = users.get(str(r.user), 0) + r.output_tokens
+    return {
+        "short_requests": {"requests": len(short),
+                           "ttft_ms": distribution(r.ttft * 1000 for r in short)},
+        "max_queue_s": max(queue) if queue else None,
+        "per_user_output_tokens_per_s": {u: n / duration for u, n in sorted(users.items())},
+        "length_prediction": quality([r.predicted_output_tokens for r in done],
+                                     [r.output_tokens for r in done]),
+    }
+
+
 def summarize(results: list, duration: float, thresholds: tuple[float, float],
               slos: dict[str, float] | None = None) -> dict:
     done = [r for r in results if r.success]
@@ -90,6 +113,7 @@ def summarize(results: list, duration: float, thresholds: tuple[float, float],
         **_latencies(done),
         "buckets": {},
     }
+    summary.update(policy_figures(results, done, duration))
     for name in BUCKETS:
         members = [r for r in results if bucket_of(r.prompt_tokens, thresholds) == name]
         ok = [r for r in members if r.success]

@@ -167,9 +167,61 @@ def describe_changes(summaries: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _per_user(rates: dict[str, float]) -> str:
+    """Output tok/s per user: each one up to 4 users, else the range."""
+    if len(rates) < 2:
+        return "-"
+    if len(rates) <= 4:
+        return ", ".join(f"{u}: {v:.1f}" for u, v in rates.items())
+    return f"{min(rates.values()):.1f}-{max(rates.values()):.1f} ({len(rates)} users)"
+
+
+def policy_table(summaries: dict[str, dict]) -> str:
+    """One row per run (policy, or policy/predictor): goodput, mean E2E and TTFT, p99 TTFT,
+    short requests' mean TTFT, the longest queue wait, the length predictor's Kendall tau and
+    MAE, the recompute tax where the run counted it, output tok/s per user where users send
+    several requests each."""
+    s0 = next(iter(summaries.values()))
+    def tax_of(s):  # the simulator's engine figures, or a server's /metrics (bench)
+        return s.get("engine", {}).get("recompute_tax", s.get("recompute_tax"))
+
+    tax = any(tax_of(s) is not None for s in summaries.values())
+    users = any(1 < len(s.get("per_user_output_tokens_per_s") or {}) <= s["completed"] / 2
+                for s in summaries.values())  # tenants: users with several requests each
+    slos = s0.get("slos_ms") or {}
+    good = "goodput (req/s" + (", " + " ".join(f"{k}:{v:g}" for k, v in slos.items())
+                               if slos else "") + ")"
+    head = ["run", "completed", good, "mean E2E (s)", "mean TTFT (s)", "p99 TTFT (s)",
+            "short-request mean TTFT (s)", "max queue (s)", "Kendall tau", "MAE (tokens)"]
+    head += ["recompute tax"] * tax + ["output tok/s per user"] * users
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+    def sec(ms):
+        return _f(ms and ms / 1000, 3)
+
+    for name, s in summaries.items():
+        q = s.get("length_prediction") or {}
+        tau = q.get("kendall_tau")
+        row = [name, str(s["completed"]), _f(s["goodput"], 2) if slos else "-",
+               sec(s["e2el_ms"]["mean"]), sec(s["ttft_ms"]["mean"]), sec(s["ttft_ms"]["p99"]),
+               sec((s.get("short_requests") or {}).get("ttft_ms", {}).get("mean")),
+               _f(s.get("max_queue_s"), 3), "-" if tau is None else f"{tau:.3f}",
+               _f(q.get("mae"))]
+        if tax:
+            share = tax_of(s)
+            row.append("-" if share is None else f"{share:.2%}")
+        if users:
+            row.append(_per_user(s.get("per_user_output_tokens_per_s") or {}))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def comparison_markdown(summaries: dict[str, dict], title: str) -> str:
     first = next(iter(summaries.values()))
-    lines = [f"# {title}", ""]
+    lines = [f"# {title}", "", policy_table(summaries),
+             "Short requests: the quarter with the fewest prompt + output tokens. Max queue: "
+             "the longest wait from sent to first scheduled. Kendall tau and MAE: the length "
+             "predictor's predictions against the true output lengths.", ""]
     for b in BUCKETS:
         lines += [f"### {bucket_label(b, first['bucket_thresholds'])} prompt tokens", "",
                   "| policy | requests | failed | mean prompt len | TTFT (s) | TPOT (ms/token) "

@@ -47,6 +47,7 @@ def policy_options(settings) -> dict:
 
 class SchedulingPolicy(ABC):
     name = "abstract"
+    uses_length_predictor = True  # False: its order ignores predicted output lengths
     option_names: tuple[str, ...] = ()  # the engine settings make_policy passes it
     shed_late = False  # finish queued requests late_requests() names
     token_budget = 512  # tokens per step; the scheduler sets max_num_batched_tokens
@@ -103,6 +104,8 @@ class SchedulingPolicy(ABC):
 class FCFSPolicy(SchedulingPolicy):
     """First come, first served; the victim is the latest arrival."""
 
+    uses_length_predictor = False
+
     def sort_key(self, request: Request, now: float) -> tuple:
         return (request.arrival_time, request.request_id)
 
@@ -111,6 +114,8 @@ class FCFSPolicy(SchedulingPolicy):
 class PriorityPolicy(SchedulingPolicy):
     """Lower `priority` runs first (as vLLM); ties by arrival. Every `aging_s` seconds of age
     improve a request's effective priority by one level, so nothing starves."""
+
+    uses_length_predictor = False
 
     def sort_key(self, request: Request, now: float) -> tuple:
         effective = request.priority - self.age(request, now) / self.aging_s

@@ -76,6 +76,7 @@ class EngineCore:
         self.runner.sampler.structured = self.structured
         self._compiling: dict[str, tuple[futures.Future, Request]] = {}
         policy = make_policy(config.scheduling_policy, config.priority_aging_s,
+                             length_predictor=config.length_predictor,
                              **policy_options(config))
         self.scheduler = Scheduler(SchedulerConfig(
             num_blocks=self.runner.num_blocks,
@@ -98,6 +99,8 @@ class EngineCore:
         self.tracer: LifecycleTracer | None = None
         self._trace_interval = 0.0
         self._next_trace = 0.0
+        self._prediction_log = (open(config.length_prediction_log, "a", buffering=1)
+                                if config.length_prediction_log else None)
         self._log_capacity(path)
 
     def _log_capacity(self, path) -> None:
@@ -133,6 +136,9 @@ class EngineCore:
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self._validate(prompt, params)
+        if req.oracle_output_len is not None and self.config.length_predictor != "oracle":
+            raise ValueError("oracle_output_len is a lab field, read only by a server run with "
+                             "--length-predictor oracle")
         check_context_length(len(prompt), params.max_tokens, self.max_model_len)
         max_tokens = params.max_tokens
         if max_tokens is None:  # the rest of the context
@@ -147,7 +153,8 @@ class EngineCore:
                     needs_prompt_logits=params.prompt_logprobs is not None and index == 0,
                     sampling_params=params, banned_until_min_tokens=banned,
                     user=req.user, ttft_slo_ms=req.ttft_slo_ms, e2e_slo_ms=req.e2e_slo_ms,
-                    seed=None if params.seed is None else params.seed + index)
+                    seed=None if params.seed is None else params.seed + index,
+                    oracle_output_len=req.oracle_output_len)
             for index in range(num_seqs)]
         head = requests[0]
         for request in requests[1:]:
@@ -216,6 +223,8 @@ class EngineCore:
                 self._finish(self.groups[group_id].requests[index], status)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
+        if self._prediction_log is not None and status is not RequestStatus.FINISHED_ABORTED:
+            self._log_prediction(request, status)
         group_id, _ = self._seqs.pop(request.request_id, (None, None))
         if group_id in self._compiling:  # never handed to the scheduler
             request.status = status
@@ -225,6 +234,21 @@ class EngineCore:
         if group is not None and all(r.is_finished for r in group.requests):
             del self.groups[group_id]
             self._compiling.pop(group_id, None)
+
+    def _log_prediction(self, request: Request, status: RequestStatus) -> None:
+        """One JSON line for --length-prediction-log: what the predictor said (at arrival,
+        or after the prefill for predictors that read its hidden state) and the truth."""
+        import json
+
+        group_id, _ = self._seqs.get(request.request_id, (None, None))
+        group = self.groups.get(group_id)
+        started = group.first_scheduled_time if group is not None else None
+        self._prediction_log.write(json.dumps({
+            "queue_s": None if started is None else max(0.0, started - request.arrival_time),
+            "request_id": request.request_id, "prompt_tokens": request.num_prompt_tokens,
+            "max_tokens": request.max_tokens, "predicted": request.predicted_output_len,
+            "output_tokens": request.num_output_tokens, "finish_reason": status.value,
+            "predictor": self.config.length_predictor}) + "\n")
 
     def _admit_compiled(self) -> None:
         """Hand the requests whose grammar is ready to the scheduler; fail those whose grammar
@@ -309,7 +333,8 @@ class EngineCore:
         for req_id, (first, scored) in result.prompt_logprobs.items():
             self._output(outputs, req_id).prompt_logprobs = (
                 first, [pack_logprobs(entry) for entry in scored])
-        for request in self.scheduler.update_from_output(sched_out, result.sampled_token_ids):
+        for request in self.scheduler.update_from_output(sched_out, result.sampled_token_ids,
+                                                          result.prompt_hidden):
             out = self._output(outputs, request.request_id)
             token = request.output_token_ids[-1]
             out.new_token_ids = [token]

@@ -7,6 +7,7 @@ from dataclasses import MISSING, fields
 from typing import get_type_hints
 
 from minivllm.config import EngineConfig
+from minivllm.core.length_predictor import LENGTH_PREDICTORS
 from minivllm.core.policy import POLICIES
 
 _HELP = {
@@ -20,6 +21,11 @@ _HELP = {
     "kv_cache_dtype": "auto (the model's dtype) | bfloat16: half the KV bytes of an fp32 "
                       "model, read by the attention kernels as fp32",
     "scheduling_policy": " | ".join(POLICIES),
+    "length_predictor": " | ".join(LENGTH_PREDICTORS) + ": output lengths for sjf (and "
+                        "other policies ranking by them); oracle reads the lab-only request "
+                        "field oracle_output_len",
+    "length_prediction_log": "append a JSON line per finished request (prompt tokens, "
+                             "predicted and true output length) to this file",
     "preemption_mode": "recompute | swap (default: swap for multi-sequence requests)",
     "active_preemption": "let a better-ranked waiting request preempt a running one (when "
                          "KV blocks or max_num_seqs seats run out)",

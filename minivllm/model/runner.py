@@ -34,6 +34,10 @@ class ModelRunnerOutput:
     logprobs: dict[str, dict[int, Logprob]] = field(default_factory=dict)  # rows that asked
     # request id -> (index of the first prompt token scored, one dict per scored token)
     prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob]]]] = field(default_factory=dict)
+    # request id -> the final-norm hidden state of its last prompt token (float32 numpy row),
+    # for requests whose prefill completed this step, when the scheduler asked
+    # (SchedulerOutput.want_prompt_hidden: the `probe` length predictor). No extra forward.
+    prompt_hidden: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -146,12 +150,15 @@ class ModelRunner:
         hidden = self._forward(inputs)
         # Rows of `hidden` whose logits are needed: the last token of each sampling request,
         # and every prompt position of requests that score their prompt.
-        wanted, sampling, prompt_spans = [], [], []
+        wanted, sampling, prompt_spans, last_prompt_rows = [], [], [], {}
         ends = inputs.query_start_loc[1:].tolist()
         for i, req_id in enumerate(inputs.req_ids):
             state = self.batch.requests[req_id]
             end, start = ends[i], state.num_computed_tokens
             n = out.num_scheduled_tokens[req_id]
+            last_prompt = state.num_prompt_tokens - 1
+            if out.want_prompt_hidden and start <= last_prompt < start + n:
+                last_prompt_rows[req_id] = end - n + last_prompt - start
             if state.params.prompt_logprobs is not None:
                 num_scored = max(0, min(start + n, state.num_prompt_tokens - 1) - start)
                 if num_scored:
@@ -162,6 +169,9 @@ class ModelRunner:
             if start + n == state.num_tokens:
                 sampling.append((req_id, len(wanted)))
                 wanted.append(end - 1)
+        if last_prompt_rows:
+            rows = hidden[torch.tensor(list(last_prompt_rows.values()), device=self.device)]
+            result.prompt_hidden = dict(zip(last_prompt_rows, rows.float().cpu().numpy()))
         if not wanted:
             return result
         if wanted == list(range(len(wanted))):  # the first rows, in order (all decodes)

@@ -11,7 +11,14 @@ from dataclasses import fields
 from pathlib import Path
 
 from minivllm.bench import metrics, report, workload
-from minivllm.bench.cli import add_workload_args, describe_trace, trace_args
+from minivllm.bench.cli import (
+    add_comparison_args,
+    add_workload_args,
+    comparison_runs,
+    describe_trace,
+    trace_args,
+)
+from minivllm.bench.prediction import describe as describe_prediction
 from minivllm.bench.timeline_html import write_sim_timeline
 from minivllm.config import EngineConfig
 from minivllm.core.policy import policy_options
@@ -29,7 +36,8 @@ SIM_ENGINE_ARGS = ("block_size", "num_kv_blocks", "swap_space", "enable_prefix_c
                    "e2e_slo_ms", "mlfq_base_quantum",
                    "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "enable_chunked_prefill", "scheduling_policy", "preemption_mode",
-                   "priority_aging_s", "active_preemption", "min_run_quantum")
+                   "priority_aging_s", "active_preemption", "min_run_quantum",
+                   "length_predictor")
 DEFAULT_COST_MODEL = "roofline:rtx4090-qwen2.5-7b"
 
 
@@ -50,6 +58,12 @@ def _add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple
     p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                    help="N engine replicas behind the router, each with its own KV cache "
                         "(default: 1)")
+    p.add_argument("--request-max-tokens", choices=("trace", "context"), default="trace",
+                   help="trace: max_tokens = the trace's output length (requests end by "
+                        "length; a length predictor, clamped to max_tokens, is told the "
+                        "truth); context: max_tokens = the rest of the context, the request "
+                        "stops at its trace length as at EOS, unknown until then (for "
+                        "comparing length predictors; default: trace)")
     p.add_argument("--router-policy", choices=sorted(ROUTER_POLICIES),
                    default=DEFAULT_ROUTER_POLICY,
                    help=f"which replica serves a request (default: {DEFAULT_ROUTER_POLICY})")
@@ -66,8 +80,8 @@ def add_parser(subparsers) -> None:
     _add_sim_args(serve, "none")
     serve.set_defaults(func=run_serve)
     pol = sub.add_parser("policies", help="bench policies, simulated")
-    pol.add_argument("--policies", default="fcfs,priority,sjf")
-    _add_sim_args(pol, "length", skip=("scheduling_policy",))
+    add_comparison_args(pol)
+    _add_sim_args(pol, "length", skip=("scheduling_policy", "length_predictor"))
     pol.set_defaults(func=run_policies)
     cal = sub.add_parser("calibrate", help="time the real engine's steps and fit a profile")
     cal.add_argument("--model", required=True, help="model directory (or minivllm-demo)")
@@ -130,11 +144,14 @@ def prepare(args):
 
 
 def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
-             out_dir: Path, title: str) -> tuple[dict, list]:
+             out_dir: Path, title: str, length_predictor: str | None = None
+             ) -> tuple[dict, list]:
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    predictor = length_predictor or getattr(args, "length_predictor", None) or "mean"
     common = dict(aging_s=args.priority_aging_s, send_priority=policy == "priority",
-                  progress=not args.disable_tqdm, max_concurrency=args.max_concurrency)
+                  progress=not args.disable_tqdm, max_concurrency=args.max_concurrency,
+                  length_predictor=predictor, request_max_tokens=args.request_max_tokens)
     if args.data_parallel_size > 1:
         sim = DataParallelSimulator(config, policy, cost, **common,
                                     data_parallel_size=args.data_parallel_size,
@@ -157,14 +174,17 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     summary["simulator_seconds"] = elapsed
     meta = {"title": title, "simulated": f"simulated, {cost.name}", "cost_model": cost.describe(),
             "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
-            "policy": policy, "priority": args.priority, "scheduler": vars(config),
+            "policy": policy, "length_predictor": predictor,
+            "request_max_tokens": args.request_max_tokens,
+            "priority": args.priority, "scheduler": vars(config),
             "max_concurrency": args.max_concurrency,
             "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, result.results, summary)
     if result.timeline:  # one simulator's (data parallel runs record none)
         write_sim_timeline(out_dir, title, result.timeline)
     print(f"[{policy}] simulated {len(trace.entries)} requests, "
-          f"{result.stats.simulated_wall_time_s:.1f} s of serving in {elapsed:.1f} s")
+          f"{result.stats.simulated_wall_time_s:.1f} s of serving in {elapsed:.1f} s; "
+          f"length predictor {predictor}: {describe_prediction(summary['length_prediction'])}")
     if isinstance(result, DataParallelResult):
         rates = ", ".join("-" if r is None else f"{r:.1%}" for r in result.prefix_cache_hit_rates)
         print(f"[{policy}] {args.data_parallel_size} replicas, router {args.router_policy}: "
@@ -184,24 +204,31 @@ def run_serve(args) -> int:
 
 
 def run_policies(args) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies:
-        raise SystemExit("--policies is empty")
+    combos = comparison_runs(args)
+    policies = list(dict.fromkeys(p for _, p, _ in combos))
     cost, config, trace = prepare(args)
+    if args.request_max_tokens == "trace" and len(args.length_predictors) > 1:
+        print("note: --request-max-tokens trace tells every length predictor the true length "
+              "through max_tokens; compare predictors with --request-max-tokens context")
     out = Path(args.output)
     runs = {}
-    for policy in policies:
-        title = f"{trace.workload} (seed {args.seed}), policy {policy} -- simulated, {cost.name}"
-        runs[policy] = simulate(args, cost, config, trace, policy, out / policy, title)
+    for name, policy, predictor in combos:
+        title = (f"{trace.workload} (seed {args.seed}), policy {name} -- simulated, "
+                 f"{cost.name}")
+        runs[name] = simulate(args, cost, config, trace, policy, out / name.replace("/", "-"),
+                              title, predictor)
     label = f"simulated, {cost.name}"
     meta = {"title": f"Policies on {trace.workload} (seed {args.seed}, length scale "
                      f"{trace.length_scale:.4g}) -- {label}",
             "simulated": label, "policies": policies, "cost_model": cost.describe(),
+            "length_predictors": args.length_predictors, "runs": [c[0] for c in combos],
+            "request_max_tokens": args.request_max_tokens,
             "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
             "priority": args.priority, "scheduler": vars(config)}
     report.write_comparison(out, meta, runs)
     text = (out / "comparison.md").read_text()
-    if trace.workload == "seed-high" and trace.length_scale == 1.0:
+    if trace.workload == "seed-high" and trace.length_scale == 1.0 and len(combos) == len(
+            policies):
         text += "\n" + side_by_side({p: s for p, (s, _) in runs.items()}, label)
         (out / "comparison.md").write_text(text)
     print(text)

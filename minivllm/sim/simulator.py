@@ -13,6 +13,17 @@ The loop does what EngineCore.step does around the runner, in the same order:
 When nothing is in flight the clock jumps to the next arrival. A request the scheduler could
 never serve (check_fits) fails with its error, as the server's 400 would.
 
+Output lengths (`request_max_tokens`): "trace" gives each request max_tokens = its trace
+output length, so it ends by length -- and a length predictor, clamped to max_tokens, is told
+the truth for every request it would overestimate. "context" gives max_tokens = the rest of
+the context and stops the request at its trace length as EOS would: the length is unknown
+until it ends, as in serving; what length-predictor comparisons need.
+
+Length predictors: `oracle` reads each request's trace output length. `probe` has no model
+here: its stand-in feature, handed over when a prefill completes (as the runner hands the
+hidden state), is what the trace knows at arrival (`probe_features`): log prompt length and,
+for traces with prefix blocks (Mooncake), the first block's id hashed into 32 slots.
+
 Token ids are symbolic (bench/traces.symbolic_prompt) unless prompts are given: the prefix
 cache only needs equal blocks to be equal. A request's k-th sampled token is -1-k: like a
 greedy model's, its outputs depend only on its prompt.
@@ -98,12 +109,17 @@ class Simulator:
     def __init__(self, config: SchedulerConfig, policy: str, cost_model: CostModel, *,
                  aging_s: float = 10.0, send_priority: bool = False, progress: bool = False,
                  record_decisions: bool = False, max_concurrency: int | None = None,
+                 length_predictor: str = "mean", request_max_tokens: str = "trace",
                  record_timeline: bool = False, policy_options: dict | None = None) -> None:
         self.config, self.cost_model = config, cost_model
         self.max_concurrency = max_concurrency
         self.policy_name, self.aging_s = policy, aging_s
         self.send_priority, self.progress = send_priority, progress
         self.record_decisions = record_decisions
+        if request_max_tokens not in ("trace", "context"):
+            raise ValueError(f"request_max_tokens must be trace or context, got "
+                             f"{request_max_tokens!r}")
+        self.length_predictor, self.request_max_tokens = length_predictor, request_max_tokens
         self.record_timeline = record_timeline
         self.policy_options = policy_options or {}  # vtc_weights, edf_action, ...
         self.now = 0.0
@@ -121,8 +137,10 @@ class Simulator:
     def _run(self, trace: Trace, prompts: list[list[int]] | None) -> SimResult:
         self.now = 0.0
         sched = Scheduler(self.config, make_policy(self.policy_name, self.aging_s,
+                                                   length_predictor=self.length_predictor,
                                                    **self.policy_options),
                           clock=lambda: self.now)
+        probing = sched.policy.predictor.needs_hidden_state
         entries = trace.entries
         results = [RequestResult(i, e.user, e.priority, e.prompt_tokens, e.output_tokens,
                                  e.send_time, start=e.send_time) for i, e in enumerate(entries)]
@@ -173,6 +191,15 @@ class Simulator:
                 decisions.append(decision(out))
             if tracer is not None:
                 tracer.see_arrivals(self.now)
+            prompt_hidden = {}
+            for req_id, n in out.num_scheduled_tokens.items():
+                r = sched.requests[req_id]
+                res = results[int(r.request_id)]
+                if res.queue_s is None:
+                    res.queue_s = self.now - res.start
+                if (probing and r.prompt_hidden is None
+                        and r.num_computed_tokens < r.num_prompt_tokens <= r.num_computed_tokens + n):
+                    prompt_hidden[req_id] = probe_features(entries[int(req_id)], r, trace)
             for req_id in out.preempted_req_ids:
                 swapped = sched.requests[req_id].status is RequestStatus.SWAPPED
                 stats.num_preemptions_swap += swapped
@@ -189,15 +216,19 @@ class Simulator:
                 r = requests[req_id]
                 if r.num_computed_tokens + n == r.num_tokens:
                     sampled[req_id] = -1 - r.num_output_tokens  # distinct from prompt ids
-            for r in sched.update_from_output(out, sampled):
+            for r in sched.update_from_output(out, sampled, prompt_hidden):
                 res = results[int(r.request_id)]
                 if res.ttft is None:
                     res.ttft = self.now - res.start
                 else:
                     res.itl.append(self.now - last_token[r.request_id])
                 last_token[r.request_id] = self.now
-                if r.num_output_tokens >= r.max_tokens or r.num_tokens >= max_len:
-                    sched.finish_request(r, RequestStatus.FINISHED_LENGTH)
+                stopped = r.num_output_tokens >= r.oracle_output_len  # EOS, as it were
+                if stopped or r.num_output_tokens >= r.max_tokens or r.num_tokens >= max_len:
+                    res.predicted_output_tokens = r.predicted_output_len
+                    sched.finish_request(r, RequestStatus.FINISHED_STOPPED if stopped
+                                         and r.num_output_tokens < r.max_tokens
+                                         else RequestStatus.FINISHED_LENGTH)
                     res.output_tokens, res.e2e = r.num_output_tokens, self.now - res.start
                     res.success = True
                     del last_token[r.request_id]
@@ -221,11 +252,28 @@ class Simulator:
         ids = (prompts[index] if prompts is not None
                else symbolic_prompt(entry, index, trace.prefix_block_tokens or 1))
         priority = entry.priority if self.send_priority and entry.priority is not None else 0
-        request = Request(str(index), ids, entry.output_tokens, result.start, priority,
-                          user=str(entry.user))
+        max_tokens = entry.output_tokens
+        if self.request_max_tokens == "context":
+            max_tokens = max(entry.output_tokens, self.config.max_model_len - len(ids))
+        request = Request(str(index), ids, max_tokens, result.start, priority,
+                          oracle_output_len=entry.output_tokens, user=str(entry.user))
         try:
             sched.add_request(request)
         except ValueError as e:  # the server's 400
             result.error = f"HTTP 400: {e}"
             return False
         return True
+
+
+def probe_features(entry, request: Request, trace: Trace) -> list[float]:
+    """`probe`'s stand-in for a hidden state in the simulator: what the trace says about a
+    request at arrival, never its output length. Log prompt length (and its square); with
+    prefix blocks (Mooncake's hash_ids), the first block's token id hashed into 32 one-hot
+    slots -- requests sharing a system prompt share it. Symbolic prompts carry nothing else."""
+    import math
+
+    x = math.log1p(request.num_prompt_tokens)
+    slots = [0.0] * 32
+    if trace.prefix_block_tokens and entry.hash_ids:
+        slots[entry.hash_ids[0] % 32] = 1.0
+    return [x, x * x, *slots]

@@ -68,6 +68,9 @@ class SamplingRequest(OpenAIModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # Lab only (bench replaying a trace): the true output length, for a server run with
+    # --length-predictor oracle; any other server refuses it (400).
+    oracle_output_len: int | None = Field(None, ge=1)
 
 
 class CompletionRequest(SamplingRequest):

@@ -180,7 +180,8 @@ class OpenAIServing:
         return self.engine.generate(prompt, params, request_id, prompt_token_ids=token_ids,
                                     user=req.user, ttft_slo_ms=req.ttft_slo_ms,
                                     e2e_slo_ms=req.e2e_slo_ms,
-                                    priority=req.priority, cache_salt=req.cache_salt)
+                                    priority=req.priority, cache_salt=req.cache_salt,
+                                    oracle_output_len=req.oracle_output_len)
 
 
 def _template_message(m: ChatMessage) -> dict:
