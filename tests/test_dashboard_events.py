@@ -95,7 +95,7 @@ def test_the_key_guards_events_and_page(server):
 def test_events_shape_and_a_request_life_in_order(server):
     done = {}
     body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
-            "temperature": 0}
+            "temperature": 0, "user": "alice"}
     with httpx.stream("GET", server.url + "/v1/engine/events", headers=AUTH,
                       timeout=30) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -122,7 +122,7 @@ def test_events_shape_and_a_request_life_in_order(server):
     assert [e["t"] for e in states] == sorted(e["t"] for e in states)
     queued, prefill, _, finished = states
     assert queued["tokens"] == prefill["tokens"] == done["usage"]["prompt_tokens"]
-    assert queued["priority"] == 0
+    assert queued["priority"] == 0 and queued["user"] == "alice"
     assert finished["tokens"] == 24 and finished["reason"] == "length"
 
     assert snapshot["running"] == metrics["vllm:num_requests_running"] == 0

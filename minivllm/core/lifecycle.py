@@ -60,9 +60,11 @@ class TraceSample:
 
 class LifecycleTracer:
     def __init__(self, scheduler: Scheduler, now: float,
-                 user_of: Callable[[Request], str | None] = lambda request: None) -> None:
+                 user_of: Callable[[Request], str | None] = lambda request: request.user
+                 ) -> None:
         """Starts with what the scheduler holds now: a request already running shows as
-        queued since its arrival, then in its present state from `now`."""
+        queued since its arrival, then in its present state from `now`. `user_of`: the name
+        events give a request's user (default: its `user`, OpenAI's field)."""
         self.scheduler = scheduler
         self.user_of = user_of
         self._seen: dict[str, tuple[Request, str]] = {}  # request id -> (request, state)

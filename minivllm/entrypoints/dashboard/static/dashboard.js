@@ -21,7 +21,7 @@ const pct = (x) => `${(x * 100).toFixed(1)}%`;
 // A line chart of `series` [{name, color, key(point)}] over the history.
 const tick = (v) => (Number.isInteger(v) || v >= 10 ? v.toFixed(0) : v.toFixed(1));
 
-function lineChart(canvas, series, {max = null, format = tick} = {}) {
+function lineChart(canvas, series, {max = null, format = tick, counts = false} = {}) {
   const ratio = window.devicePixelRatio || 1;
   const w = canvas.clientWidth, h = canvas.clientHeight;
   canvas.width = w * ratio;
@@ -31,7 +31,9 @@ function lineChart(canvas, series, {max = null, format = tick} = {}) {
   ctx.clearRect(0, 0, w, h);
   const left = 44, bottom = 16, topPad = 16;
   const values = series.flatMap((s) => history.map(s.key));
-  const top = max ?? Math.max(1, ...values) * 1.1;
+  // Counts get whole ticks: the top a multiple of the 4 grid steps.
+  const top = max ?? (counts ? 4 * Math.ceil(Math.max(1, ...values) / 4)
+                             : Math.max(1, ...values) * 1.1);
   const y = (v) => topPad + (h - topPad - bottom) * (1 - v / top);
   const x = (i) => left + (w - left - 4) * (history.length > 1 ? i / (history.length - 1) : 1);
   ctx.font = "10px sans-serif";
@@ -120,7 +122,7 @@ function onSnapshot(s) {
     {name: "running", color: "#2f9e44", key: (p) => p.running},
     {name: "waiting", color: "#f59f00", key: (p) => p.waiting},
     {name: "swapped", color: "#7950f2", key: (p) => p.swapped},
-  ]);
+  ], {counts: true});
   lineChart($("chart-budget"), [
     {name: "mean tokens / step", color: "#1c7ed6",
      key: (p) => (p.steps.token_budget ? p.steps.mean_tokens / p.steps.token_budget : 0)},
