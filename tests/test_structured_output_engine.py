@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -21,6 +22,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.sampling_params import StructuredOutputsParams
 from minivllm.structured_output.manager import fill_bitmask
+from tests.conftest import assert_all_blocks_free
 from tests.test_preemption_e2e import record_preemptions
 
 DEMO = Path(minivllm.__file__).parent / "demo_model"
@@ -134,3 +136,39 @@ def test_a_structural_tag_constrains_only_what_follows_its_trigger(llm):
     allowed = np.flatnonzero(fill_bitmask([matcher], manager.vocab_size)[0])
     texts = [tokenizer.decode([t]) for t in allowed]
     assert texts and all('{"n": '.startswith(t) for t in texts), texts
+
+
+def test_a_compiling_grammar_stalls_no_other_request(llm):
+    """While a grammar compiles (held here), an unconstrained request runs to the end; the
+    constrained one then starts. An abort while compiling leaves nothing behind."""
+    engine, manager = llm.llm_engine, llm.llm_engine.core.structured
+    release = threading.Event()
+    compile_original = manager._compile
+
+    def held_compile(params):
+        release.wait(30)
+        return compile_original(params)
+
+    manager._compile = held_compile
+    try:
+        slow = StructuredOutputsParams(regex="[0-9]{5}")
+        engine.add_request("constrained", None, SamplingParams(
+            max_tokens=8, structured_outputs=slow), prompt_token_ids=[1, 40, 50])
+        engine.add_request("aborted", None, SamplingParams(
+            max_tokens=8, structured_outputs=StructuredOutputsParams(regex="[a-z]{5}")),
+            prompt_token_ids=[1, 40, 50])
+        engine.abort_request("aborted")
+        engine.add_request("plain", None, SamplingParams(max_tokens=8, ignore_eos=True),
+                           prompt_token_ids=[1, 40, 50])
+        finished = {}
+        while "plain" not in finished:
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+        assert "constrained" not in finished
+        release.set()
+        while engine.has_unfinished_requests():
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+        assert re.fullmatch("[0-9]{5}", finished["constrained"].outputs[0].text)
+        assert_all_blocks_free(llm)
+    finally:
+        release.set()
+        manager._compile = compile_original
