@@ -71,6 +71,9 @@ def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
                             "a cap, and the model's EOS ends each request: output lengths the "
                             "model decides, as length predictors meet them (default: ignore "
                             "EOS, exact lengths)")
+        p.add_argument("--stop-token-ids", type=int, nargs="+", default=None, metavar="ID",
+                       help="sent with every request (with --no-ignore-eos): e.g. 1 for "
+                            "stories260K, which starts a new story with BOS where a story ends")
         p.add_argument("--request-seed", type=int, default=None, metavar="N",
                        help="request i sends seed N + i: sampled outputs repeat across runs "
                             "(default: not sent)")
@@ -255,7 +258,8 @@ def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path
         trace, texts, counts, base_url, model, endpoint=args.endpoint,
         max_concurrency=args.max_concurrency, send_priority=send_priority,
         progress=not args.disable_tqdm, sampling=sampling, ignore_eos=args.ignore_eos,
-        request_seed=args.request_seed, oracle_lengths=oracle_lengths), base_url))
+        request_seed=args.request_seed, oracle_lengths=oracle_lengths,
+        stop_token_ids=args.stop_token_ids), base_url))
     summary = metrics.summarize(results, duration, trace.buckets, metrics.parse_goodput(args.goodput))
     if prediction_log:
         rows = prediction.read_prediction_log(prediction_log, start=log_start)
@@ -268,6 +272,7 @@ def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path
             "priority_sent": send_priority, "sampling": sampling,
             "prompt_seed": args.prompt_seed, "ignore_eos": args.ignore_eos,
             "request_seed": args.request_seed, "oracle_lengths_sent": oracle_lengths is not None,
+            "stop_token_ids": args.stop_token_ids,
             "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, results, summary)
     write_run_timeline(out_dir, title, results, engine_events)

@@ -56,7 +56,8 @@ async def server_info(session: aiohttp.ClientSession, base_url: str) -> tuple[st
 def make_payload(model: str, prompt: list[int] | str, max_tokens: int, chat: bool,
                  priority: int | None, user: int, sampling: dict | None = None, *,
                  ignore_eos: bool = True, seed: int | None = None,
-                 oracle_output_len: int | None = None) -> dict:
+                 oracle_output_len: int | None = None,
+                 stop_token_ids: list[int] | None = None) -> dict:
     """One request's body; `sampling` (temperature, top_p, ...) is sent as given; `seed`
     (sampling reproducible across runs) and `oracle_output_len` (the lab's field, for a
     server run with --length-predictor oracle) only when given."""
@@ -73,6 +74,8 @@ def make_payload(model: str, prompt: list[int] | str, max_tokens: int, chat: boo
         body["seed"] = seed
     if oracle_output_len is not None:
         body["oracle_output_len"] = oracle_output_len
+    if stop_token_ids:
+        body["stop_token_ids"] = stop_token_ids
     return body
 
 
@@ -135,6 +138,7 @@ async def run_trace(trace: Trace, prompts: list, prompt_counts: list[int], base_
                     sampling: dict | None = None, ignore_eos: bool = True,
                     request_seed: int | None = None,
                     oracle_lengths: list[int] | None = None,
+                    stop_token_ids: list[int] | None = None,
                     ) -> tuple[list[RequestResult], float]:
     """Send every entry at its send_time (held back by max_concurrency); (results, seconds).
     `request_seed`: request i sends seed request_seed + i; `oracle_lengths`: request i sends
@@ -152,7 +156,8 @@ async def run_trace(trace: Trace, prompts: list, prompt_counts: list[int], base_
         payload = make_payload(
             model, prompts[i], entry.output_tokens, chat, priority, entry.user, sampling,
             ignore_eos=ignore_eos, seed=None if request_seed is None else request_seed + i,
-            oracle_output_len=oracle_lengths[i] if oracle_lengths else None)
+            oracle_output_len=oracle_lengths[i] if oracle_lengths else None,
+            stop_token_ids=stop_token_ids)
         if limit is None:
             await send_request(session, url, payload, chat, res, t0)
         else:
