@@ -412,6 +412,7 @@ class DataParallelAsyncLLM:
             ray.kill(replica.client.actor, no_restart=True)
             replica.client.close()
         ray.shutdown()
+        logger.info("engine replicas and Ray stopped")
 
 
 def _loop_running() -> bool:
