@@ -84,9 +84,16 @@ class LifecycleTracer:
     def see_arrivals(self, now: float) -> None:
         """Right after schedule(): the requests added since, before a step can finish them."""
         self._ranks = None
-        for request in self.scheduler.requests.values():
-            if request.request_id not in self._seen:
-                self._arrived(request, now)
+        # The scheduler's dict keeps insertion order and new requests (forks too) go last:
+        # the new ones are those after the last one seen.
+        requests = self.scheduler.requests
+        new = []
+        for rid in reversed(requests):
+            if rid in self._seen:
+                break
+            new.append(requests[rid])
+        for request in reversed(new):
+            self._arrived(request, now)
 
     def observe(self, started: float, ended: float, out: SchedulerOutput | None = None) -> None:
         """After a step that began (was scheduled) at `started` and ended at `ended`, its
@@ -95,7 +102,10 @@ class LifecycleTracer:
         self.see_arrivals(started)
         if out is not None:
             self._stepped(out, started)
-        for request_id in [rid for rid in self._seen if rid not in s.requests]:
+        # Every request the scheduler holds has been seen: more seen means some have left.
+        gone = [] if len(self._seen) == len(s.requests) else [
+            rid for rid in self._seen if rid not in s.requests]
+        for request_id in gone:
             request, _ = self._seen.pop(request_id)
             aborted = request.status is RequestStatus.FINISHED_ABORTED
             self._events.append(LifecycleEvent(
