@@ -24,6 +24,7 @@ EDF_ACTIONS = ("shed", "deprioritize")
 
 @register("edf")
 class EarliestDeadlineFirstPolicy(SchedulingPolicy):
+    uses_length_predictor = False
     option_names = ("edf_action", "ttft_slo_ms", "e2e_slo_ms")
 
     def __init__(self, aging_s: float = 10.0, predictor=None, edf_action: str = "shed",

@@ -26,6 +26,7 @@ NUM_LEVELS = 12  # quanta base .. base * 2**11 iterations; lower levels keep the
 
 @register("mlfq")
 class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
+    uses_length_predictor = False
     option_names = ("mlfq_base_quantum",)
 
     def __init__(self, aging_s: float = 10.0, predictor=None, mlfq_base_quantum: int = 4) -> None:

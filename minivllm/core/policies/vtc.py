@@ -44,6 +44,7 @@ def tenant(request: Request) -> str:
 
 @register("vtc")
 class VirtualTokenCounterPolicy(SchedulingPolicy):
+    uses_length_predictor = False
     option_names = ("vtc_weights",)
 
     def __init__(self, aging_s: float = 10.0, predictor=None, vtc_weights=(1.0, 2.0)) -> None:
