@@ -155,7 +155,8 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     if args.data_parallel_size > 1:
         sim = DataParallelSimulator(config, policy, cost, **common,
                                     data_parallel_size=args.data_parallel_size,
-                                    router_policy=args.router_policy)
+                                    router_policy=args.router_policy,
+                                    policy_options=policy_options(args))
     else:
         sim = Simulator(config, policy, cost, **common, record_timeline=True,
                         policy_options=policy_options(args))

@@ -47,13 +47,15 @@ class DataParallelSimulator:
                  data_parallel_size: int, router_policy: str, aging_s: float = 10.0,
                  send_priority: bool = False, progress: bool = False,
                  max_concurrency: int | None = None, sticky_sessions: bool = False,
-                 length_predictor: str = "mean", request_max_tokens: str = "trace") -> None:
+                 length_predictor: str = "mean", request_max_tokens: str = "trace",
+                 policy_options: dict | None = None) -> None:
         if request_max_tokens not in ("trace", "context"):
             raise ValueError(f"request_max_tokens must be trace or context, got "
                              f"{request_max_tokens!r}")
         self.config, self.cost_model = config, cost_model
         # As Simulator's: "context" stops a request at its trace length as EOS would.
         self.length_predictor, self.request_max_tokens = length_predictor, request_max_tokens
+        self.policy_options = policy_options or {}  # vtc_weights, edf_action, ...
         self.policy_name, self.aging_s = policy, aging_s
         self.size, self.router_policy = data_parallel_size, router_policy
         self.send_priority, self.progress = send_priority, progress
@@ -73,7 +75,8 @@ class DataParallelSimulator:
         self.now = 0.0
         config = self.config
         replicas = [_Replica(Scheduler(config, make_policy(self.policy_name, self.aging_s,
-                                                           length_predictor=self.length_predictor),
+                                                           length_predictor=self.length_predictor,
+                                                           **self.policy_options),
                                        clock=lambda: self.now)) for _ in range(self.size)]
         if replicas[0].sched.policy.predictor.needs_hidden_state:
             raise ValueError(f"the {self.length_predictor} length predictor is not simulated "
@@ -128,7 +131,12 @@ class DataParallelSimulator:
         self.bar.close()
         stats = self.stats
         stats.simulated_wall_time_s = self.now
-        kvs = [r.sched.kv for r in replicas]
+        scheds = [r.sched for r in replicas]
+        stats.num_recomputed_tokens = sum(s.recompute_tax.num_recomputed_tokens for s in scheds)
+        stats.num_computed_tokens = sum(s.recompute_tax.num_computed_tokens_total for s in scheds)
+        stats.num_requests_shed = sum(s.num_requests_shed for s in scheds)
+        stats.num_requests_deprioritized = sum(s.num_requests_deprioritized for s in scheds)
+        kvs = [s.kv for s in scheds]
         stats.prefix_cache_queries = sum(kv.prefix_cache_queries for kv in kvs)
         stats.prefix_cache_hits = sum(kv.prefix_cache_hits for kv in kvs)
         rates = [kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries
@@ -145,7 +153,8 @@ class DataParallelSimulator:
             max_tokens = max(entry.output_tokens, self.config.max_model_len - len(ids))
         try:
             sched.add_request(Request(str(index), ids, max_tokens, result.start, priority,
-                                      oracle_output_len=entry.output_tokens))
+                                      oracle_output_len=entry.output_tokens,
+                                      user=str(entry.user)))
         except ValueError as e:  # the server's 400
             result.error = f"HTTP 400: {e}"
             return False
@@ -155,6 +164,12 @@ class DataParallelSimulator:
         """Schedule the replica's next step now; it stays idle if nothing can run."""
         sched, stats = replica.sched, self.stats
         out = sched.schedule()
+        for r in sched.take_shed():  # edf: failed, as the server's 503
+            self.results[int(r.request_id)].error = "shed: it could no longer meet its deadline"
+            del self.last_token[r.request_id]
+            if self.free_since is None:
+                self.free_since = self.now
+            self.bar.update(1)
         if not out.num_scheduled_tokens:
             return  # it waits for an arrival (the simulator stalls if none is left)
         for req_id in out.preempted_req_ids:
