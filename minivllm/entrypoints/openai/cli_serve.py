@@ -4,6 +4,7 @@ core in a process of its own (AsyncLLM, the default) or on a thread (AsyncLLMEng
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 
@@ -111,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=5,
             h11_max_incomplete_event_size=4 * RequestLimits.from_args(args).max_header_bytes)
         server = ServingServer(uvicorn_config, engine, args.shutdown_timeout)
+        # What start-up built lives as long as the server: out of the collector's sight, no
+        # collection walks it again (the one at exit took 7 s here).
+        gc.freeze()
         server.run()
     finally:
         engine.shutdown()
