@@ -45,8 +45,8 @@ class RayServer(ServerProcess):
 
     def stop(self) -> None:
         """SIGTERM, as ServerProcess, but with a minute to exit: the replicas and Ray stop in
-        about 2 s, then the process has taken another 9-10 s to exit here (Ray's driver
-        teardown), past ServerProcess's 15 s on a loaded machine."""
+        about 2 s, then the process has taken another 9-10 s to exit here (cause not pinned
+        down), past ServerProcess's 15 s on a loaded machine."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
