@@ -47,7 +47,8 @@ class FakeEngine:
         self.thread_ids.add(threading.get_ident())
 
     def add_request(self, request_id, prompt, params, prompt_token_ids=None, priority=0,
-                    arrival_time=None, cache_salt=None, oracle_output_len=None):
+                    arrival_time=None, cache_salt=None, oracle_output_len=None, user=None,
+                    ttft_slo_ms=None, e2e_slo_ms=None):
         self._touch()
         if params.max_tokens is not None and params.max_tokens > self.max_model_len:
             raise ValueError(f"max_tokens {params.max_tokens} > {self.max_model_len}")
