@@ -290,3 +290,14 @@ def test_disable_dashboard_keeps_the_events_but_not_the_page():
     assert client.get("/dashboard").status_code == 404
     assert client.get("/dashboard/static/dashboard.js").status_code == 404
     assert any(route.path == "/v1/engine/events" for route in app.routes)
+
+
+def test_an_engine_that_cannot_trace_gets_501_naming_why():
+    """The data-parallel frontend has no set_tracing: both routes say so, no broken page."""
+    app = FastAPI()
+    assert add_dashboard_routes(app, object(), 1.0, page=True) is None
+    with TestClient(app) as client:
+        for path in ("/dashboard", "/v1/engine/events"):
+            response = client.get(path)
+            assert response.status_code == 501
+            assert "--data-parallel-size" in response.json()["error"]["message"]
