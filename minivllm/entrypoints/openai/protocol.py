@@ -1,8 +1,10 @@
 """Request and response models of the OpenAI-compatible API (OpenAI's and vLLM's field names).
 
-Requests accept and ignore fields they do not know (`user`, `logit_bias`, ...), as OpenAI
-clients send many. Structured outputs' and tools' models are in protocol_tools.py. Ranges are checked by SamplingParams, which names the field; NaN and
-infinities (which Python's JSON parser accepts) are refused here, as are seeds outside int64.
+Requests accept and ignore fields they do not know (`logit_bias`, ...), as OpenAI clients
+send many; `user` is read (the tenant of the vtc policy, and the dashboard's). Structured
+outputs' and tools' models are in protocol_tools.py. Ranges are checked by SamplingParams,
+which names the field; NaN and infinities (which Python's JSON parser accepts) are refused
+here, as are seeds outside int64.
 """
 
 from __future__ import annotations
