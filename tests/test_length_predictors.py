@@ -251,3 +251,43 @@ def test_sim_policies_across_predictors_prints_the_columns(tmp_path, capsys, mon
     assert "| fcfs/" not in text  # fcfs ignores predictions: one run
     oracle_row = next(line for line in text.splitlines() if line.startswith("| sjf/oracle |"))
     assert "| 1.000 | 0.0 |" in oracle_row  # the oracle ranks perfectly, no error
+
+
+def test_bench_client_counts_an_eos_only_output():
+    """Without ignore_eos a request may finish at once with EOS, which has no text: the
+    finishing chunk is its first token, not a failure."""
+    import asyncio
+    import json as json_
+
+    import aiohttp
+    from aiohttp import web
+
+    from minivllm.bench.client import RequestResult, send_request
+
+    async def completions(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for obj in ({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+                    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}):
+            await resp.write(f"data: {json_.dumps(obj)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        result = RequestResult(0, 1, None, 3, 5, 0.0)
+        async with aiohttp.ClientSession() as session:
+            await send_request(session, f"http://127.0.0.1:{port}/v1/completions",
+                               {"prompt": [1, 2, 3]}, False, result, 0.0)
+        await runner.cleanup()
+        return result
+
+    result = asyncio.run(main())
+    assert result.success and result.output_tokens == 1, result.error
+    assert result.ttft is not None and result.e2e == result.ttft

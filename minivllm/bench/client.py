@@ -90,7 +90,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict, 
                        result: RequestResult, t0: float) -> None:
     st = time.perf_counter()
     result.start = st - t0
-    last, arrivals, usage_tokens, done = st, 0, None, False
+    last, arrivals, usage_tokens, done, finished_at = st, 0, None, False, None
     try:
         async with session.post(url, json=payload) as r:
             if r.status != 200:
@@ -111,6 +111,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict, 
                 if msg.get("usage"):
                     usage_tokens = msg["usage"].get("completion_tokens")
                 choices = msg.get("choices")
+                if choices and choices[0].get("finish_reason"):
+                    finished_at = time.perf_counter()
                 if choices and _token_text(choices[0], chat) is not None:
                     now = time.perf_counter()
                     if result.ttft is None:
@@ -122,6 +124,10 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict, 
         result.error = f"{type(e).__name__}: {e}"
         return
     result.output_tokens = usage_tokens if usage_tokens is not None else arrivals
+    if result.ttft is None and done and usage_tokens and finished_at is not None:
+        # Without ignore_eos the only token may be EOS, which has no text: the chunk that
+        # finishes the request is its first token.
+        result.ttft, last = finished_at - st, finished_at
     if result.ttft is None:
         result.error = "no token received"
     elif not done:
