@@ -7,7 +7,7 @@ MODEL ?= minivllm-demo
 # More `minivllm serve` flags: make serve ARGS="--max-num-seqs 8 --num-kv-blocks 64"
 ARGS ?=
 
-.PHONY: install install-test test lint serve profile-serve clean install-browser test-browser \
+.PHONY: install install-test test test-e2e lint serve profile-serve clean install-browser test-browser \
 	install-ray test-ray
 
 # What serving needs, and nothing else.
@@ -33,7 +33,12 @@ lint: install-test
 test: install-test lint
 	# One intra-op thread: servers and clients share the cores in tests, and spinning
 	# OpenMP threads on a busy 2-core machine cost far more than they bring.
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e" --durations=15
+
+# The long whole-system suites (every runnable README block, lm-eval, the 2,000-request
+# soak, schemathesis fuzzing), marked e2e: CI runs them beside `make test`.
+test-e2e: install-test
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m e2e --durations=5
 
 # The dashboard's browser tests: Debian's chromium and its driver (no browser download at
 # test time), and selenium. Where they cannot be installed, the tests skip and say why.

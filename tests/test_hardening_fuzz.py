@@ -17,6 +17,8 @@ from schemathesis import GenerationMode
 
 from tests.server_utils import CHAT_TEMPLATE, FAST_ENGINE_ARGS, ServerProcess, stories_model
 
+pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI), not make test
+
 MAX_EXAMPLES = 60  # per route; about 40 s in all on two shared cores
 OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
               ("GET", "/v1/models"), ("POST", "/tokenize"), ("POST", "/detokenize")]

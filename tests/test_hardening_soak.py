@@ -11,9 +11,12 @@ import asyncio
 
 import httpx
 import psutil
+import pytest
 
 from benchmarks.soak import make_requests, rss_mb, run_soak, wait_idle
 from tests.server_utils import CHAT_TEMPLATE, FAST_ENGINE_ARGS, ServerProcess, stories_model
+
+pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI), not make test
 
 NUM_REQUESTS = 2000
 CONCURRENCY = 32  # twice --max-num-seqs: there is always a queue to leave from

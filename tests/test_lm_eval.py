@@ -17,6 +17,8 @@ from minivllm.model.loader import resolve_model_path
 from tests.readme_blocks import commands, readme_steps, with_port
 from tests.server_utils import ServerProcess
 
+pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI), not make test
+
 pytest.importorskip("lm_eval")
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,6 +18,8 @@ from tests.model_factory import STORIES
 from tests.readme_blocks import README, commands, readme_steps, server_command, with_port
 from tests.server_utils import ServerProcess, free_port
 
+pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI), not make test
+
 ROOT = README.parent
 # curl as the README writes it, but an HTTP error status fails the block.
 BASH_PRELUDE = 'curl() { command curl --fail-with-body --show-error "$@"; }\n'
