@@ -178,18 +178,19 @@ def test_sjf_counts_work_left_after_prefix_cache_hits():
     assert hit.num_cached_tokens == 32
 
 
-def test_scheduler_records_predictions_at_arrival_and_after_prefill():
+def test_scheduler_records_predictions_at_arrival_admission_and_after_prefill():
     np = pytest.importorskip("numpy")
     sched = Scheduler(SchedulerConfig(num_blocks=32, block_size=4),
                       make_policy("sjf", length_predictor="probe"), clock=lambda: 0.0)
     r = Request("r", [1, 2, 3, 4, 5], 50, 0.0)
     sched.add_request(r)
     assert r.predicted_output_len == 50  # bucket fallback: max_tokens before any finish
-    out = sched.schedule()
-    assert out.want_prompt_hidden
-    for i in range(10):  # teach the probe: feature 0 is the length
+    for i in range(10):  # requests finish before r is admitted; feature 0 is their length
         sched.policy.predictor.observe(req(f"t{i}", output=i + 1,
                                            hidden=np.array([math.log1p(i + 1), 0.0])))
+    out = sched.schedule()
+    assert out.want_prompt_hidden
+    assert r.predicted_output_len == 5.5  # at admission: bucket's median of what finished
     sched.update_from_output(out, {"r": 9}, {"r": np.array([math.log1p(4.0), 0.0])})
     assert r.prompt_hidden is not None
     assert r.predicted_output_len == pytest.approx(4.0, abs=0.5)

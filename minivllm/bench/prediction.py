@@ -2,9 +2,9 @@
 and true output lengths, and the mean absolute error (tokens). What `bench` and `sim`
 summaries report per run (core/length_predictor.py makes the predictions).
 
-The prediction scored is the one the policy ranks a request by once its information is in:
-made at arrival, and for `probe` made again when the prefill hands over the hidden state
-(Request.predicted_output_len).
+The prediction scored is the one the policy ranked a request by when it admitted it (first
+scheduled: with what had finished by then), and for `probe` the one made when the prefill
+handed over the hidden state (Request.predicted_output_len).
 """
 
 from __future__ import annotations

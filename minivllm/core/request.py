@@ -73,8 +73,9 @@ class Request:
         # the lab knows it (bench replaying a trace, the simulator): only the `oracle`
         # predictor reads it. The final-norm hidden state of the last prompt token (a numpy
         # row), handed over by the runner when the prefill completes, for `probe`. And the
-        # prediction the ranking quality is measured with: made at arrival, and made again
-        # when the hidden state arrives (for predictors that read it).
+        # prediction the ranking quality is measured with: made at arrival, again at
+        # admission (first scheduled), and again when the hidden state arrives (for
+        # predictors that read it).
         self.oracle_output_len = oracle_output_len
         self.prompt_hidden: Any = None
         self.predicted_output_len: float | None = None

@@ -282,6 +282,9 @@ class Scheduler:
         request.last_admitted_step = self.step_count
         if request.first_scheduled_step is None:
             request.first_scheduled_step = self.step_count
+            # what the predictor says when the request is admitted: the prediction its
+            # admission was ranked by (with what had finished by then), the one scored
+            request.predicted_output_len = self.policy.predictor.predict(request)
         self.running.append(request)
         self._scheduled[request.request_id] = (request, num_new)
         budget[0] -= num_new
