@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 600.0
 _POLL_MS = 1000
+_RESTART_TIMEOUT_S = 300.0  # how long Ray may take to bring a dead replica back
 
 
 class _Replica:
@@ -332,7 +333,7 @@ class DataParallelAsyncLLM:
             if alive:  # the loop failed but the process lives: let Ray restart it
                 ray.kill(client.actor, no_restart=False)
             try:
-                client.pid = await client.actor.pid.remote()
+                client.pid = await self._restarted_pid(client)
             except Exception as e:  # no restart left
                 replica.state = "failed"
                 logger.error("engine replica %d will not be restarted: %s", client.index, e)
@@ -342,6 +343,19 @@ class DataParallelAsyncLLM:
             logger.warning("engine replica %d restarted by Ray (process %d); starting its "
                            "engine core", client.index, client.pid)
             client.start()
+
+    async def _restarted_pid(self, client) -> int:
+        """The process id of the actor Ray brought back. While Ray is still restarting it,
+        calls fail with ActorUnavailableError (retried, up to _RESTART_TIMEOUT_S); any other
+        error means no restart is left."""
+        deadline = time.monotonic() + _RESTART_TIMEOUT_S
+        while True:
+            try:
+                return await client.actor.pid.remote()
+            except self._ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
 
     def _replica_down(self, replica: _Replica, reason: str) -> None:
         index = replica.client.index
