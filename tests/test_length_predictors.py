@@ -121,6 +121,29 @@ def test_probe_learns_output_length_from_hidden_features():
     assert 1 <= p.predict(req("clamp", hidden=hidden(10**6), max_tokens=50)) <= 50
 
 
+def test_probe_projects_wide_hidden_states_and_refits_as_samples_grow():
+    """A 3584-wide hidden state (Qwen2.5-7B's) becomes 256 features; the ridge refits when the
+    samples have grown by a quarter, and still ranks by the signal."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(2)
+    direction = rng.normal(size=3584)
+    p = make_length_predictor("probe")
+    for i in range(40):
+        n = int(rng.integers(1, 400))
+        p.observe(req(f"f{i}", output=n, max_tokens=512,
+                      hidden=direction * math.log1p(n) + rng.normal(size=3584) * 0.1))
+    assert p.ridge.sum_x.shape == (256,)
+    truth = [int(rng.integers(1, 400)) for _ in range(30)]
+    preds = [p.predict(req(f"n{i}", max_tokens=512,
+                           hidden=direction * math.log1p(n) + rng.normal(size=3584) * 0.1))
+             for i, n in enumerate(truth)]
+    assert kendall_tau(preds, truth) > 0.8
+    fitted = p.ridge.fitted_n
+    p.observe(req("one-more", output=5, hidden=direction, max_tokens=512))
+    p.predict(req("again", hidden=direction, max_tokens=512))
+    assert p.ridge.fitted_n == fitted  # 41 samples: not a quarter more than 40
+
+
 def test_policy_feeds_its_predictor_and_sjf_ranks_by_it():
     for name in ("fcfs", "priority", "sjf"):
         policy = make_policy(name, length_predictor="bucket")
