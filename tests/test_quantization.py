@@ -13,7 +13,8 @@ from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_int8 import Int8Linear, quantize_per_token
+from minivllm.model.kernels.linear_int8 import (Int8Linear, pack_weight, quantize_per_channel,
+                                                quantize_per_token)
 
 needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
                                    reason="no C compiler: no kernels built")
@@ -27,13 +28,14 @@ def _case(rows, n, k, seed=0):
 
 @needs_kernels
 @pytest.mark.parametrize("rows, n, k", [(1, 3072, 576), (2, 8, 32), (5, 37, 100),
-                                        (64, 96, 1536), (3, 5, 7)])
+                                        (64, 96, 1536), (3, 5, 7), (97, 24, 2048)])
 def test_kernel_matches_torch_reference(rows, n, k):
-    """Odd K (zero-padded chunks), N not a multiple of the panel width, 1, 2 and odd rows."""
+    """Odd K (zero-padded chunks), N not a multiple of the panel width, 1, 2 and odd rows,
+    more rows than a row block (96) and K past where the reference is exact in fp32."""
     weight, bias, x, residual = _case(rows, n, k)
     fast, reference = Int8Linear(weight, bias), Int8Linear(weight, bias, use_kernel=False)
     assert fast.use_kernel and not reference.use_kernel
-    # The integer products agree exactly (in the reference while K * 127^2 < 2^24); the
+    # The integer products agree exactly (in the reference while K * 127 * 63 < 2^24); the
     # scaling and adds may round differently (the C compiler fuses them into FMAs). One
     # quantization step off anywhere would be ~1e-2.
     tol = dict(rtol=1e-5, atol=1e-5)
@@ -66,6 +68,21 @@ def test_w8a8_close_to_fp32_product(use_kernel):
     exact = F.linear(x, weight, bias)
     error = (Int8Linear(weight, bias, use_kernel=use_kernel)(x) - exact).abs().max()
     assert error <= 0.03 * exact.abs().max()
+
+
+def test_weights_use_seven_bits_packed_unsigned():
+    """Weights in [-63, 63], one scale per output channel, each within half a step; packed
+    as q + 64 (the kernel's unsigned operand), so every packed weight byte is in [1, 127]
+    and padding is 0."""
+    weight = torch.randn(10, 40) * torch.arange(1, 11)[:, None]
+    q, scales = quantize_per_channel(weight)
+    assert q.dtype == torch.int8 and q.abs().max() == 63
+    assert ((q.float() * scales[:, None] - weight).abs() <= scales[:, None] / 2 + 1e-5).all()
+    packed = pack_weight(q)  # [2 panels, 2 chunks, 8, 32]
+    assert packed.dtype == torch.uint8 and packed.shape == (2, 2, 8, 32)
+    assert packed[0, 0, 3, :32].tolist() == (q[3, :32] + 64).tolist()
+    assert packed[1, 1, 1, 7].item() == q[9, 39].item() + 64
+    assert packed[1, 1, 2:].eq(0).all() and packed[:, 1, :, 8:].eq(0).all()
 
 
 def test_per_token_quantization_round_trips():

@@ -40,7 +40,7 @@ _SIGNATURES = {
     "argmax_rows_f32": [_P, _P, _I64, _I64, _I],
     "sample_rows_f32": [_P, _I64, _I64] + [_P] * 10 + [_I],
     "sampler_uniforms_f64": [_P, _P, _P, _I64],
-    "int8_linear_f32": [_P, _I64] + [_P] * 4 + [_I64] + [_P] * 3 + [_I64] + [_I] * 4,
+    "int8_linear_f32": [_P, _I64] + [_P] * 4 + [_I64] + [_P] * 4 + [_I64] + [_I] * 4,
 }
 
 
@@ -222,6 +222,7 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
     y = torch.empty(rows, out_features, dtype=torch.float32)
     scratch = torch.empty(rows * kp, dtype=torch.int8)
     x_scales = torch.empty(rows, dtype=torch.float32)
+    x_sums = torch.empty(rows, dtype=torch.int32)
     if residual is not None and residual.stride(1) != 1:
         residual = residual.contiguous()
     _library().int8_linear_f32(
@@ -229,5 +230,6 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
         None if bias is None else bias.data_ptr(),
         None if residual is None else residual.data_ptr(),
         0 if residual is None else residual.stride(0), y.data_ptr(), scratch.data_ptr(),
-        x_scales.data_ptr(), rows, k, kp, out_features, torch.get_num_threads())
+        x_scales.data_ptr(), x_sums.data_ptr(), rows, k, kp, out_features,
+        torch.get_num_threads())
     return y
