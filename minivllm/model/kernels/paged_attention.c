@@ -49,8 +49,54 @@ static inline const float *kv_rows(const void *cache, int kv_bf16, int64_t at, i
     return buf;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VECTOR_DOTS 1
+/* The scores of 8 consecutive key rows (`row` floats apart) against q, as one vector: 8
+ * accumulators, then one transposing reduction for all 8, instead of a horizontal sum per
+ * score (which left the decode kernel compute-bound, not bound by the K/V it reads). */
+static inline __attribute__((always_inline)) __m256 dot8(const float *q, const float *k,
+                                                         int64_t row, int head_dim) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+    for (int d = 0; d < head_dim; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        for (int t = 0; t < 8; t++)
+            acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + t * row + d), acc[t]);
+    }
+    /* hadd pairs lanes within each 128-bit half: after two rounds, half 0 of `low` holds
+     * rows 0-3's sums over their half-0 lanes and half 1 their half-1 lanes; the same for
+     * rows 4-7 in `high`. Adding the two halves' sums gives rows 0-7 in order. */
+    const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]),
+                                      _mm256_hadd_ps(acc[2], acc[3]));
+    const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]),
+                                       _mm256_hadd_ps(acc[6], acc[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20),
+                         _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+/* o[0, head_dim) += sum over t < n of p[t] * v[t * row + ...], 64 dims at a time held in
+ * registers across the rows (not loaded and stored back per row). */
+static inline __attribute__((always_inline)) void accumulate_values(
+    float *o, const float *p, const float *v, int64_t row, int n, int head_dim) {
+    for (int d0 = 0; d0 < head_dim; d0 += 64) {
+        const int vectors = head_dim - d0 < 64 ? (head_dim - d0) / 8 : 8;
+        __m256 acc[8];
+        for (int i = 0; i < vectors; i++) acc[i] = _mm256_loadu_ps(o + d0 + 8 * i);
+        for (int t = 0; t < n; t++) {
+            const __m256 pt = _mm256_set1_ps(p[t]);
+            for (int i = 0; i < vectors; i++)
+                acc[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + t * row + d0 + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < vectors; i++) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+    }
+}
+#endif
+
 /* Inlined into a copy per common head_dim, so that the inner loops have a constant trip
- * count and vectorize without remainders. */
+ * count and vectorize without remainders. A run of positions within one block is read as
+ * a whole: its K rows give every head's scores (8 rows at a time with AVX2), then its V
+ * rows every head's output, so both stay in L1 while the heads sharing them pass. */
 static inline __attribute__((always_inline)) void attend(
     const float *q, const void *k_cache, const void *v_cache, int kv_bf16, const int64_t *table,
     int64_t len, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
@@ -72,17 +118,28 @@ static inline __attribute__((always_inline)) void attend(
         const float *k = kv_rows(k_cache, kv_bf16, at, n * row, k_buf);
         const float *v = kv_rows(v_cache, kv_bf16, at, n * row, v_buf);
         const int64_t next = start + n < len ? table[start / block_size + 1] : -1;
-        for (int t = 0; t < n; t++) {
-            if (next >= 0)
-                prefetch((const char *)k_cache + next * block_bytes + t * row_bytes, row_bytes);
-            for (int h = 0; h < num_heads; h++) {
-                const float *qh = q + h * head_dim, *kh = k + t * row + h / group * head_dim;
+        /* the next block's K and V lines, a share per head, while this block is used */
+        const int64_t share = (block_bytes / num_heads + 63) / 64 * 64;
+        for (int h = 0; h < num_heads; h++) {
+            if (next >= 0 && h * share < block_bytes)
+                prefetch((const char *)k_cache + next * block_bytes + h * share,
+                         share < block_bytes - h * share ? share : block_bytes - h * share);
+            const float *qh = q + h * head_dim, *kh = k + h / group * head_dim;
+            int t = 0;
+#ifdef VECTOR_DOTS
+            if (head_dim % 8 == 0)
+                for (; t + 8 <= n; t += 8)
+                    _mm256_storeu_ps(scores[h] + t, dot8(qh, kh + t * row, row, head_dim));
+#endif
+            for (; t < n; t++) {
                 float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-                for (int d = 0; d < head_dim; d++) dot += qh[d] * kh[d];
-                scores[h][t] = softcap > 0.f ? softcap * tanhf(dot * scale / softcap)
-                                             : dot * scale;
+                for (int d = 0; d < head_dim; d++) dot += qh[d] * kh[t * row + d];
+                scores[h][t] = dot;
             }
+            for (t = 0; t < n; t++)
+                scores[h][t] = softcap > 0.f ? softcap * tanhf(scores[h][t] * scale / softcap)
+                                             : scores[h][t] * scale;
         }
         for (int h = 0; h < num_heads; h++) {
             float block_max = start > first ? max[h] : scores[h][0];
@@ -97,14 +154,22 @@ static inline __attribute__((always_inline)) void attend(
             if (rescale != 1.f)
                 for (int d = 0; d < head_dim; d++) out[h * head_dim + d] *= rescale;
         }
-        for (int t = 0; t < n; t++) {
-            if (next >= 0)
-                prefetch((const char *)v_cache + next * block_bytes + t * row_bytes, row_bytes);
-            for (int h = 0; h < num_heads; h++) {
-                const float p = scores[h][t], *vh = v + t * row + h / group * head_dim;
-                float *o = out + h * head_dim;
+        for (int h = 0; h < num_heads; h++) {
+            if (next >= 0 && h * share < block_bytes)
+                prefetch((const char *)v_cache + next * block_bytes + h * share,
+                         share < block_bytes - h * share ? share : block_bytes - h * share);
+            const float *vh = v + h / group * head_dim;
+            float *o = out + h * head_dim;
+#ifdef VECTOR_DOTS
+            if (head_dim % 8 == 0) {
+                accumulate_values(o, scores[h], vh, row, n, head_dim);
+                continue;
+            }
+#endif
+            for (int t = 0; t < n; t++) {
+                const float p = scores[h][t];
 #pragma omp simd
-                for (int d = 0; d < head_dim; d++) o[d] += p * vh[d];
+                for (int d = 0; d < head_dim; d++) o[d] += p * vh[t * row + d];
             }
         }
     }
