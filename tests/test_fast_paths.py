@@ -106,14 +106,15 @@ def test_c_argmax_matches_torch_first_index_on_ties(rows, cols):
 
 
 @needs_kernels
+@pytest.mark.parametrize("tokens", [37, 300])  # 300: split over the threads
 @pytest.mark.parametrize("kind", ["llama", "llama3-rope"])
-def test_fused_rope_and_kv_write_match_torch(kind):
+def test_fused_rope_and_kv_write_match_torch(kind, tokens):
     cfg = CONFIGS[kind]()
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     rope = RotaryEmbedding(cfg, dim)
     gen = torch.Generator().manual_seed(1)
-    tokens, num_slots = 37, 64
+    num_slots = 4 * (tokens // 2 + 1)  # blocks of 4 slots, about twice the tokens
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
     positions = torch.randint(0, cfg.max_position_embeddings, (tokens,), generator=gen)
     slots = torch.randperm(num_slots, generator=gen)[:tokens]

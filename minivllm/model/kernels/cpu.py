@@ -36,7 +36,7 @@ _SIGNATURES = {
     "paged_prefill_attention_f32": [_P] * 3 + [_I] + [_P] * 4 + [_I] * 6 + [_I64, _F, _I, _F, _I],
     "rms_norm_f32": [_P, _P, _P, _I64, _I, _F, _I],
     "silu_and_mul_f32": [_P, _P, _I64, _I, _I],
-    "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I, _I64, _I, _I, _I],
+    "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I, _I64, _I, _I, _I, _I],
     "argmax_rows_f32": [_P, _P, _I64, _I64, _I],
     "sample_rows_f32": [_P, _I64, _I64] + [_P] * 10 + [_I],
     "sampler_uniforms_f64": [_P, _P, _P, _I64],
@@ -147,7 +147,8 @@ def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor,
     _library().rope_write_kv_f32(
         qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(),
         signed_sin.data_ptr(), slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        _is_bf16(k_cache), qkv.shape[0], num_heads, num_kv_heads, head_dim)
+        _is_bf16(k_cache), qkv.shape[0], num_heads, num_kv_heads, head_dim,
+        torch.get_num_threads())
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

@@ -51,9 +51,12 @@ static inline uint16_t narrow_bf16(float x) {
 void rope_write_kv_f32(float *qkv, int64_t row_stride, const int64_t *positions,
                        const float *cos, const float *signed_sin, const int64_t *slots,
                        void *k_cache, void *v_cache, int kv_bf16, int64_t tokens,
-                       int num_heads, int num_kv_heads, int head_dim) {
+                       int num_heads, int num_kv_heads, int head_dim, int num_threads) {
     const int half = head_dim / 2, heads = num_heads + num_kv_heads;
     const int64_t kv_row = (int64_t)num_kv_heads * head_dim;
+    /* tokens are independent (each writes its own slots): split them over the threads */
+#pragma omp parallel for num_threads(num_threads) \
+    if (tokens * heads * head_dim > PARALLEL_MIN_ELEMENTS)
     for (int64_t t = 0; t < tokens; t++) {
         float *row = qkv + t * row_stride;
         const float *c = cos + positions[t] * head_dim, *s = signed_sin + positions[t] * head_dim;
