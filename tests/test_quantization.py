@@ -13,8 +13,12 @@ from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_int8 import (Int8Linear, pack_weight, quantize_per_channel,
-                                                quantize_per_token)
+from minivllm.model.kernels.linear_int8 import (
+    Int8Linear,
+    pack_weight,
+    quantize_per_channel,
+    quantize_per_token,
+)
 
 needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
                                    reason="no C compiler: no kernels built")
