@@ -17,12 +17,13 @@ dead (the server then exits non-zero, as with one engine core).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
-import msgspec
 from transformers import AutoTokenizer
 
 from minivllm.config import EngineConfig
@@ -30,26 +31,20 @@ from minivllm.core.router import make_router
 from minivllm.distributed.dp_metrics import DataParallelMetrics, sum_stats
 from minivllm.distributed.ray_replica import ReplicaClient, import_ray, make_actor_class
 from minivllm.engine.core_client import _log_format
-from minivllm.engine.errors import (
-    EngineDeadError,
-    EngineOverloadedError,
-    RequestFailedError,
-    RequestTimeoutError,
-)
+from minivllm.engine.errors import EngineDeadError, RequestFailedError
+from minivllm.engine.frontend import TURNED_AWAY, CoreFrontend, request_error, turned_away_error
 from minivllm.engine.messages import (
     EngineCoreAbort,
     EngineCoreDead,
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreShutdown,
-    make_core_request,
 )
 from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.request_stream import RequestStream
 from minivllm.engine.stats import SchedulerStats
 from minivllm.model.loader import resolve_model_path
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +61,12 @@ class _Replica:
         self.reason: str | None = None  # why it went down last
 
 
-class DataParallelAsyncLLM:
+class DataParallelAsyncLLM(CoreFrontend):
     def __init__(self, config: EngineConfig, data_parallel_size: int, *,
                  router_policy: str = "cache_aware", ray_address: str | None = None,
                  engine_threads: int | None = None, log_interval: float = 5.0,
                  max_restarts: int = 3) -> None:
+        super().__init__()
         ray = self._ray = import_ray()
         self.config, self.size = config, data_parallel_size
         path = resolve_model_path(config.model, config.revision)
@@ -78,10 +74,7 @@ class DataParallelAsyncLLM:
         self.router = make_router(router_policy, data_parallel_size, config.block_size,
                                   cache_capacity_blocks=config.num_kv_blocks)
         self.log_interval = log_interval
-        self.errored, self._crashed, self.dead_reason = False, False, None
-        self.draining, self._stopped = False, False
-        self._num_in_flight = 0
-        self._streams: dict[str, RequestStream] = {}
+        self._stopped = False
         self._sent: dict[str, tuple[bytes, list[int], str | None]] = {}  # for re-routing
         self._owner: dict[str, int] = {}  # request id -> replica
         self._started: set[str] = set()  # a replica has produced output for it
@@ -160,40 +153,15 @@ class DataParallelAsyncLLM:
                        ) -> AsyncIterator[RequestOutput]:
         """As AsyncLLM.generate; `core_fields` are EngineCoreRequest's other fields."""
         self._ensure_started()
-        if self.errored:
-            raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
-        if self.draining:
-            self.metrics.record_rejected("shutdown")
-            raise EngineOverloadedError("the server is shutting down", "shutdown")
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is in use")
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise ValueError("either prompt or prompt_token_ids is required")
-            prompt_token_ids = self.tokenizer(prompt).input_ids
-        request = make_core_request(request_id, prompt_token_ids, params, priority=priority,
-                                    cache_salt=cache_salt, **core_fields)
-        try:
-            data = msgspec.msgpack.encode(request)
-        except (OverflowError, msgspec.EncodeError) as e:
-            raise ValueError(f"a request field is out of range: {e}") from e
-        stream = RequestStream(asyncio.get_running_loop(),
-                               params.output_kind is RequestOutputKind.DELTA)
-        self._processor.add_request(request, prompt, params)
-        self._streams[request_id] = stream
+        request, data, stream = self._open_request(prompt, params, request_id, prompt_token_ids,
+                                                   priority=priority, cache_salt=cache_salt,
+                                                   **core_fields)
+        # _dispatch sends it from here: again if its replica dies before it starts.
         self._sent[request_id] = (data, request.prompt_token_ids, cache_salt)
         self._dispatch(request_id)
-        self._num_in_flight += 1
-        finished = False
-        try:
-            while not finished:
-                output = await stream.get()
-                finished = output.finished
+        async with aclosing(self._outputs(request_id, stream)) as outputs:
+            async for output in outputs:
                 yield output
-        finally:
-            self._num_in_flight -= 1
-            if not finished:
-                await self.abort(request_id)
 
     def _dispatch(self, request_id: str) -> None:
         """Route a request and send it; parked while no replica is up."""
@@ -209,7 +177,7 @@ class DataParallelAsyncLLM:
         self.metrics.record_routed(decision.replica, decision.prefix_hit_tokens)
         replica.client.send_bytes(data)
 
-    async def abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is None:
             return
         self._processor.abort_requests([request_id])
@@ -274,17 +242,13 @@ class DataParallelAsyncLLM:
             replica.reason = msg.reason
 
     def _handle_outputs(self, index: int, msg: EngineCoreOutputs) -> None:
+        count_rejected = functools.partial(self.metrics.record_rejected, engine=index)
         for out in msg.outputs:
-            if out.error_kind in ("invalid", "overloaded", "failed"):  # turned away
+            if out.error_kind in TURNED_AWAY:
                 self._processor.discard(out.request_id)
                 stream = self._streams.pop(out.request_id, None)
                 self._forget(out.request_id)
-                if out.error_kind == "overloaded":
-                    self.metrics.record_rejected(out.overload_reason, index)
-                    error = EngineOverloadedError(out.error, out.overload_reason)
-                else:
-                    error = (ValueError if out.error_kind == "invalid" else RequestFailedError)(
-                        out.error)
+                error = turned_away_error(out, count_rejected)
                 if stream is not None:
                     stream.put_nowait(error)
             else:
@@ -301,18 +265,12 @@ class DataParallelAsyncLLM:
                 self._streams.pop(output.request_id, None)
                 self._forget(output.request_id)
             if stream is not None:
-                stream.put_nowait(output if output.error is None else self._request_error(
-                    output, index))
+                stream.put_nowait(output if output.error is None
+                                  else request_error(output, count_rejected))
         if msg.scheduler_stats is not None:
             s = msg.scheduler_stats
             self.router.update_stats(index, s.num_running, s.num_waiting, s.kv_cache_usage)
             self.metrics.record_engine(index, s, processed.iteration_stats)
-
-    def _request_error(self, output: RequestOutput, index: int) -> RequestFailedError:
-        if output.metrics is not None and output.metrics.first_scheduled_time is None:
-            self.metrics.record_rejected("request_timeout", index)
-            return RequestTimeoutError(output.error)
-        return RequestFailedError(output.error)
 
     # ---- a replica's death and return -----------------------------------------------------
 
@@ -397,10 +355,7 @@ class DataParallelAsyncLLM:
 
     async def drain(self, timeout: float) -> int:
         self.draining = True
-        deadline = time.monotonic() + timeout
-        while self._num_in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        cut = self._num_in_flight
+        cut = await self._wait_in_flight(timeout)
         self._die("the server shut down before the request finished", crashed=False)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.to_thread(self._stop_replicas)

@@ -18,10 +18,9 @@ import os
 
 import msgspec
 import zmq
-import zmq.asyncio
 
 from minivllm.config import EngineConfig
-from minivllm.engine.messages import EngineCoreMessage
+from minivllm.engine.core_sockets import CoreSockets
 
 logger = logging.getLogger(__name__)
 
@@ -76,52 +75,20 @@ def make_actor_class(ray, engine_threads: int | None, max_restarts: int):
                       max_task_retries=0)(EngineCoreActor)
 
 
-class ReplicaClient:
+class ReplicaClient(CoreSockets):
     """The frontend's end of one replica: the actor handle, its `run` call, and the two
     sockets (bound here: the actor connects, again after each restart)."""
 
     def __init__(self, index: int, actor, host: str) -> None:
+        super().__init__()
         self.index, self.actor = index, actor
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(EngineCoreMessage)
-        self._zmq = zmq.Context()
-        self._input = self._zmq.socket(zmq.PUSH)
-        self._input.setsockopt(zmq.SNDHWM, 0)
-        self._output = self._zmq.socket(zmq.PULL)
-        self._output.setsockopt(zmq.RCVHWM, 0)
         self.input_addr = f"tcp://{host}:{self._input.bind_to_random_port(f'tcp://{host}')}"
         self.output_addr = f"tcp://{host}:{self._output.bind_to_random_port(f'tcp://{host}')}"
-        self._readable = zmq.asyncio.Socket.from_socket(self._output)  # for awaiting
         self.run_ref = None  # the running `run` call: done when the loop ends or the actor dies
         self.pid: int | None = None
 
     def start(self) -> None:
         self.run_ref = self.actor.run.remote(self.input_addr, self.output_addr)
-
-    def encode(self, msg) -> bytes:
-        return self._encoder.encode(msg)
-
-    def send(self, msg) -> None:
-        self.send_bytes(self.encode(msg))
-
-    def send_bytes(self, data: bytes) -> None:
-        try:
-            self._input.send(data, flags=zmq.NOBLOCK)
-        except zmq.ZMQError:  # no peer: the replica is gone, its run call says so
-            pass
-
-    def recv_nowait(self):
-        try:
-            return self._decoder.decode(self._output.recv(flags=zmq.NOBLOCK))
-        except zmq.Again:
-            return None
-
-    def poll(self, timeout_ms: int) -> bool:
-        """Block until a message is here or timeout_ms passed (before the event loop runs)."""
-        return bool(self._output.poll(timeout_ms))
-
-    async def wait_readable(self, timeout_ms: int) -> bool:
-        return bool(await self._readable.poll(timeout_ms))
 
     def close(self) -> None:
         self._zmq.destroy(linger=0)

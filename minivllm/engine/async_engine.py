@@ -17,15 +17,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from minivllm.config import EngineConfig
-from minivllm.engine.errors import (
-    EngineDeadError,
-    EngineOverloadedError,
-    RequestFailedError,
-    RequestTimeoutError,
-)
+from minivllm.engine.errors import EngineDeadError, EngineOverloadedError
+from minivllm.engine.frontend import Frontend, request_error
 from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
 from minivllm.engine.request_stream import RequestStream, call_soon
 from minivllm.outputs import RequestOutput
@@ -73,9 +70,10 @@ def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
     call_soon(future.get_loop(), complete)
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(Frontend):
     def __init__(self, engine, stat_loggers: list[StatLoggerBase] | tuple = (),
                  log_interval: float = 5.0) -> None:
+        super().__init__()
         self.engine = engine
         self.config: EngineConfig = engine.config
         self.max_model_len: int = engine.max_model_len
@@ -87,11 +85,7 @@ class AsyncLLMEngine:
         # The engine's own list: a logger added later (the dashboard's) is fed by its steps.
         self.stat_loggers = engine.stat_loggers
         self.log_interval = log_interval
-        self.errored = False  # the loop has stopped, for whatever reason
-        self.crashed = False  # ... because a step raised: the process should be restarted
-        self.dead_reason: str | None = None
-        self.draining = False  # shutting down: in-flight requests go on, new ones are refused
-        self._num_in_flight = 0  # generate() calls not yet returned (asyncio side)
+        self.crashed = False  # the loop stopped because a step raised: restart the process
         self._inbox: deque[_Add | _Abort | _Tracing] = deque()
         self._lock = threading.Lock()  # guards _inbox, errored and draining
         self._wakeup = threading.Event()
@@ -139,20 +133,11 @@ class AsyncLLMEngine:
         self._submit(_Add(request_id, prompt, params, prompt_token_ids, priority, cache_salt,
                           oracle_output_len, {"user": user, "ttft_slo_ms": ttft_slo_ms,
                                               "e2e_slo_ms": e2e_slo_ms}, stream, accepted))
-        self._num_in_flight += 1
-        finished = False
-        try:
-            await accepted
-            while not finished:
-                output = await stream.get()
-                finished = output.finished
+        async with aclosing(self._outputs(request_id, stream, accepted)) as outputs:
+            async for output in outputs:
                 yield output
-        finally:
-            self._num_in_flight -= 1
-            if not finished:
-                self._submit(_Abort(request_id), quiet=True)
 
-    async def abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str) -> None:
         self._submit(_Abort(request_id), quiet=True)
 
     def set_tracing(self, enabled: bool, interval: float) -> None:
@@ -165,10 +150,7 @@ class AsyncLLMEngine:
         Returns how many were cut short."""
         with self._lock:
             self.draining = True
-        deadline = time.monotonic() + timeout
-        while self._num_in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        cut = self._num_in_flight
+        cut = await self._wait_in_flight(timeout)
         await asyncio.to_thread(self.shutdown, "the server shut down before the request finished")
         return cut
 
@@ -189,10 +171,6 @@ class AsyncLLMEngine:
                 raise EngineOverloadedError("the server is shutting down", "shutdown")
             self._inbox.append(command)
         self._wakeup.set()
-
-    def _count_rejected(self, reason: str) -> None:
-        for stat_logger in self.stat_loggers:
-            stat_logger.record_rejected(reason)
 
     # ---- engine thread ------------------------------------------------------------------
 
@@ -258,15 +236,9 @@ class AsyncLLMEngine:
                 continue
             if output.finished or output.error is not None:
                 del self._streams[output.request_id]
-            items.append((stream, output if output.error is None else self._request_error(output)))
+            items.append((stream, output if output.error is None
+                          else request_error(output, self._count_rejected)))
         RequestStream.put_many(items)
-
-    def _request_error(self, output: RequestOutput) -> RequestFailedError:
-        # The engine fails a request it never scheduled only when it waited too long.
-        if output.metrics is not None and output.metrics.first_scheduled_time is None:
-            self._count_rejected("request_timeout")
-            return RequestTimeoutError(output.error)
-        return RequestFailedError(output.error)
 
     def _die(self, reason: str, crashed: bool) -> None:
         with self._lock:

@@ -22,18 +22,14 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
-import msgspec
 from transformers import AutoTokenizer
 
 from minivllm.config import EngineConfig
 from minivllm.engine.core_client import CoreClient
-from minivllm.engine.errors import (
-    EngineDeadError,
-    EngineOverloadedError,
-    RequestFailedError,
-    RequestTimeoutError,
-)
+from minivllm.engine.errors import EngineDeadError
+from minivllm.engine.frontend import TURNED_AWAY, CoreFrontend, request_error, turned_away_error
 from minivllm.engine.messages import (
     EngineCoreAbort,
     EngineCoreDead,
@@ -41,15 +37,13 @@ from minivllm.engine.messages import (
     EngineCoreTracing,
     EngineCoreUtility,
     UtilityResult,
-    make_core_request,
 )
 from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
 from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.request_stream import RequestStream
 from minivllm.engine.stats import SchedulerStats
 from minivllm.model.loader import resolve_model_path
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -64,21 +58,16 @@ def _current_task() -> asyncio.Task | None:
         return None
 
 
-class AsyncLLM:
+class AsyncLLM(CoreFrontend):
     def __init__(self, config: EngineConfig, stat_loggers: list[StatLoggerBase] | tuple = (),
                  log_interval: float = 5.0, engine_threads: int | None = None) -> None:
+        super().__init__()
         self.config = config
         # Downloaded here first (a hub id), so that the core finds the files in the cache.
         path = resolve_model_path(config.model, config.revision)
         tokenizer_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
         self.stat_loggers = list(stat_loggers)
         self.log_interval = log_interval
-        self.errored = False  # the core is gone, for whatever reason
-        self._crashed = False  # ... because it failed: the process should be restarted
-        self.dead_reason: str | None = None
-        self.draining = False  # shutting down: in-flight requests go on, new ones are refused
-        self._num_in_flight = 0  # generate() calls not yet returned
-        self._streams: dict[str, RequestStream] = {}
         self._calls: dict[int, asyncio.Future] = {}  # utility calls waiting for their result
         self._call_ids = itertools.count()
         self._task: asyncio.Task | None = None
@@ -141,43 +130,14 @@ class AsyncLLM:
         EngineDeadError otherwise. A consumer that stops early aborts the request."""
         self._ensure_started()
         self._check_process()
-        if self.errored:
-            raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
-        if self.draining:
-            self._count_rejected("shutdown")
-            raise EngineOverloadedError("the server is shutting down", "shutdown")
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is in use")
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise ValueError("either prompt or prompt_token_ids is required")
-            prompt_token_ids = self.tokenizer(prompt).input_ids
-        request = make_core_request(request_id, prompt_token_ids, params, priority=priority,
-                                    cache_salt=cache_salt, oracle_output_len=oracle_output_len,
-                                    user=user, ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms)
-        try:
-            data = self._core.encode(request)
-        except (OverflowError, msgspec.EncodeError) as e:  # JSON allows ints msgpack does not
-            raise ValueError(f"a request field is out of range: {e}") from e
-        stream = RequestStream(asyncio.get_running_loop(),
-                               params.output_kind is RequestOutputKind.DELTA)
-        self._processor.add_request(request, prompt, params)
-        self._streams[request_id] = stream
+        _, data, stream = self._open_request(
+            prompt, params, request_id, prompt_token_ids, priority=priority,
+            cache_salt=cache_salt, oracle_output_len=oracle_output_len, user=user,
+            ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms)
         self._send_bytes(data)
-        self._num_in_flight += 1
-        finished = False
-        try:
-            while not finished:
-                output = await stream.get()
-                finished = output.finished
+        async with aclosing(self._outputs(request_id, stream)) as outputs:
+            async for output in outputs:
                 yield output
-        finally:
-            self._num_in_flight -= 1
-            if not finished:
-                self._abort(request_id)
-
-    async def abort(self, request_id: str) -> None:
-        self._abort(request_id)
 
     def _abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is None:
@@ -207,10 +167,6 @@ class AsyncLLM:
     def _send_bytes(self, data: bytes) -> None:
         if not self.errored:
             self._core.send_bytes(data)
-
-    def _count_rejected(self, reason: str) -> None:
-        for stat_logger in self.stat_loggers:
-            stat_logger.record_rejected(reason)
 
     # ---- the core's messages ------------------------------------------------------------
 
@@ -253,16 +209,11 @@ class AsyncLLM:
 
     def _handle_outputs(self, msg: EngineCoreOutputs) -> None:
         for out in msg.outputs:  # requests the core turned away
-            if out.error_kind not in ("invalid", "overloaded", "failed"):
+            if out.error_kind not in TURNED_AWAY:
                 continue
             self._processor.discard(out.request_id)
             stream = self._streams.pop(out.request_id, None)
-            if out.error_kind == "overloaded":
-                self._count_rejected(out.overload_reason)
-                error = EngineOverloadedError(out.error, out.overload_reason)
-            else:
-                error = (ValueError if out.error_kind == "invalid" else RequestFailedError)(
-                    out.error)
+            error = turned_away_error(out, self._count_rejected)
             if stream is not None:
                 stream.put_nowait(error)
         processed = self._processor.process_outputs(msg)
@@ -276,20 +227,14 @@ class AsyncLLM:
                 continue
             if output.finished or output.error is not None:
                 del self._streams[output.request_id]
-            stream.put_nowait(output if output.error is None else self._request_error(output))
+            stream.put_nowait(output if output.error is None
+                              else request_error(output, self._count_rejected))
         if msg.scheduler_stats is not None:
             for stat_logger in self.stat_loggers:
                 stat_logger.record(msg.scheduler_stats, processed.iteration_stats)
         if msg.trace is not None:
             for stat_logger in self.stat_loggers:
                 stat_logger.record_trace(msg.trace)
-
-    def _request_error(self, output: RequestOutput) -> RequestFailedError:
-        # The core fails a request it never scheduled only when it waited too long.
-        if output.metrics is not None and output.metrics.first_scheduled_time is None:
-            self._count_rejected("request_timeout")
-            return RequestTimeoutError(output.error)
-        return RequestFailedError(output.error)
 
     # ---- the end ------------------------------------------------------------------------
 
@@ -315,10 +260,7 @@ class AsyncLLM:
         seconds to finish, then stop the core, failing the rest with EngineDeadError.
         Returns how many were cut short."""
         self.draining = True
-        deadline = time.monotonic() + timeout
-        while self._num_in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        cut = self._num_in_flight
+        cut = await self._wait_in_flight(timeout)
         self._die("the server shut down before the request finished", crashed=False)
         if self._task is not None:  # cancelled by _die: let it leave the socket first
             await asyncio.gather(self._task, return_exceptions=True)

@@ -1,7 +1,6 @@
 """CoreClient: the engine-core process as the API server sees it. It spawns the process
-(core_proc.py), owns the two ZeroMQ sockets over IPC — inputs go out on a PUSH socket, the
-core's messages come back on a PULL one — encodes and decodes the messages
-(engine/messages.py), tells whether the process still lives, and stops it."""
+(core_proc.py), binds the two ZeroMQ sockets (core_sockets.py) over IPC, tells whether the
+process still lives, and stops it."""
 
 from __future__ import annotations
 
@@ -11,18 +10,10 @@ import shutil
 import tempfile
 import time
 
-import msgspec
-import zmq
-import zmq.asyncio
-
 from minivllm.config import EngineConfig
 from minivllm.engine.core_proc import run_engine_core
-from minivllm.engine.messages import (
-    EngineCoreDead,
-    EngineCoreMessage,
-    EngineCoreReady,
-    EngineCoreShutdown,
-)
+from minivllm.engine.core_sockets import CoreSockets
+from minivllm.engine.messages import EngineCoreDead, EngineCoreReady, EngineCoreShutdown
 
 logger = logging.getLogger(__name__)
 
@@ -36,22 +27,14 @@ def _log_format() -> tuple[int, str | None, str | None]:
     return root.getEffectiveLevel(), formatter._fmt, formatter.datefmt
 
 
-class CoreClient:
+class CoreClient(CoreSockets):
     def __init__(self, config: EngineConfig, engine_threads: int | None) -> None:
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(EngineCoreMessage)
+        super().__init__()
         self._closed = False
-        # The sockets are bound here; the core connects to them.
         self._ipc_dir = tempfile.mkdtemp(prefix="minivllm-")
         input_addr, output_addr = f"ipc://{self._ipc_dir}/input", f"ipc://{self._ipc_dir}/output"
-        self._zmq = zmq.Context()
-        self._input = self._zmq.socket(zmq.PUSH)
-        self._input.setsockopt(zmq.SNDHWM, 0)  # a send never blocks the event loop
         self._input.bind(input_addr)
-        self._output = self._zmq.socket(zmq.PULL)
-        self._output.setsockopt(zmq.RCVHWM, 0)
         self._output.bind(output_addr)
-        self._readable: zmq.asyncio.Socket | None = None  # the same socket, for awaiting
         self.proc = multiprocessing.get_context("spawn").Process(
             target=run_engine_core, name="minivllm-engine-core", daemon=True,
             args=(config, input_addr, output_addr, engine_threads, *_log_format()))
@@ -79,38 +62,6 @@ class CoreClient:
     @property
     def alive(self) -> bool:
         return self.proc.is_alive()
-
-    # ---- messages -----------------------------------------------------------------------
-
-    def encode(self, msg) -> bytes:
-        """msgpack; OverflowError or msgspec.EncodeError for what it cannot carry."""
-        return self._encoder.encode(msg)
-
-    def send(self, msg) -> None:
-        self.send_bytes(self.encode(msg))
-
-    def send_bytes(self, data: bytes) -> None:
-        try:
-            self._input.send(data, flags=zmq.NOBLOCK)
-        except zmq.ZMQError:  # the core is gone: its process's exit says so
-            pass
-
-    def recv_nowait(self) -> EngineCoreMessage | None:
-        try:
-            return self._decoder.decode(self._output.recv(flags=zmq.NOBLOCK))
-        except zmq.Again:
-            return None
-
-    def poll(self, timeout_ms: int) -> bool:
-        """Block until a message is here or timeout_ms passed."""
-        return bool(self._output.poll(timeout_ms))
-
-    async def wait_readable(self, timeout_ms: int) -> bool:
-        """poll() for the event loop. Reads stay synchronous (recv_nowait): the messages
-        that are already here are taken without a loop turn each."""
-        if self._readable is None:
-            self._readable = zmq.asyncio.Socket.from_socket(self._output)
-        return bool(await self._readable.poll(timeout_ms))
 
     # ---- the end ------------------------------------------------------------------------
 
