@@ -149,8 +149,8 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, {args.threads} threads")
     fp32_peak, int8_peak = peaks(args.threads)
-    print(f"peaks: fp32 FMA {fp32_peak:.0f} GFLOP/s, int8 (the kernel's vpmaddubsw + vpmaddwd + vpaddd) {int8_peak:.0f} "
-          f"GOP/s = {int8_peak / 1000:.2f} TOPS")
+    print(f"peaks: fp32 FMA {fp32_peak:.0f} GFLOP/s, int8 (the kernel's vpmaddubsw + "
+          f"vpmaddwd + vpaddd) {int8_peak:.0f} GOP/s = {int8_peak / 1000:.2f} TOPS")
     print("| shape | rows | candidate | ms / call | GOP/s | max error / max |y| |")
     print("|---|---|---|---|---|---|")
     torch.manual_seed(0)

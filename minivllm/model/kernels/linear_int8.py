@@ -7,9 +7,10 @@ are the unsigned operand of AVX2's int8 multiply without saturating it (int8_gem
 On the CPU with the C kernels built, int8_gemm.c does all of it in one call (quantize the
 rows, multiply, scale, add bias and residual). This CPU has AVX2 but neither VNNI nor
 AMX, and torch's int8 GEMMs were no help here (measured by benchmarks/int8_gemm.py):
-oneDNN's and fbgemm's u8 x s8 kernels saturate in int16 without VNNI (outputs 4-13% off
-unless activations drop to 7 bits), and torch._int_mm and _weight_int8pack_mm run
-reference loops (20-170x slower than the fp32 linear at 64 rows). Elsewhere the torch reference below
+oneDNN's and fbgemm's u8 x s8 kernels saturate in int16 without VNNI on 8-bit weights
+(outputs 4-13% off; fbgemm's does not on these 7-bit ones, but it quantizes activations per
+tensor, not per token, and torch deprecates it), and torch._int_mm and _weight_int8pack_mm
+run reference loops (20-170x slower than the fp32 linear at 64 rows). Elsewhere the torch reference below
 runs: the same quantization, the integer product computed in fp32 (exact while K * 127 * 63
 stays below 2^24, i.e. K <= 2096; within fp32 rounding beyond).
 """
