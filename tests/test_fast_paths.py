@@ -49,6 +49,7 @@ SHAPES = [  # seq_lens, heads, kv_heads, head_dim, block_size
     ([1, 5, 16, 17, 40, 200], 9, 3, 64, 16),  # SmolLM's heads; partial and full blocks
     ([3, 33, 64], 8, 8, 128, 32),  # no GQA, the other specialised head_dim
     ([7, 2, 11], 4, 2, 24, 4),  # a head_dim with no specialised copy
+    ([9, 3, 20], 4, 2, 12, 8),  # not a multiple of 8: the scalar loops, not the AVX2 ones
 ]
 
 
