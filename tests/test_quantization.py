@@ -32,10 +32,12 @@ def _case(rows, n, k, seed=0):
 
 @needs_kernels
 @pytest.mark.parametrize("rows, n, k", [(1, 3072, 576), (2, 8, 32), (5, 37, 100),
-                                        (64, 96, 1536), (3, 5, 7), (97, 24, 2048)])
+                                        (64, 96, 1536), (3, 5, 7), (97, 24, 2048),
+                                        (100, 13, 64)])
 def test_kernel_matches_torch_reference(rows, n, k):
-    """Odd K (zero-padded chunks), N not a multiple of the panel width, 1, 2 and odd rows,
-    more rows than a row block (96) and K past where the reference is exact in fp32."""
+    """Odd K (zero-padded chunks), N not a multiple of the panel width, 1, 2, 3 and more
+    rows (tiles of 3 and the 1- and 2-row tails), more rows than a row block (96), and K
+    past where the reference is exact in fp32."""
     weight, bias, x, residual = _case(rows, n, k)
     fast, reference = Int8Linear(weight, bias), Int8Linear(weight, bias, use_kernel=False)
     assert fast.use_kernel and not reference.use_kernel
@@ -82,11 +84,11 @@ def test_weights_use_seven_bits_packed_unsigned():
     q, scales = quantize_per_channel(weight)
     assert q.dtype == torch.int8 and q.abs().max() == 63
     assert ((q.float() * scales[:, None] - weight).abs() <= scales[:, None] / 2 + 1e-5).all()
-    packed = pack_weight(q)  # [2 panels, 2 chunks, 8, 32]
-    assert packed.dtype == torch.uint8 and packed.shape == (2, 2, 8, 32)
+    packed = pack_weight(q)  # [3 panels of 4 columns, 2 chunks of 32 bytes, 4, 32]
+    assert packed.dtype == torch.uint8 and packed.shape == (3, 2, 4, 32)
     assert packed[0, 0, 3, :32].tolist() == (q[3, :32] + 64).tolist()
-    assert packed[1, 1, 1, 7].item() == q[9, 39].item() + 64
-    assert packed[1, 1, 2:].eq(0).all() and packed[:, 1, :, 8:].eq(0).all()
+    assert packed[2, 1, 1, 7].item() == q[9, 39].item() + 64
+    assert packed[2, :, 2:].eq(0).all() and packed[:, 1, :, 8:].eq(0).all()
 
 
 def test_per_token_quantization_round_trips():

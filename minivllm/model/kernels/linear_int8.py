@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from minivllm.model.kernels import cpu
 
-_NR, _CHUNK = 8, 32  # int8_gemm.c's panel width and K chunk
+_NR, _CHUNK = 4, 32  # int8_gemm.c's panel width and K chunk
 WEIGHT_MAX = 63  # the weights' range, [-63, 63]; packed as q + WEIGHT_OFFSET, in [1, 127]
 WEIGHT_OFFSET = 64
 
@@ -46,7 +46,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_weight(q: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] -> int8_gemm.c's panel layout: uint8 [N/8, K/32, 8, 32] holding
+    """int8 [N, K] -> int8_gemm.c's panel layout: uint8 [N/4, K/32, 4, 32] holding
     q + 64, padded (with 0: x is zero there, and padded columns are never written)."""
     n, k = q.shape
     np_, kp = -(-n // _NR) * _NR, -(-k // _CHUNK) * _CHUNK
