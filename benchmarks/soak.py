@@ -192,7 +192,7 @@ def rss_mb(pid: int) -> float:
 
 
 def main() -> int:
-    from minivllm.bench.cli import free_port, stop_server, wait_healthy
+    from minivllm.bench.server_process import free_port, stop_server, wait_healthy
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

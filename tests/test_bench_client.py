@@ -211,7 +211,7 @@ def test_payloads_and_chat_endpoint_with_concurrency_limit(tmp_path):
 
 
 def test_bench_policies_replays_the_same_trace_per_server(tmp_path, monkeypatch):
-    from minivllm.bench import cli
+    from minivllm.bench import compare_policies
 
     record = tmp_path / "payloads.jsonl"
 
@@ -220,7 +220,7 @@ def test_bench_policies_replays_the_same_trace_per_server(tmp_path, monkeypatch)
         assert model == "some-model" and "--active-preemption" in flags
         return [sys.executable, __file__, "--port", str(port), "--record", f"{record}.{policy}"]
 
-    monkeypatch.setattr(cli, "server_command", fake_server_command)
+    monkeypatch.setattr(compare_policies, "server_command", fake_server_command)
     rc = bench("policies", "--model", "some-model", "--workload", "seed-high",
                "--num-prompts", "12", "--policies", "fcfs,priority", "--active-preemption",
                "--output", str(tmp_path), "--disable-tqdm")
@@ -289,8 +289,9 @@ def test_backend_openai_chat_and_prompt_seed(tmp_path):
 
 
 def test_make_payload_and_policy_flags_carry_sampling():
-    from minivllm.bench import cli, client
+    from minivllm.bench import client
     from minivllm.bench.sampling import offline_params, sampling_flags
+    from minivllm.bench.server_process import engine_flags
 
     body = client.make_payload("m", [1, 2], 4, False, None, 0, {"temperature": 0.7})
     assert body["temperature"] == 0.7 and body["prompt"] == [1, 2] and "top_p" not in body
@@ -301,7 +302,7 @@ def test_make_payload_and_policy_flags_carry_sampling():
     assert (params.top_k, params.temperature, params.max_tokens) == (-1, 0.5, 3)
     # bench policies passes --override-generation-config on as JSON
     args = argparse.Namespace(override_generation_config={"temperature": 0.5})
-    assert cli.engine_flags(args) == ["--override-generation-config", '{"temperature": 0.5}']
+    assert engine_flags(args) == ["--override-generation-config", '{"temperature": 0.5}']
 
 
 if __name__ == "__main__":

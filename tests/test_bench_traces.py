@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minivllm.bench import cli as bench_cli
+from minivllm.bench.args import workload_spec
 from minivllm.bench.prompts import prefix_blocks
 from minivllm.bench.traces import read_azure, read_mooncake, symbolic_prompt, trace_from_file
 from minivllm.bench.workload import build_trace
@@ -130,8 +130,8 @@ def test_any_file_of_the_format_loads(tmp_path):
 
 
 def test_workload_flag_checks_the_file():
-    assert bench_cli.workload_spec("seed-high") == "seed-high"
-    assert bench_cli.workload_spec(f"azure:{AZURE}") == f"azure:{AZURE}"
+    assert workload_spec("seed-high") == "seed-high"
+    assert workload_spec(f"azure:{AZURE}") == f"azure:{AZURE}"
     for bad in ("azure:/no/such/file.csv", "zipf", "mooncake:"):
         with pytest.raises(Exception, match="no such file|unknown workload|needs a file"):
-            bench_cli.workload_spec(bad)
+            workload_spec(bad)

@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from minivllm.bench import metrics, report, workload
-from minivllm.bench.cli import (
+from minivllm.bench.args import (
     add_comparison_args,
     add_workload_args,
     comparison_runs,

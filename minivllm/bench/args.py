@@ -1,0 +1,152 @@
+"""The flags `bench serve`, `bench policies` and the `sim` commands share: the workload, the
+report, the comparison (--policies x --length-predictors), and the endpoint."""
+
+from __future__ import annotations
+
+import argparse
+
+from minivllm.bench import traces, workload
+
+BACKENDS = {"openai": "completions", "openai-chat": "chat"}
+
+
+def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
+                      server: bool = True) -> None:
+    """The workload and report flags; `server=False` (minivllm sim) leaves out those about
+    talking to a server."""
+    p.add_argument("--workload", type=workload_spec, default="seed-high",
+                   help=f"{' | '.join(workload.WORKLOADS)} | azure:PATH (Azure LLM trace CSV) | "
+                        "mooncake:PATH (Mooncake JSONL with hash_ids)")
+    p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
+    if server:
+        p.add_argument("--prompt-seed", type=int, default=None,
+                       help="prompt seed alone (default: --seed): the same arrivals and "
+                            "lengths with other prompts, so a second run misses the prefix cache")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="random: number of requests (default 100); seed-*: keep the first N; "
+                        "traces: N rows from --start")
+    p.add_argument("--start", type=int, default=0, help="traces: first row of the window")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="traces: multiply the gaps between arrivals (0.5: twice as fast)")
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="random: req/s")
+    p.add_argument("--burstiness", type=float, default=1.0, help="random: gamma shape")
+    p.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
+    p.add_argument("--output-len", type=int, default=64, help="random: output tokens")
+    p.add_argument("--length-scale", default="auto",
+                   help="seed-*: multiply the report's lengths (auto: context / 32768); "
+                        "traces: multiply prompt and output lengths (auto: min(1, context / "
+                        "32768))")
+    p.add_argument("--output-ratio", type=float, default=0.25,
+                   help="seed-*: output tokens per prompt token")
+    p.add_argument("--priority", choices=("none", "user", "length"), default=default_priority,
+                   help="priority each request carries: by user or by prompt-length bucket")
+    if server:
+        p.add_argument("--max-concurrency", type=int, default=None)
+        p.add_argument("--endpoint", choices=("completions", "chat"), default=None,
+                       help="(default: completions)")
+        p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
+                       help="vllm bench serve's spelling: openai = --endpoint completions, "
+                            "openai-chat = --endpoint chat")
+        p.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
+                       help="send token ids (exact; default for completions) or text (chat)")
+        p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                       help="--no-ignore-eos: the trace's output length is only max_tokens, "
+                            "a cap, and the model's EOS ends each request: output lengths the "
+                            "model decides, as length predictors meet them (default: ignore "
+                            "EOS, exact lengths)")
+        p.add_argument("--stop-token-ids", type=int, nargs="+", default=None, metavar="ID",
+                       help="sent with every request (with --no-ignore-eos): e.g. 1 for "
+                            "stories260K, which starts a new story with BOS where a story ends")
+        p.add_argument("--request-seed", type=int, default=None, metavar="N",
+                       help="request i sends seed N + i: sampled outputs repeat across runs "
+                            "(default: not sent)")
+    p.add_argument("--goodput", nargs="+", default=None, metavar="SLO",
+                   help="SLOs in ms, e.g. ttft:500 tpot:50")
+    p.add_argument("--output", default="results/bench", help="directory for the report")
+    p.add_argument("--disable-tqdm", action="store_true")
+
+
+def add_comparison_args(p: argparse.ArgumentParser) -> None:
+    """--policies and --length-predictors of `bench policies` / `sim policies`."""
+    p.add_argument("--policies", nargs="+", default=["fcfs", "priority", "sjf"],
+                   metavar="POLICY", help="policies to compare, space- or comma-separated "
+                                          "(default: fcfs priority sjf)")
+    p.add_argument("--length-predictors", nargs="+", default=["mean"], metavar="PREDICTOR",
+                   help="length predictors to run each policy that ranks by output length "
+                        "with (sjf, ...): mean oracle bucket probe (default: mean)")
+
+
+def _names(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))
+
+
+def comparison_runs(args) -> list[tuple[str, str, str]]:
+    """(run name, policy, length predictor) for every policy x predictor: a policy that does
+    not rank by output length runs once; runs are named POLICY/PREDICTOR when several
+    predictors are compared."""
+    from minivllm.core.length_predictor import LENGTH_PREDICTORS
+    from minivllm.core.policy import POLICIES
+
+    policies, predictors = _names(args.policies), _names(args.length_predictors)
+    if not policies:
+        raise SystemExit("--policies is empty")
+    if not predictors:
+        raise SystemExit("--length-predictors is empty")
+    for kind, names, known in (("policy", policies, POLICIES),
+                               ("length predictor", predictors, LENGTH_PREDICTORS)):
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise SystemExit(f"unknown {kind} {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    args.length_predictors = predictors
+    runs = []
+    for policy in policies:
+        uses = getattr(POLICIES[policy], "uses_length_predictor", True)
+        for predictor in predictors if uses else predictors[:1]:
+            name = f"{policy}/{predictor}" if uses and len(predictors) > 1 else policy
+            runs.append((name, policy, predictor))
+    return runs
+
+
+def workload_spec(value: str) -> str:
+    """argparse type of --workload: a built-in name, or a trace kind and an existing file."""
+    if value in workload.WORKLOADS:
+        return value
+    try:
+        if traces.parse_workload(value) is None:
+            raise ValueError(f"unknown workload {value!r}; choose from "
+                             f"{', '.join(workload.WORKLOADS)}, azure:PATH, mooncake:PATH")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def trace_args(args) -> dict:
+    """The build_trace keywords that come from the workload flags."""
+    return dict(seed=args.seed, num_prompts=args.num_prompts, length_scale=args.length_scale,
+                output_ratio=args.output_ratio, input_len=args.input_len,
+                output_len=args.output_len, request_rate=args.request_rate,
+                burstiness=args.burstiness, priority=args.priority, start=args.start,
+                time_scale=args.time_scale)
+
+
+def describe_trace(trace, length_scale_arg: str) -> str:
+    """'workload X: N requests over S s, ...' for the first line a run prints."""
+    e = trace.entries
+    span = e[-1].send_time if e else 0.0
+    auto = ("context / 32768" if trace.workload.startswith("seed-") else "min(1, context / 32768)")
+    scale = "" if trace.workload == "random" else f"length scale {trace.length_scale:.4g}" + (
+        f" (auto: {auto}), " if length_scale_arg == "auto" else ", ")
+    shared = (f", prefix blocks of {trace.prefix_block_tokens} tokens"
+              if trace.prefix_block_tokens else "")
+    return (f"workload {trace.workload}: {len(e)} requests over {span:.1f} s, {scale}"
+            f"buckets short < {trace.buckets[0]:.0f} <= medium <= {trace.buckets[1]:.0f} < long, "
+            f"{sum(x.prompt_tokens for x in e)} prompt + {sum(x.output_tokens for x in e)} output "
+            f"tokens, {trace.num_capped} prompts cut to fit the context{shared}")
+
+
+def resolve_endpoint(args) -> None:
+    """--backend (vllm bench serve's name) and --endpoint: one endpoint, or an error."""
+    from_backend = BACKENDS[args.backend] if args.backend else None
+    if from_backend and args.endpoint and from_backend != args.endpoint:
+        raise SystemExit(f"--backend {args.backend} contradicts --endpoint {args.endpoint}")
+    args.endpoint = args.endpoint or from_backend or "completions"
