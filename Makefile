@@ -8,7 +8,7 @@ MODEL ?= minivllm-demo
 ARGS ?=
 
 .PHONY: install install-test test test-e2e lint serve profile-serve clean install-browser test-browser \
-	install-ray test-ray
+	install-ray test-ray docs
 
 # What serving needs, and nothing else.
 $(VENV)/.installed: pyproject.toml
@@ -75,6 +75,15 @@ $(VENV)/.profile-installed: $(VENV)/.installed
 # functions and lines, and who holds the GIL. PROFILE_ARGS="--num-prompts 32" is a shorter run.
 profile-serve: $(VENV)/.profile-installed
 	$(PY) benchmarks/profile_serve.py $(PROFILE_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): MkDocs with the Material theme, the `docs`
+# extra, into the git-ignored site/. --strict: a broken link or anchor fails the build.
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PIP) install -q -e '.[docs]' torch==2.13.0
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build *.egg-info

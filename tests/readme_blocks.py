@@ -1,5 +1,5 @@
-"""The README's runnable blocks, as the README marks them with HTML comments (invisible when
-rendered), in the order they appear:
+"""The runnable blocks of README.md and of the documentation pages (docs/**/*.md), as each
+file marks them with HTML comments (invisible when rendered), in the order they appear:
 
     <!-- readme-test: start minivllm serve -->   start this server; later blocks talk to it
     <!-- readme-test: serve -->                  the next block's lines are server commands:
@@ -7,7 +7,8 @@ rendered), in the order they appear:
     <!-- readme-test: run -->                    run the next block (bash or python)
     <!-- readme-test: lm-eval -->                the lm-eval command (tests/test_lm_eval.py)
 
-Examples are written for port 8000; `with_port` moves them to the test's free port."""
+Each file is a sequence of its own: its blocks run top to bottom against the servers it
+starts. Examples are written for port 8000; `with_port` moves them to the test's free port."""
 
 from __future__ import annotations
 
@@ -15,33 +16,58 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-_MARKER = re.compile(r"<!-- readme-test: (start|serve|run|lm-eval)(?: (.*?))? -->")
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# A marker is a line of its own (one quoted inside a sentence or a table is text).
+_MARKER = re.compile(r"^<!-- readme-test: (start|serve|run|lm-eval)(?: (.*?))? -->$", re.M)
+_ANY_MARKER = re.compile(r"^[ \t]*<!--[ \t]*readme-test\b.*$", re.M)
 _FENCE = re.compile(r"```(\w*)\n(.*?)\n```", re.S)
 
 
 @dataclass
 class Step:
     kind: str  # start | serve | run | lm-eval
-    line: int  # 1-based line of the marker in README.md
+    path: Path  # the file that holds it
+    line: int  # 1-based line of the marker in that file
     lang: str = ""  # the block's language (bash, python); "" for start
     code: str = ""  # the block's text; for start, the server command
 
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
 
-def readme_steps(text: str | None = None) -> list[Step]:
-    text = README.read_text() if text is None else text
+
+def doc_files() -> list[Path]:
+    """README.md, then every page of the documentation site in path order."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def file_steps(path: Path, text: str | None = None) -> list[Step]:
+    """One file's steps. A marker that is misspelt, or not followed by its block, is an
+    error: it would otherwise leave a block silently untested."""
+    text = path.read_text() if text is None else text
+    for marker in _ANY_MARKER.finditer(text):
+        if not _MARKER.fullmatch(marker.group(0)):
+            line = text.count("\n", 0, marker.start()) + 1
+            raise ValueError(f"{path.name}:{line}: unknown marker {marker.group(0)!r}")
     steps = []
     for marker in _MARKER.finditer(text):
         line = text.count("\n", 0, marker.start()) + 1
         kind, argument = marker.group(1), marker.group(2)
         if kind == "start":
-            steps.append(Step(kind, line, code=argument))
+            steps.append(Step(kind, path, line, code=argument))
             continue
         fence = _FENCE.match(text, marker.end() + 1)  # the block right below the marker
         if fence is None:
-            raise ValueError(f"README.md:{line}: '{kind}' marker without a block right below")
-        steps.append(Step(kind, line, fence.group(1), fence.group(2)))
+            raise ValueError(f"{path.name}:{line}: '{kind}' marker without a block right below")
+        steps.append(Step(kind, path, line, fence.group(1), fence.group(2)))
     return steps
+
+
+def readme_steps() -> list[Step]:
+    """Every file's steps, file after file."""
+    return [step for path in doc_files() for step in file_steps(path)]
 
 
 def commands(code: str) -> list[str]:
