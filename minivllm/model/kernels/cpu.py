@@ -1,92 +1,23 @@
-"""The C kernels (paged_attention.c, ops.c, sampler.c, int8_gemm.c), compiled with the
-machine's C compiler on first use and loaded with ctypes: no torch headers, so the build
-takes about a second, and the library is cached under ~/.cache/minivllm (or
-$MINIVLLM_CACHE). Without a compiler, or when the build fails, `available()` is False and
-the callers keep their pure-torch paths, which stay the tested references. fp32 CPU
-tensors only."""
+"""The C kernels (paged_attention.c, ops.c, sampler.c, int8_gemm.c) behind torch-facing
+wrappers: built and loaded by build.py on first use, called with keyword arguments named as
+in kernels.h. Without a compiler, or when the build or the load fails, `available()` is
+False and the callers keep their pure-torch paths, which stay the tested references. fp32
+CPU tensors only."""
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from functools import cache
-from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from minivllm.model import kernels
-
-logger = logging.getLogger(__name__)
-_SOURCES = [Path(__file__).with_name(name)
-            for name in ("paged_attention.c", "ops.c", "sampler.c", "int8_gemm.c")]
-# Compile with -ffast-math (vectorized expf), but link without it: linking with it adds
-# crtfastmath.o, which turns on flush-to-zero for the whole process at load time.
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
-_LINK = ["-shared", "-fopenmp", "-lm"]
-_P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-_SIGNATURES = {
-    # the int after q, k_cache, v_cache: kv_bf16 (a bf16 K/V cache, else fp32)
-    # ... and after scale: window, softcap (sliding-window layers, Gemma 2's logit cap)
-    "paged_decode_attention_f32": [_P] * 3 + [_I] + [_P] * 3 + [_I] * 6 + [_I64, _F, _I, _F, _I],
-    "paged_prefill_attention_f32": [_P] * 3 + [_I] + [_P] * 4 + [_I] * 6 + [_I64, _F, _I, _F, _I],
-    "rms_norm_f32": [_P, _P, _P, _I64, _I, _F, _I],
-    "silu_and_mul_f32": [_P, _P, _I64, _I, _I],
-    "rope_write_kv_f32": [_P, _I64] + [_P] * 6 + [_I, _I64, _I, _I, _I, _I],
-    "argmax_rows_f32": [_P, _P, _I64, _I64, _I],
-    "sample_rows_f32": [_P, _I64, _I64] + [_P] * 10 + [_I],
-    "sampler_uniforms_f64": [_P, _P, _P, _I64],
-    "int8_linear_f32": [_P, _I64] + [_P] * 4 + [_I64] + [_P] * 4 + [_I64] + [_I] * 4,
-}
-
-
-def _run(cmd: list[str]) -> bool:
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        logger.warning("building the C kernels failed, using torch: %s",
-                       result.stderr.strip()[:500])
-    return result.returncode == 0
-
-
-def _build(compiler: str, target: Path) -> bool:
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            objects = [str(Path(tmp) / f"{source.stem}.o") for source in _SOURCES]
-            built = Path(tmp) / target.name
-            if not all(_run([compiler, *_FLAGS, "-c", str(source), "-o", obj])
-                       for source, obj in zip(_SOURCES, objects)):
-                return False
-            if not _run([compiler, *objects, *_LINK, "-o", str(built)]):
-                return False
-            os.replace(built, target)  # atomic: concurrent builders never see half a file
-    except OSError as exc:  # e.g. a read-only cache directory
-        logger.warning("cannot build the C kernels in %s, using torch: %s", target.parent, exc)
-        return False
-    return True
+from minivllm.model.kernels import build
 
 
 @cache
-def _library() -> ctypes.CDLL | None:
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        logger.warning("no C compiler found: using the pure-torch paths")
-        return None
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in _SOURCES)
-                         + " ".join([compiler, *_FLAGS, *_LINK]).encode())
-    cache_root = os.environ.get("MINIVLLM_CACHE") or Path.home() / ".cache" / "minivllm"
-    target = Path(cache_root) / "kernels" / f"minivllm-kernels-{key.hexdigest()[:16]}.so"
-    if not target.exists() and not _build(compiler, target):
-        return None
-    lib = ctypes.CDLL(str(target))
-    for name, argtypes in _SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
-    return lib
+def _library() -> SimpleNamespace | None:
+    return build.load()
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -113,27 +44,31 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, block_size, num_kv_heads, _ = k_cache.shape
     _library().paged_decode_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
-        block_table.data_ptr(),
-        seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
-        block_size, block_table.shape[1], q.stride(0), scale, window, softcap,
-        torch.get_num_threads())
+        q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+        kv_bf16=_is_bf16(k_cache), block_table=block_table.data_ptr(),
+        seq_lens=seq_lens.data_ptr(), out=out.data_ptr(), num_seqs=num_seqs,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        block_size=block_size, max_blocks=block_table.shape[1], q_stride=q.stride(0),
+        scale=scale, window=window, softcap=softcap, num_threads=torch.get_num_threads())
     return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [T, hidden] contiguous."""
+    """x: [T, hidden], any strides (a per-head q/k norm gets a strided view of qkv)."""
+    # The kernel reads and writes dense rows; empty_like would copy a view's strides.
+    x = x.contiguous()
     out = torch.empty_like(x)
-    _library().rms_norm_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0],
-                            x.shape[1], eps, torch.get_num_threads())
+    _library().rms_norm_f32(x=x.data_ptr(), weight=weight.data_ptr(), out=out.data_ptr(),
+                            rows=x.shape[0], cols=x.shape[1], eps=eps,
+                            num_threads=torch.get_num_threads())
     return out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x: [T, 2 * n] = [gate | up] contiguous -> silu(gate) * up, [T, n]."""
     out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
-    _library().silu_and_mul_f32(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1] // 2,
-                                torch.get_num_threads())
+    _library().silu_and_mul_f32(x=x.data_ptr(), out=out.data_ptr(), rows=x.shape[0],
+                                half=x.shape[1] // 2, num_threads=torch.get_num_threads())
     return out
 
 
@@ -145,17 +80,18 @@ def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor,
     and v at their slots. cos_sin: the full [max_positions, D] tables (see rope.py)."""
     cos, signed_sin = cos_sin
     _library().rope_write_kv_f32(
-        qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(),
-        signed_sin.data_ptr(), slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        _is_bf16(k_cache), qkv.shape[0], num_heads, num_kv_heads, head_dim,
-        torch.get_num_threads())
+        qkv=qkv.data_ptr(), row_stride=qkv.stride(0), positions=positions.data_ptr(),
+        cos=cos.data_ptr(), signed_sin=signed_sin.data_ptr(), slots=slot_mapping.data_ptr(),
+        k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), kv_bf16=_is_bf16(k_cache),
+        tokens=qkv.shape[0], num_heads=num_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, num_threads=torch.get_num_threads())
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax of x [N, V] (contiguous), first index on ties -> [N] int64."""
     out = torch.empty(x.shape[0], dtype=torch.long)
-    _library().argmax_rows_f32(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
-                               torch.get_num_threads())
+    _library().argmax_rows_f32(x=x.data_ptr(), out=out.data_ptr(), rows=x.shape[0],
+                               cols=x.shape[1], num_threads=torch.get_num_threads())
     return out
 
 
@@ -179,11 +115,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, block_size, num_kv_heads, _ = k_cache.shape
     _library().paged_prefill_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
-        block_table.data_ptr(),
-        query_start_loc.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), seq_lens.shape[0],
-        num_heads, num_kv_heads, head_dim, block_size, block_table.shape[1], q.stride(0),
-        scale, window, softcap, torch.get_num_threads())
+        q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+        kv_bf16=_is_bf16(k_cache), block_table=block_table.data_ptr(),
+        query_start_loc=query_start_loc.data_ptr(), seq_lens=seq_lens.data_ptr(),
+        out=out.data_ptr(), num_reqs=seq_lens.shape[0], num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+        max_blocks=block_table.shape[1], q_stride=q.stride(0), scale=scale, window=window,
+        softcap=softcap, num_threads=torch.get_num_threads())
     return out
 
 
@@ -194,19 +132,23 @@ def sample_rows(logits: torch.Tensor, fparams: torch.Tensor, iparams: torch.Tens
     bans = (offsets, ids): numpy arrays (int64 offsets, int32 ids, fp32 deltas). The logits
     are penalized in place during the call and restored, value for value."""
     out = torch.empty(logits.shape[0], dtype=torch.long)
-    arrays = (*seen, *penalties, *bans)
-    _library().sample_rows_f32(logits.data_ptr(), logits.shape[0], logits.shape[1],
-                               fparams.data_ptr(), iparams.data_ptr(),
-                               *(a.ctypes.data for a in arrays), out.data_ptr(),
-                               torch.get_num_threads())
+    (seen_off, seen_ids), (pen_off, pen_ids, pen_deltas), (ban_off, ban_ids) = (
+        seen, penalties, bans)
+    _library().sample_rows_f32(
+        logits=logits.data_ptr(), rows=logits.shape[0], vocab=logits.shape[1],
+        fparams=fparams.data_ptr(), iparams=iparams.data_ptr(),
+        seen_off=seen_off.ctypes.data, seen_ids=seen_ids.ctypes.data,
+        pen_off=pen_off.ctypes.data, pen_ids=pen_ids.ctypes.data,
+        pen_deltas=pen_deltas.ctypes.data, ban_off=ban_off.ctypes.data,
+        ban_ids=ban_ids.ctypes.data, out=out.data_ptr(), num_threads=torch.get_num_threads())
     return out
 
 
 def sampler_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The sampler's uniform for each (key, position), both int64 [N] -> float64 [N]."""
     out = torch.empty(keys.shape[0], dtype=torch.float64)
-    _library().sampler_uniforms_f64(keys.data_ptr(), positions.data_ptr(), out.data_ptr(),
-                                    keys.shape[0])
+    _library().sampler_uniforms_f64(keys=keys.data_ptr(), positions=positions.data_ptr(),
+                                    out=out.data_ptr(), n=keys.shape[0])
     return out
 
 
@@ -227,10 +169,10 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
     if residual is not None and residual.stride(1) != 1:
         residual = residual.contiguous()
     _library().int8_linear_f32(
-        x.data_ptr(), x.stride(0), packed.data_ptr(), w_scales.data_ptr(),
-        None if bias is None else bias.data_ptr(),
-        None if residual is None else residual.data_ptr(),
-        0 if residual is None else residual.stride(0), y.data_ptr(), scratch.data_ptr(),
-        x_scales.data_ptr(), x_sums.data_ptr(), rows, k, kp, out_features,
-        torch.get_num_threads())
+        x=x.data_ptr(), ldx=x.stride(0), w=packed.data_ptr(), w_scales=w_scales.data_ptr(),
+        bias=None if bias is None else bias.data_ptr(),
+        residual=None if residual is None else residual.data_ptr(),
+        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
+        scratch=scratch.data_ptr(), x_scales=x_scales.data_ptr(), x_sums=x_sums.data_ptr(),
+        rows=rows, k=k, kp=kp, n=out_features, num_threads=torch.get_num_threads())
     return y

@@ -25,6 +25,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 #define NR 4         /* output columns per panel */
 #define MR 3         /* rows per tile */
 #define ROW_BLOCK 96 /* rows whose quantized x (96 x K bytes) stays in L2 across panels */

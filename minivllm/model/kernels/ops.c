@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #define PARALLEL_MIN_ELEMENTS 32768
 
 /* out = weight * x / sqrt(mean(x^2) + eps), per row of x [rows, cols]. */

@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 static inline void prefetch(const void *p, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i);
 }

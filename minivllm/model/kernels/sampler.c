@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #define BLOCK 32         /* a block's max is checked before its elements are looked at */
 #define DRAW_BLOCK 256   /* the draw over a whole row finds its block, then its token */
 #define NO_LIMIT (-FLT_MAX) /* a disabled threshold (finite: -ffast-math assumes no inf) */

@@ -1,0 +1,57 @@
+/* Every function the C kernels export, the one place their signatures are written.
+ *
+ * Each .c file includes this header, so the compiler checks every definition's types
+ * against it (and -Werror=missing-prototypes rejects an exported function missing here).
+ * header.py reads it at load time: it checks that each definition names its parameters as
+ * declared here (a swap of two same-typed arguments passes the compiler), and builds the
+ * ctypes bindings from it, which cpu.py calls with keyword arguments named as here.
+ *
+ * Keep to what header.py parses: one prototype per function, of the types int, int32_t,
+ * int64_t, float, double, void or a pointer, every parameter named. */
+#ifndef MINIVLLM_KERNELS_H
+#define MINIVLLM_KERNELS_H
+
+#include <stdint.h>
+
+/* paged_attention.c; kv_bf16: the K/V cache is bf16 (else fp32) */
+void paged_decode_attention_f32(const float *q, const void *k_cache, const void *v_cache,
+                                int kv_bf16, const int64_t *block_table,
+                                const int64_t *seq_lens, float *out, int num_seqs,
+                                int num_heads, int num_kv_heads, int head_dim, int block_size,
+                                int max_blocks, int64_t q_stride, float scale, int window,
+                                float softcap, int num_threads);
+void paged_prefill_attention_f32(const float *q, const void *k_cache, const void *v_cache,
+                                 int kv_bf16, const int64_t *block_table,
+                                 const int64_t *query_start_loc, const int64_t *seq_lens,
+                                 float *out, int num_reqs, int num_heads, int num_kv_heads,
+                                 int head_dim, int block_size, int max_blocks,
+                                 int64_t q_stride, float scale, int window, float softcap,
+                                 int num_threads);
+
+/* ops.c */
+void rms_norm_f32(const float *x, const float *weight, float *out, int64_t rows, int cols,
+                  float eps, int num_threads);
+void silu_and_mul_f32(const float *x, float *out, int64_t rows, int half, int num_threads);
+void rope_write_kv_f32(float *qkv, int64_t row_stride, const int64_t *positions,
+                       const float *cos, const float *signed_sin, const int64_t *slots,
+                       void *k_cache, void *v_cache, int kv_bf16, int64_t tokens,
+                       int num_heads, int num_kv_heads, int head_dim, int num_threads);
+void argmax_rows_f32(const float *x, int64_t *out, int64_t rows, int64_t cols,
+                     int num_threads);
+
+/* sampler.c */
+void sampler_uniforms_f64(const int64_t *keys, const int64_t *positions, double *out,
+                          int64_t n);
+void sample_rows_f32(float *logits, int64_t rows, int64_t vocab, const float *fparams,
+                     const int64_t *iparams, const int64_t *seen_off, const int32_t *seen_ids,
+                     const int64_t *pen_off, const int32_t *pen_ids, const float *pen_deltas,
+                     const int64_t *ban_off, const int32_t *ban_ids, int64_t *out,
+                     int num_threads);
+
+/* int8_gemm.c */
+void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float *w_scales,
+                     const float *bias, const float *residual, int64_t ldr, float *y,
+                     int8_t *scratch, float *x_scales, int32_t *x_sums, int64_t rows, int k,
+                     int kp, int n, int num_threads);
+
+#endif
