@@ -26,3 +26,38 @@ def test_unknown_policy_lists_the_known_ones(stories_dir, capsys):
     with pytest.raises(ValueError, match="fcfs.*priority.*sjf"):  # --debug: the traceback
         main(["generate", "--model", str(stories_dir), "x", "--scheduling-policy", "lottery",
               "--num-kv-blocks", "8", "--debug"])
+
+
+# Every engine flag with its default and type, as they were before EngineConfig had sections.
+ENGINE_FLAGS = {
+    "--model": ("minivllm-demo", str), "--tokenizer": (None, str),
+    "--served-model-name": (None, str), "--dtype": ("auto", str), "--quantization": (None, str),
+    "--device": ("auto", str), "--seed": (0, int), "--revision": (None, str),
+    "--block-size": (16, int), "--num-kv-blocks": (None, int), "--kv-cache-space": (None, float),
+    "--swap-space": (4.0, float), "--kv-cache-dtype": ("auto", str),
+    "--enable-prefix-caching": (True, None), "--max-num-seqs": (256, int),
+    "--max-num-batched-tokens": (None, int), "--max-model-len": (None, int),
+    "--enable-chunked-prefill": (True, None), "--scheduling-policy": ("fcfs", str),
+    "--length-predictor": ("mean", str), "--length-prediction-log": (None, str),
+    "--preemption-mode": (None, str), "--priority-aging-s": (10.0, float),
+    "--active-preemption": (False, None), "--min-run-quantum": (8, int),
+    "--preemption-victim": ("lowest_rank", str), "--vtc-weights": ("1,2", str),
+    "--edf-action": ("shed", str), "--ttft-slo-ms": (None, float),
+    "--e2e-slo-ms": (None, float), "--mlfq-base-quantum": (4, int),
+    "--max-num-waiting-requests": (None, int), "--max-num-waiting-tokens": (None, int),
+    "--request-timeout": (None, float), "--max-logprobs": (20, int),
+    "--num-threads": (None, int), "--generation-config": ("auto", str),
+    "--override-generation-config": (None, "json"),
+}
+
+
+def test_engine_flags_keep_their_names_defaults_and_types():
+    import argparse
+
+    from minivllm.entrypoints.engine_args import _json_object, add_engine_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    flags = {a.option_strings[0]: (a.default, "json" if a.type is _json_object else a.type)
+             for a in parser._actions if a.dest != "help"}
+    assert flags == ENGINE_FLAGS

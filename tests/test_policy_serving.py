@@ -49,7 +49,7 @@ def test_offline_edf_sheds_what_cannot_make_its_deadline(tiny_llama):
 @pytest.mark.parametrize("setting, message", [
     ({"preemption_victim": "oldest"}, "preemption_victim must be one of lowest_rank"),
     ({"vtc_weights": "1;2"}, "vtc_weights .--vtc-weights. must be two positive numbers"),
-    ({"edf_action": "drop"}, "edf_action must be shed or deprioritize"),
+    ({"edf_action": "drop"}, "edf_action .--edf-action. must be shed or deprioritize"),
     ({"ttft_slo_ms": 0.0}, "ttft_slo_ms must be > 0"),
     ({"mlfq_base_quantum": 0}, "mlfq_base_quantum must be >= 1"),
 ])

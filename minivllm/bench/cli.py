@@ -65,7 +65,7 @@ def run_throughput(args) -> int:
     fields = sampling_fields(args)
     result = run_minivllm(config.model, None, args.output_len, num_prompts=args.num_prompts,
                           input_len=args.input_len, sampling=fields,
-                          **{k: v for k, v in vars(config).items() if k != "model"})
+                          **{k: v for k, v in config.to_kwargs().items() if k != "model"})
     sampling = describe(fields).replace("the server's", "the model's")
     print(f"{result.num_requests} requests, {result.input_len} in / {result.output_len} out, "
           f"{sampling}: "

@@ -10,10 +10,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import MISSING, fields
 from pathlib import Path
 
-from minivllm.config import EngineConfig
+from minivllm.config import ENGINE_ARGS
 
 SKIPPED_ENGINE_ARGS = ("model", "seed", "scheduling_policy", "tokenizer", "length_predictor",
                        "length_prediction_log")
@@ -22,11 +21,11 @@ SKIPPED_ENGINE_ARGS = ("model", "seed", "scheduling_policy", "tokenizer", "lengt
 def engine_flags(args) -> list[str]:
     """The engine flags given to `bench policies` that differ from their defaults, for serve."""
     flags = []
-    for f in fields(EngineConfig):
-        value = getattr(args, f.name, None)
-        if f.name in SKIPPED_ENGINE_ARGS or value is None or value == f.default or f.default is MISSING:
+    for arg in ENGINE_ARGS.values():
+        value = getattr(args, arg.name, None)
+        if arg.name in SKIPPED_ENGINE_ARGS or value is None or value == arg.default:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = "--" + arg.name.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, dict):  # --override-generation-config

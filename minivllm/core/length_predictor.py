@@ -45,10 +45,14 @@ def register_predictor(name: str):
     return wrap
 
 
-def make_length_predictor(name: str = "mean") -> LengthPredictor:
+def check_length_predictor(name: str) -> None:
     if name not in LENGTH_PREDICTORS:
         raise ValueError(f"unknown length_predictor {name!r}; known predictors: "
                          f"{', '.join(sorted(LENGTH_PREDICTORS))}")
+
+
+def make_length_predictor(name: str = "mean") -> LengthPredictor:
+    check_length_predictor(name)
     return LENGTH_PREDICTORS[name]()
 
 

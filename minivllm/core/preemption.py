@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minivllm.core.policy import SchedulingPolicy
+from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.request import Request
 
 VictimRule = Callable[[list[Request], SchedulingPolicy, float], Request]
@@ -47,9 +47,11 @@ VICTIM_RULES: dict[str, VictimRule] = {
 
 
 def victim_rule(name: str) -> VictimRule:
+    """The rule of that name; a ValueError naming the known ones (SchedulerConfig checks
+    --preemption-victim with it)."""
     if name not in VICTIM_RULES:
-        raise ValueError(f"unknown preemption_victim {name!r}; known rules: "
-                         f"{', '.join(VICTIM_RULES)}")
+        raise ValueError(f"preemption_victim must be one of {', '.join(VICTIM_RULES)}, "
+                         f"got {name!r}")
     return VICTIM_RULES[name]
 
 

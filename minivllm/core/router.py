@@ -4,7 +4,7 @@ A policy picks a replica from those that are up, given what the router knows of 
 its load, as the replica last reported it (requests running and waiting, KV cache usage)
 plus the requests routed to it since that report, and the prefixes it has served, as the
 chained block hashes the KV manager keys its prefix cache by (kv_cache.extend_block_hashes).
-Adding a policy is one class and one `@register` line, as for the scheduling policies.
+Adding a policy is one class and one `@register` line.
 
 - round_robin: each replica in turn.
 - least_load: the fewest requests (running + waiting + routed since the last report), then

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from minivllm.core.kv_cache import KVCacheManager
-from minivllm.core.policy import SchedulingPolicy
+from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.preemption import RecomputeTax, victim_rule
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
@@ -25,18 +25,57 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class SchedulerConfig:
-    num_blocks: int
+    """The scheduler's KV blocks, step budget, preemption and admission limits. As part of
+    the engine's config (config.py) its fields are engine arguments of the same names,
+    except num_blocks and num_swap_blocks: the engine sets those from the cache the model
+    runner allocated, and max_model_len from the model when it is not given."""
+
+    num_blocks: int = 0
     block_size: int = 16
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 2048
+    # Tokens per step. None: 512 with chunked prefill (a step that carries a prefill chunk
+    # then costs ~0.3 s on a 135M model here, which bounds how long decodes wait behind it;
+    # measured in docs/performance.md), else max(2048, max_model_len).
+    max_num_batched_tokens: int | None = 2048
+    max_model_len: int | None = 2048  # None: not known yet (the model's, set by the engine)
     num_swap_blocks: int = 0
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     preemption_mode: str | None = None  # None: swap multi-sequence requests, else recompute
     active_preemption: bool = False
-    min_run_quantum: int = 8
+    min_run_quantum: int = 8  # steps a request runs before it may be actively preempted
     preemption_victim: str = "lowest_rank"  # core/preemption.py's VICTIM_RULES
+    # Admission: the engine core turns requests away at these queue bounds, and fails those
+    # that waited request_timeout seconds without being scheduled.
+    max_num_waiting_requests: int | None = None
+    max_num_waiting_tokens: int | None = None
+    request_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+        if self.block_size < 1 or self.block_size > 256:
+            raise bad("block_size", "must be in [1, 256]")
+        if self.max_num_seqs < 1:
+            raise bad("max_num_seqs", "must be >= 1")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = (512 if self.enable_chunked_prefill
+                                           else max(2048, self.max_model_len or 0))
+        if self.max_num_batched_tokens < 1:
+            raise bad("max_num_batched_tokens", "must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise bad("max_model_len", "must be >= 1")
+        if self.preemption_mode not in (None, "recompute", "swap"):
+            raise bad("preemption_mode", "must be recompute or swap")
+        if self.min_run_quantum < 0:
+            raise bad("min_run_quantum", "must be >= 0")
+        victim_rule(self.preemption_victim)  # a ValueError naming the known rules
+        for name in ("max_num_waiting_requests", "max_num_waiting_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise bad("request_timeout", "must be > 0")
 
 
 class Scheduler:
@@ -55,8 +94,7 @@ class Scheduler:
             config.enable_prefix_caching,
             config.num_swap_blocks,
         )
-        policy.cached_tokens = self.kv.num_cached_tokens_probe
-        policy.token_budget = config.max_num_batched_tokens
+        policy.attach(self.kv.num_cached_tokens_probe, config.max_num_batched_tokens)
         self.victim_rule = victim_rule(config.preemption_victim)
         self.recompute_tax = RecomputeTax()
         # Deadline policies: requests shed (finished for missing their deadline while queued;
@@ -134,6 +172,24 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def stats(self) -> dict[str, int | float]:
+        """Queues, KV cache and counters (cumulative) now, by engine/stats.py's
+        SchedulerStats field names."""
+        kv, tax = self.kv, self.recompute_tax
+        return dict(
+            num_running=len(self.running), num_waiting=len(self.waiting),
+            num_swapped=len(self.swapped), num_total_blocks=kv.num_blocks,
+            num_free_blocks=kv.num_free_blocks, kv_cache_usage=kv.usage,
+            num_total_swap_blocks=kv.num_swap_blocks,
+            num_free_swap_blocks=len(kv.free_swap_blocks),
+            num_preemptions=self.num_preemptions,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            num_recomputed_tokens=tax.num_recomputed_tokens,
+            num_computed_tokens=tax.num_computed_tokens_total,
+            num_requests_shed=self.num_requests_shed,
+            num_requests_deprioritized=self.num_requests_deprioritized,
+        )
 
     # ---- one step ---------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ server's (core_proc.py / async_llm.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from concurrent import futures
@@ -18,9 +19,8 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from minivllm.config import EngineConfig
 from minivllm.core.lifecycle import LifecycleTracer, TraceSample
-from minivllm.core.policy import make_policy, policy_options
 from minivllm.core.request import Request, RequestStatus, check_context_length
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.scheduler import Scheduler
 from minivllm.engine.errors import EngineOverloadedError
 from minivllm.engine.messages import (
     EngineCoreOutput,
@@ -67,31 +67,19 @@ class EngineCore:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.eos_token_ids = _eos_token_ids(path, self.tokenizer)
         self.max_model_len = self._max_model_len()
-        self.runner = ModelRunner(config, path, self.hf_config, self.max_model_len)
         self.vocab_size = self.hf_config.vocab_size
         # Grammars of structured_outputs requests compile on a worker thread; meanwhile the
         # request waits here, out of the scheduler: caller's id -> (compile, head request).
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size,
                                                   self.eos_token_ids)
-        self.runner.sampler.structured = self.structured
+        self.runner = ModelRunner(config, path, self.hf_config, self.max_model_len,
+                                  structured=self.structured)
         self._compiling: dict[str, tuple[futures.Future, Request]] = {}
-        policy = make_policy(config.scheduling_policy, config.priority_aging_s,
-                             length_predictor=config.length_predictor,
-                             **policy_options(config))
-        self.scheduler = Scheduler(SchedulerConfig(
-            num_blocks=self.runner.num_blocks,
-            block_size=config.block_size,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            num_swap_blocks=self.runner.num_swap_blocks,
-            enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            preemption_mode=config.preemption_mode,
-            active_preemption=config.active_preemption,
-            min_run_quantum=config.min_run_quantum,
-            preemption_victim=config.preemption_victim,
-        ), policy)
+        # The configured scheduler, with what the model and the allocated cache decide.
+        scheduler_config = dataclasses.replace(
+            config.scheduler_config, num_blocks=self.runner.num_blocks,
+            num_swap_blocks=self.runner.num_swap_blocks, max_model_len=self.max_model_len)
+        self.scheduler = Scheduler(scheduler_config, config.policy_config.make_policy())
         self.groups: dict[str, _Group] = {}  # by the caller's request id
         self._seqs: dict[str, tuple[str, int]] = {}  # sequence id -> (caller's id, index)
         self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step
@@ -403,15 +391,4 @@ class EngineCore:
     # ---- statistics -------------------------------------------------------------------
 
     def get_stats(self) -> SchedulerStats:
-        s, kv = self.scheduler, self.scheduler.kv
-        return SchedulerStats(
-            num_running=len(s.running), num_waiting=len(s.waiting), num_swapped=len(s.swapped),
-            num_total_blocks=kv.num_blocks, num_free_blocks=kv.num_free_blocks,
-            kv_cache_usage=kv.usage, num_total_swap_blocks=kv.num_swap_blocks,
-            num_free_swap_blocks=len(kv.free_swap_blocks), num_preemptions=s.num_preemptions,
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
-            num_recomputed_tokens=s.recompute_tax.num_recomputed_tokens,
-            num_computed_tokens=s.recompute_tax.num_computed_tokens_total,
-            num_requests_shed=s.num_requests_shed,
-            num_requests_deprioritized=s.num_requests_deprioritized,
-        )
+        return SchedulerStats(**self.scheduler.stats())

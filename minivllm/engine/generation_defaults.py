@@ -17,7 +17,7 @@ ignores it: a file with `"do_sample": false, "temperature": 0.6` gives temperatu
 models ship such files; transformers would decode greedily, vLLM samples at 0.6). A file
 without any of the keys above (do_sample alone included) changes nothing.
 
-Torch-free: the server and the config can import it cheaply.
+Torch-free: the server can import it cheaply.
 """
 
 from __future__ import annotations
@@ -28,85 +28,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from minivllm.config import DEMO_MODEL_NAME, EngineConfig
+from minivllm.generation_fields import KEYS, OVERRIDE_FLAG, to_sampling_fields
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 FILE_NAME = "generation_config.json"
-# generation_config.json key -> SamplingParams field
-KEYS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "max_new_tokens": "max_tokens",
-}
-_INT_FIELDS = ("top_k", "max_tokens")
-OVERRIDE_FLAG = "--override-generation-config"
-
-
-def to_sampling_fields(raw: dict[str, Any], source: str, strict: bool) -> dict[str, Any]:
-    """The SamplingParams fields that `raw` (generation_config.json keys) sets. A value
-    SamplingParams would refuse raises (strict) or is logged and skipped (a model's file)."""
-    out: dict[str, Any] = {}
-    for key, name in KEYS.items():
-        value = raw.get(key)
-        if value is None:
-            continue
-        try:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"must be a number, got {value!r}")
-            if name in _INT_FIELDS:
-                if isinstance(value, float) and not value.is_integer():
-                    raise ValueError(f"must be an integer, got {value!r}")
-                value = int(value)
-                if name == "top_k" and value == 0:  # transformers' "no top-k"; ours is -1
-                    value = -1
-            else:
-                value = float(value)
-            SamplingParams(**{name: value})  # the ranges a request is held to
-        except ValueError as e:
-            if strict:
-                raise ValueError(f"{source}: {key}: {e}") from None
-            logger.warning("%s: ignoring %s=%r: %s", source, key, raw.get(key), e)
-            continue
-        out[name] = value
-    return out
-
-
-def parse_override(value: str | dict | None, flag: str | None = OVERRIDE_FLAG
-                   ) -> dict[str, Any] | None:
-    """--override-generation-config: a JSON object (or a dict) of generation_config keys.
-    Bad JSON, an unknown key or a value out of range is a ValueError that starts with `flag`
-    (None: no prefix, for argparse, which names the flag itself)."""
-    if value is None:
-        return None
-    prefix = f"{flag}: " if flag else ""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{prefix}not valid JSON ({e}): {value!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{prefix}must be a JSON object such as '{{\"temperature\": 0.5}}', "
-                         f"got {value!r}")
-    unknown = sorted(set(value) - set(KEYS))
-    if unknown:
-        raise ValueError(f"{prefix}unknown key(s) {', '.join(map(repr, unknown))}; known: "
-                         f"{', '.join(KEYS)}")
-    try:
-        to_sampling_fields(value, "", strict=True)
-    except ValueError as e:
-        raise ValueError(prefix + str(e).removeprefix(": ")) from None
-    return dict(value)
 
 
 def _model_file(model: str, revision: str | None) -> Path | None:
     """The model's generation_config.json, if it has one (a hub model's from the HF cache,
     where loading the engine put it, or downloaded)."""
-    from minivllm.config import DEMO_MODEL_NAME
-
     if model == DEMO_MODEL_NAME:
         return Path(str(resources.files("minivllm") / "demo_model")) / FILE_NAME
     path = Path(model).expanduser()
@@ -135,10 +68,11 @@ def generation_config_file(generation_config: str, model: str,
     return path / FILE_NAME if path.is_dir() else path
 
 
-def load_sampling_defaults(config) -> tuple[dict[str, Any], str]:
+def load_sampling_defaults(config: EngineConfig) -> tuple[dict[str, Any], str]:
     """(the default SamplingParams fields of an EngineConfig, a phrase saying where they came
     from). Empty when neither the file nor the override sets any."""
-    path = generation_config_file(config.generation_config, config.model, config.revision)
+    model = config.model_config
+    path = generation_config_file(model.generation_config, model.model, model.revision)
     raw: dict[str, Any] = {}
     sources = []
     if path is not None and path.is_file():
@@ -151,7 +85,7 @@ def load_sampling_defaults(config) -> tuple[dict[str, Any], str]:
             raw = {}
         if any(raw.get(k) is not None for k in KEYS):
             sources.append(f"the model's generation config ({path})")
-    override = config.override_generation_config or {}
+    override = model.override_generation_config or {}
     if override:
         sources.append(OVERRIDE_FLAG)
     merged = {**raw, **override}

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from minivllm import LLM, SamplingParams
 
     config = config_from_args(args)
-    llm = LLM(**vars(config))
+    llm = LLM(**config.to_kwargs())
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
         top_k=args.top_k, min_p=args.min_p, seed=args.sampling_seed, stop=args.stop,

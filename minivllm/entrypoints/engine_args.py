@@ -1,14 +1,14 @@
-"""CLI flags for every EngineConfig field, spelled as vLLM spells them (--max-num-seqs ...)."""
+"""CLI flags for every engine argument (config.py's ENGINE_ARGS), spelled as vLLM spells them
+(--max-num-seqs ...)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, fields
-from typing import get_type_hints
 
-from minivllm.config import EngineConfig
+from minivllm.config import ENGINE_ARGS, EngineConfig
 from minivllm.core.length_predictor import LENGTH_PREDICTORS
 from minivllm.core.policy import POLICIES
+from minivllm.generation_fields import parse_override
 
 _HELP = {
     "model": "local Hugging Face model directory, hub id, or 'minivllm-demo'",
@@ -50,8 +50,6 @@ _HELP = {
 
 def _json_object(text: str) -> dict:
     """argparse type of a dict field (--override-generation-config): a JSON object."""
-    from minivllm.engine.generation_defaults import parse_override
-
     try:
         return parse_override(text, flag=None)
     except ValueError as e:
@@ -59,14 +57,12 @@ def _json_object(text: str) -> dict:
 
 
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    hints = get_type_hints(EngineConfig)
-    for f in fields(EngineConfig):
-        if f.name in skip:
+    for arg in ENGINE_ARGS.values():
+        if arg.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
-        hint = str(hints[f.name])
-        help_text = _HELP.get(f.name, "") + f" (default: {default})"
+        flag = "--" + arg.name.replace("_", "-")
+        default, hint = arg.default, str(arg.type)
+        help_text = _HELP.get(arg.name, "") + f" (default: {default})"
         if "bool" in hint:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
@@ -85,6 +81,5 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ())
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    names = {f.name for f in fields(EngineConfig)}
-    kwargs = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    kwargs = {k: v for k, v in vars(args).items() if k in ENGINE_ARGS and v is not None}
     return EngineConfig(**kwargs)

@@ -24,6 +24,7 @@ from minivllm.model.loader import load_state_dict, resolve_device, resolve_dtype
 from minivllm.model.models import build_model, head_dim
 from minivllm.model.sampler import Sampler, top_logprobs
 from minivllm.outputs import Logprob
+from minivllm.structured_output.manager import StructuredOutputManager
 
 GiB = 1 << 30
 
@@ -41,26 +42,32 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_path, hf_config, max_model_len: int) -> None:
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+    def __init__(self, config: EngineConfig, model_path, hf_config, max_model_len: int,
+                 structured: StructuredOutputManager | None = None) -> None:
+        """`structured`: compiles the grammars of structured_outputs requests (the engine
+        core's); None serves none."""
+        num_threads = config.parallel_config.num_threads
+        if num_threads:
+            torch.set_num_threads(num_threads)
         # Without a fixed thread count, follow the cores other processes leave free.
         self.threads = (ThreadGovernor(torch.get_num_threads())
-                        if not config.num_threads and torch.get_num_threads() > 1 else None)
-        self.device = resolve_device(config.device)
+                        if not num_threads and torch.get_num_threads() > 1 else None)
+        model_config = config.model_config
+        self.device = resolve_device(model_config.device)
         # int8 quantizes the linears and keeps everything else in float32 (linear_int8.py)
-        self.dtype = (torch.float32 if config.quantization
-                      else resolve_dtype(config.dtype, hf_config))
+        self.dtype = (torch.float32 if model_config.quantization
+                      else resolve_dtype(model_config.dtype, hf_config))
         weights = {k: v.to(self.device, self.dtype)
                    for k, v in load_state_dict(model_path).items()}
-        self.model = build_model(hf_config, weights, config.quantization).to(self.device)
-        self.block_size = config.block_size
+        self.model = build_model(hf_config, weights, model_config.quantization).to(self.device)
+        self.block_size = config.scheduler_config.block_size
         layers, kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
         shape = (layers, self.block_size, kv_heads, head_dim(hf_config))
-        self.kv_dtype = (self.dtype if config.kv_cache_dtype == "auto" else torch.bfloat16)
+        cache_config = config.cache_config
+        self.kv_dtype = (self.dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16)
         self.block_bytes = block_bytes = 2 * torch.Size(shape).numel() * self.kv_dtype.itemsize
         self.num_blocks = config.kv_cache_num_blocks(block_bytes, max_model_len)
-        self.num_swap_blocks = int(config.swap_space * GiB // block_bytes)
+        self.num_swap_blocks = int(cache_config.swap_space * GiB // block_bytes)
         # One block more than the scheduler hands out: padding rows write their K/V there.
         cache_shape = (layers, self.num_blocks + 1, *shape[1:])
         self.padding_slot = self.num_blocks * self.block_size
@@ -75,8 +82,9 @@ class ModelRunner:
         # oneDNN linears run at a few row counts (linear.py): pad the batch to one once per
         # step, so that no layer pads (and copies) its input again.
         self.pad_rows = getattr(self.model.lm_head, "onednn", False)
-        self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed,
-                               use_kernel=cpu.available(self.device, torch.float32))
+        self.sampler = Sampler(hf_config.vocab_size, self.device, model_config.seed,
+                               use_kernel=cpu.available(self.device, torch.float32),
+                               structured=structured)
         max_len = getattr(hf_config, "max_position_embeddings", 2048)
         self.batch = InputBatch(-(-max_len // self.block_size) + 1, self.block_size)
         # The per-request attention oracle instead of the batched fast path (tests).

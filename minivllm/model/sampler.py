@@ -230,13 +230,13 @@ def _pack(states: list[_RequestState]) -> _Batch:
 
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int,
-                 use_kernel: bool) -> None:
+                 use_kernel: bool, structured: StructuredOutputManager | None = None) -> None:
         self.vocab_size, self.device = vocab_size, torch.device(device)
         self.use_kernel = use_kernel and cpu.available(self.device, torch.float32)
         self.generator = torch.Generator().manual_seed(seed)  # the seeds of unseeded requests
         self._requests: dict[str, _RequestState] = {}
-        # Compiles the grammars of structured_outputs requests (set by the engine core).
-        self.structured: StructuredOutputManager | None = None
+        # Compiles the grammars of structured_outputs requests (the engine core's).
+        self.structured = structured
 
     def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: list[int],
                     output_token_ids: list[int], banned_until_min_tokens: Iterable[int],

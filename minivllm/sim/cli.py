@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from minivllm.bench import metrics, report, workload
@@ -20,11 +19,10 @@ from minivllm.bench.args import (
 )
 from minivllm.bench.prediction import describe as describe_prediction
 from minivllm.bench.timeline_html import write_sim_timeline
-from minivllm.config import EngineConfig
-from minivllm.core.policy import policy_options
+from minivllm.config import ENGINE_ARGS
 from minivllm.core.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from minivllm.core.scheduler import SchedulerConfig
-from minivllm.entrypoints.engine_args import add_engine_args
+from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.sim.cost_model import CostModel, load_cost_model
 from minivllm.sim.data_parallel import DataParallelResult, DataParallelSimulator
 from minivllm.sim.seed_report import side_by_side
@@ -68,8 +66,8 @@ def _add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple
                    default=DEFAULT_ROUTER_POLICY,
                    help=f"which replica serves a request (default: {DEFAULT_ROUTER_POLICY})")
     p.set_defaults(output="results/sim")
-    add_engine_args(p, skip=tuple(f.name for f in fields(EngineConfig)
-                                  if f.name not in SIM_ENGINE_ARGS or f.name in skip))
+    add_engine_args(p, skip=tuple(name for name in ENGINE_ARGS
+                                  if name not in SIM_ENGINE_ARGS or name in skip))
 
 
 def add_parser(subparsers) -> None:
@@ -152,14 +150,15 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     common = dict(aging_s=args.priority_aging_s, send_priority=policy == "priority",
                   progress=not args.disable_tqdm, max_concurrency=args.max_concurrency,
                   length_predictor=predictor, request_max_tokens=args.request_max_tokens)
+    options = config_from_args(args).policy_config.options()  # vtc_weights, edf_action, ...
     if args.data_parallel_size > 1:
         sim = DataParallelSimulator(config, policy, cost, **common,
                                     data_parallel_size=args.data_parallel_size,
                                     router_policy=args.router_policy,
-                                    policy_options=policy_options(args))
+                                    policy_options=options)
     else:
         sim = Simulator(config, policy, cost, **common, record_timeline=True,
-                        policy_options=policy_options(args))
+                        policy_options=options)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0

@@ -16,25 +16,34 @@ from __future__ import annotations
 
 import math
 
-from minivllm.core.policy import SchedulingPolicy, register
+from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.request import Request
 
 EDF_ACTIONS = ("shed", "deprioritize")
 
 
-@register("edf")
 class EarliestDeadlineFirstPolicy(SchedulingPolicy):
+    name = "edf"
     uses_length_predictor = False
     option_names = ("edf_action", "ttft_slo_ms", "e2e_slo_ms")
 
     def __init__(self, aging_s: float = 10.0, predictor=None, edf_action: str = "shed",
                  ttft_slo_ms: float | None = None, e2e_slo_ms: float | None = None) -> None:
         super().__init__(aging_s, predictor)
+        self.validate_options(edf_action=edf_action, ttft_slo_ms=ttft_slo_ms,
+                              e2e_slo_ms=e2e_slo_ms)
+        self.shed_late = edf_action == "shed"
+        self.default_ttft_slo_ms, self.default_e2e_slo_ms = ttft_slo_ms, e2e_slo_ms
+
+    @classmethod
+    def validate_options(cls, edf_action: str = "shed", ttft_slo_ms: float | None = None,
+                         e2e_slo_ms: float | None = None) -> None:
         if edf_action not in EDF_ACTIONS:
             raise ValueError(f"edf_action (--edf-action) must be shed or deprioritize, "
                              f"got {edf_action!r}")
-        self.shed_late = edf_action == "shed"
-        self.default_ttft_slo_ms, self.default_e2e_slo_ms = ttft_slo_ms, e2e_slo_ms
+        for name, slo in (("ttft_slo_ms", ttft_slo_ms), ("e2e_slo_ms", e2e_slo_ms)):
+            if slo is not None and not 0 < slo < math.inf:
+                raise ValueError(f"{name} must be > 0 (milliseconds), got {slo!r}")
 
     def deadline(self, request: Request) -> float:
         """The clock time by which the request's next SLO must be met (inf: none)."""

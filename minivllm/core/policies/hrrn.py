@@ -14,12 +14,12 @@ import math
 import statistics
 from collections import deque
 
-from minivllm.core.policy import SchedulingPolicy, register
+from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.request import Request
 
 
-@register("hrrn")
 class HighestResponseRatioNextPolicy(SchedulingPolicy):
+    name = "hrrn"
     def __init__(self, aging_s: float = 10.0, predictor=None) -> None:
         super().__init__(aging_s, predictor)
         self._last_step: float | None = None

@@ -18,24 +18,28 @@ from __future__ import annotations
 import math
 from weakref import WeakKeyDictionary
 
-from minivllm.core.policy import SchedulingPolicy, register
+from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.request import Request
 
 NUM_LEVELS = 12  # quanta base .. base * 2**11 iterations; lower levels keep the last
 
 
-@register("mlfq")
 class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
+    name = "mlfq"
     uses_length_predictor = False
     option_names = ("mlfq_base_quantum",)
 
     def __init__(self, aging_s: float = 10.0, predictor=None, mlfq_base_quantum: int = 4) -> None:
         super().__init__(aging_s, predictor)
-        if mlfq_base_quantum < 1:
-            raise ValueError(f"mlfq_base_quantum must be >= 1, got {mlfq_base_quantum}")
+        self.validate_options(mlfq_base_quantum=mlfq_base_quantum)
         self.base_quantum = mlfq_base_quantum
         # request -> [level, its service when it entered that level, its prefill iterations]
         self._levels: WeakKeyDictionary[Request, list[int]] = WeakKeyDictionary()
+
+    @classmethod
+    def validate_options(cls, mlfq_base_quantum: int = 4) -> None:
+        if mlfq_base_quantum < 1:
+            raise ValueError(f"mlfq_base_quantum must be >= 1, got {mlfq_base_quantum!r}")
 
     def quantum(self, level: int) -> int:
         return self.base_quantum << level

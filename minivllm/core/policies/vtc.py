@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 
-from minivllm.core.policy import SchedulingPolicy, register
+from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.request import Request
 
 
@@ -42,8 +42,8 @@ def tenant(request: Request) -> str:
     return request.user or ""
 
 
-@register("vtc")
 class VirtualTokenCounterPolicy(SchedulingPolicy):
+    name = "vtc"
     uses_length_predictor = False
     option_names = ("vtc_weights",)
 
@@ -54,6 +54,10 @@ class VirtualTokenCounterPolicy(SchedulingPolicy):
         self.active: Counter[str] = Counter()  # tenant -> its unfinished requests
         self._members: set[str] = set()  # request ids counted in `active`
         self._charged: dict[str, float] = {}  # request id -> service charged so far
+
+    @classmethod
+    def validate_options(cls, vtc_weights="1,2") -> None:
+        parse_vtc_weights(vtc_weights)  # its error names the setting
 
     def cost(self, request: Request) -> float:
         """The service a request has had: its prompt once admitted (the head of a parallel

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -24,7 +23,7 @@ POLICY_FIELDS = ("scheduling_policy", "priority_aging_s", "length_predictor", "p
 
 def dashboard_config(engine) -> dict:
     """The `config` event: what the page shows as the policy and the engine settings."""
-    settings = dataclasses.asdict(engine.config)
+    settings = engine.config.to_kwargs()
     return {"model": engine.config.model_name, "max_model_len": engine.max_model_len,
             "policy": {k: settings[k] for k in POLICY_FIELDS if k in settings},
             "engine": settings}

@@ -1,0 +1,16 @@
+"""`priority`: lower `priority` runs first (as vLLM); ties by arrival. Every `aging_s` seconds
+of age improve a request's effective priority by one level, so nothing starves."""
+
+from __future__ import annotations
+
+from minivllm.core.policies.base import SchedulingPolicy
+from minivllm.core.request import Request
+
+
+class PriorityPolicy(SchedulingPolicy):
+    name = "priority"
+    uses_length_predictor = False
+
+    def sort_key(self, request: Request, now: float) -> tuple:
+        effective = request.priority - self.age(request, now) / self.aging_s
+        return (effective, request.arrival_time, request.request_id)
