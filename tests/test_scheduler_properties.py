@@ -7,7 +7,7 @@ step, and whose fake KV contents catch a request reading slots that are not its 
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minivllm.core.policy import POLICIES
@@ -93,6 +93,35 @@ def test_random_traffic_loses_nothing_and_leaks_nothing(config, arrivals, aborts
     sim.assert_all_free()
 
 
+# Shapes on which swap-out reading a copy-on-write copy's destination (before the copy is
+# made) hands a sibling garbage KV: random draws find that bug under a few seeds only, these
+# find it every run. Found by re-injecting it into KVCacheManager.swap_out.
+SWAP_X_COPY_ON_WRITE = [
+    ("priority", 2, 10, False, True, None,
+     [(0, 1, 1, 1, 0)] * 4 + [(0, 1, 1, 4, 0), (0, 1, 2, 4, 0), (2, 2, 4, 1, 1), (3, 1, 3, 1, 0)]),
+    ("hrrn", 4, 8, False, True, None, [(0, 1, 4, 2, 0), (1, 9, 1, 3, 0), (1, 10, 2, 2, 0)]),
+    ("sjf", 2, 8, False, True, None,
+     [(0, 1, 2, 4, 0), (2, 2, 4, 2, 0), (3, 1, 1, 1, 0), (3, 1, 1, 1, 0)]),
+    ("edf", 3, 12, False, True, None,
+     [(0, 1, 1, 1, 0), (0, 4, 1, 1, 0), (0, 13, 4, 7, 0), (0, 17, 2, 1, 0)]),
+    ("priority", 2, 8, False, True, "swap", [(0, 1, 1, 5, 0), (3, 2, 3, 1, 1), (4, 1, 6, 1, 0)]),
+    ("hrrn", 2, 8, True, True, None,
+     [(0, 1, 1, 1, 0)] * 2 + [(0, 1, 1, 2, 0), (0, 1, 6, 2, 0), (0, 2, 3, 1, 0)]),
+]
+
+
+def pin_examples(shapes):
+    def decorate(test):
+        for (policy, block_size, num_blocks, enable_prefix_caching, active_preemption,
+             preemption_mode, groups) in reversed(shapes):
+            test = example(policy=policy, block_size=block_size, num_blocks=num_blocks,
+                           enable_prefix_caching=enable_prefix_caching,
+                           active_preemption=active_preemption,
+                           preemption_mode=preemption_mode, sample_seed=0, groups=groups)(test)
+        return test
+    return decorate
+
+
 @settings(max_examples=300, deadline=None)
 @given(policy=st.sampled_from(sorted(POLICIES)),
        block_size=st.integers(2, 8), num_blocks=st.integers(8, 40),
@@ -105,6 +134,7 @@ def test_random_traffic_loses_nothing_and_leaks_nothing(config, arrivals, aborts
                                  st.integers(1, 12),  # max_tokens
                                  st.integers(0, 3)),  # priority
                        min_size=1, max_size=8))
+@pin_examples(SWAP_X_COPY_ON_WRITE)
 def test_parallel_sampling_reads_only_its_own_kv(policy, block_size, num_blocks,
                                                  enable_prefix_caching, active_preemption,
                                                  preemption_mode, sample_seed, groups):
