@@ -18,6 +18,16 @@ from tests.model_factory import STORIES
 # Small caches so that startup takes a second or two on two cores.
 FAST_ENGINE_ARGS = ["--num-kv-blocks", "128", "--swap-space", "0.05", "--max-num-seqs", "8"]
 
+# Where AsyncLLM's engine core runs (its EngineCoreClient): in a process of its own (the
+# default) and on a thread of the server. The server tests that matter for both take a
+# `params=ENGINE_MODES` fixture and pass engine_mode_args(request.param); the others run the
+# default, or $MINIVLLM_ENGINE_MODE (MINIVLLM_ENGINE_MODE=thread runs them all on a thread).
+ENGINE_MODES = ("process", "thread")
+
+
+def engine_mode_args(mode: str) -> list[str]:
+    return ["--engine-mode", mode]
+
 # Enough of a chat template for the stories model, which has none of its own.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

@@ -19,11 +19,13 @@ from fastapi.testclient import TestClient
 from minivllm.bench.client import RequestResult
 from minivllm.bench.timeline_html import client_events, record_engine_events, write_run_timeline
 from minivllm.config import EngineConfig
-from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.core.lifecycle import LifecycleEvent, TraceSample
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.engine.stats import IterationStats, SchedulerStats
 from minivllm.entrypoints.dashboard.events import EngineEventHub
 from minivllm.entrypoints.dashboard.routes import add_dashboard_routes
 from minivllm.sampling_params import SamplingParams
-from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
+from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stories_model
 
 KEY = "dash-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -34,8 +36,10 @@ STREAMS = "minivllm:dashboard_event_streams"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard_events")
+    # Slow steps: a 400-token request outlasts the client that leaves it after 0.3 s.
     server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--api-key", KEY,
-                                             "--dashboard-interval", "0.2"], tmp / "server.log")
+                                             "--dashboard-interval", "0.2"], tmp / "server.log",
+                           prelude=SLOW_STEPS)
     yield server
     server.stop()
 
@@ -223,6 +227,10 @@ class FakeEngine:
         self.stat_loggers: list = []
         self.max_model_len = 64
         self.config = EngineConfig(model="fake")
+        self.replicas: list[dict] = []  # data parallel: one state per replica
+
+    def replica_states(self) -> list[dict]:
+        return self.replicas
 
     def set_tracing(self, enabled: bool, interval: float) -> None:
         self.tracing.append((enabled, interval))
@@ -252,8 +260,8 @@ def test_thread_mode_feeds_the_hub_too(tiny_llama):
     """--engine-mode thread: the engine on a thread of the server's process."""
 
     async def scenario():
-        engine = AsyncLLMEngine.from_config(EngineConfig(model=str(tiny_llama),
-                                                         num_kv_blocks=32, swap_space=0.01))
+        engine = AsyncLLM.from_config(EngineConfig(model=str(tiny_llama), num_kv_blocks=32,
+                                                   swap_space=0.01), engine_mode="thread")
         try:
             hub = EngineEventHub(engine, {}, interval=0.05)
             engine.stat_loggers.append(hub)
@@ -274,7 +282,7 @@ def test_thread_mode_feeds_the_hub_too(tiny_llama):
             assert states == ["queued", "prefill", "decode", "finished"] and generated > 0
             await stream.aclose()
             deadline = time.monotonic() + 10
-            while engine.engine.core.tracer is not None:  # the last client turned it off
+            while engine._client.core.tracer is not None:  # the last client turned it off
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.02)
         finally:
@@ -292,12 +300,27 @@ def test_disable_dashboard_keeps_the_events_but_not_the_page():
     assert any(route.path == "/v1/engine/events" for route in app.routes)
 
 
-def test_an_engine_that_cannot_trace_gets_501_naming_why():
-    """The data-parallel frontend has no set_tracing: both routes say so, no broken page."""
-    app = FastAPI()
-    assert add_dashboard_routes(app, object(), 1.0, page=True) is None
-    with TestClient(app) as client:
-        for path in ("/dashboard", "/v1/engine/events"):
-            response = client.get(path)
-            assert response.status_code == 501
-            assert "--data-parallel-size" in response.json()["error"]["message"]
+def test_data_parallel_replicas_are_merged_into_one_view():
+    """Each replica's stats and traces come with its engine_idx: a snapshot adds their
+    queues and blocks up, sets their block maps side by side, and has the events of all."""
+
+    def block_map(in_use: int, cells: str) -> dict:
+        return {"total": 4, "in_use": in_use, "cached": 0, "free": 4 - in_use,
+                "swap_total": 2, "swapped": 0, "cells": {"per_cell": 1, "map": cells},
+                "swap_cells": {"per_cell": 1, "map": "ff"}}
+
+    hub = EngineEventHub(FakeEngine(), {})
+    hub.streams.add(object())  # someone listens
+    for engine_idx, (running, in_use, cells) in enumerate([(2, 3, "uuuf"), (1, 1, "ufff")]):
+        hub.record(SchedulerStats(num_running=running, num_total_blocks=4,
+                                  num_free_blocks=4 - in_use),
+                   IterationStats(0.0, num_generation_tokens=5), engine_idx=engine_idx)
+        hub.record_trace(TraceSample([LifecycleEvent(1.0, f"r{engine_idx}", "decode")], 2, 10,
+                                     6, 64, block_map(in_use, cells), {f"w{engine_idx}": 0}),
+                         engine_idx=engine_idx)
+    events, snapshot = hub.take()
+    assert [e["request_id"] for e in events] == ["r0", "r1"]
+    assert snapshot["running"] == 3 and snapshot["kv_cache_usage"] == 0.5
+    assert snapshot["block_map"]["cells"]["map"] == "uuufufff"
+    assert (snapshot["block_map"]["total"], snapshot["block_map"]["in_use"]) == (8, 4)
+    assert snapshot["steps"]["count"] == 4 and snapshot["ranks"] == {"w0": 0, "w1": 0}

@@ -25,8 +25,8 @@ def test_sum_stats_adds_queues_and_weighs_kv_usage_by_blocks():
 
 def test_metrics_label_every_replica_and_count_the_router():
     m = DataParallelMetrics("demo", 512, 2, "cache_aware")
-    m.record_engine(0, stats(2, 90, 5), IterationStats(timestamp=0.0, num_prompt_tokens=10))
-    m.record_engine(1, stats(3, 50, 7), IterationStats(timestamp=0.0, num_generation_tokens=4))
+    m.record(stats(2, 90, 5), IterationStats(timestamp=0.0, num_prompt_tokens=10), engine_idx=0)
+    m.record(stats(3, 50, 7), IterationStats(timestamp=0.0, num_generation_tokens=4), engine_idx=1)
     m.record_routed(1, 48)
     m.set_up(0, False)
     text = generate_latest(m.registry).decode()
@@ -44,8 +44,8 @@ def test_metrics_label_every_replica_and_count_the_router():
 
 def test_stats_lines_per_replica_and_a_total(caplog):
     m = DataParallelMetrics("demo", 512, 2, "round_robin")
-    m.record_engine(0, stats(2, 90, 5), IterationStats(timestamp=0.0, num_generation_tokens=4))
-    m.record_engine(1, stats(3, 50, 7), IterationStats(timestamp=0.0, num_generation_tokens=4))
+    m.record(stats(2, 90, 5), IterationStats(timestamp=0.0, num_generation_tokens=4), engine_idx=0)
+    m.record(stats(3, 50, 7), IterationStats(timestamp=0.0, num_generation_tokens=4), engine_idx=1)
     with caplog.at_level("INFO", logger="minivllm.engine.metrics"):
         m.log()
     lines = [r.getMessage() for r in caplog.records]

@@ -16,7 +16,14 @@ import time
 import httpx
 import pytest
 
-from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stories_model
+from tests.server_utils import (
+    ENGINE_MODES,
+    FAST_ENGINE_ARGS,
+    SLOW_STEPS,
+    ServerProcess,
+    engine_mode_args,
+    stories_model,
+)
 
 FAIL_ONE_SEED = 1001  # this request's 4th token raises (a detokenizer bug, say)
 KILL_ENGINE_SEED = 1002  # a batch with this request raises in the forward pass
@@ -49,10 +56,10 @@ OpenAIServing.encode = _encode
 GREEDY_8 = ", there was a little girl"
 
 
-@pytest.fixture(scope="module", params=["process", "thread"])
+@pytest.fixture(scope="module", params=ENGINE_MODES)
 def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
-    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--engine-mode", request.param],
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *engine_mode_args(request.param)],
                            tmp / "server.log", prelude=SLOW_STEPS + FAULTS)
     yield server
     server.stop()

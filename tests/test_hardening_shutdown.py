@@ -9,15 +9,24 @@ import signal
 import time
 
 import httpx
+import pytest
 
-from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stories_model
+from tests.server_utils import (
+    ENGINE_MODES,
+    FAST_ENGINE_ARGS,
+    SLOW_STEPS,
+    ServerProcess,
+    engine_mode_args,
+    stories_model,
+)
 
 SHUTDOWN_TIMEOUT = 1.5
 
 
-def test_sigterm_drains_then_exits_zero(tmp_path):
-    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--shutdown-timeout",
-                                             str(SHUTDOWN_TIMEOUT)],
+@pytest.mark.parametrize("mode", ENGINE_MODES)
+def test_sigterm_drains_then_exits_zero(tmp_path, mode):
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *engine_mode_args(mode),
+                                             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT)],
                            tmp_path / "server.log", prelude=SLOW_STEPS)
     try:
         async def scenario():
@@ -60,8 +69,10 @@ def test_sigterm_drains_then_exits_zero(tmp_path):
         server.stop()
 
 
-def test_idle_sigterm_exits_zero_at_once(tmp_path):
-    server = ServerProcess(stories_model(), FAST_ENGINE_ARGS, tmp_path / "server.log")
+@pytest.mark.parametrize("mode", ENGINE_MODES)
+def test_idle_sigterm_exits_zero_at_once(tmp_path, mode):
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *engine_mode_args(mode)],
+                           tmp_path / "server.log")
     start = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=15) == 0

@@ -12,7 +12,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
-from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.api_server import build_app
 from tests.server_utils import CHAT_TEMPLATE
 
@@ -62,9 +62,9 @@ def test_api_sheds_a_request_past_its_ttft_deadline(tiny_llama):
     """The app in-process (no server start), its engine on a thread: a request waits behind
     a long one for the only seat, past its 1 ms TTFT deadline, and is shed with a 503 naming
     it, on completions and chat alike; /metrics counts it; a bad SLO is a 400 naming it."""
-    engine = AsyncLLMEngine.from_config(EngineConfig(
+    engine = AsyncLLM.from_config(EngineConfig(
         model=str(tiny_llama), num_kv_blocks=64, block_size=4, max_num_seqs=1,
-        scheduling_policy="edf", edf_action="shed"), log_interval=60)
+        scheduling_policy="edf", edf_action="shed"), log_interval=60, engine_mode="thread")
     app = build_app(engine, argparse.Namespace(chat_template=CHAT_TEMPLATE))
 
     async def scenario(client: httpx.AsyncClient) -> None:
@@ -74,7 +74,7 @@ def test_api_sheds_a_request_past_its_ttft_deadline(tiny_llama):
             body = {"max_tokens": 60, "temperature": 0, "ignore_eos": True, "user": "t1",
                     **prompt}
             busy = asyncio.ensure_future(client.post(f"/v1/{endpoint}", json=body))
-            while engine.engine.get_stats().num_running == 0:
+            while (await engine.get_stats()).num_running == 0:
                 await asyncio.sleep(0.005)
             late = await client.post(f"/v1/{endpoint}",
                                      json=body | {"max_tokens": 2, "ttft_slo_ms": 1.0})

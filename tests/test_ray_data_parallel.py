@@ -1,7 +1,8 @@
 """`minivllm serve --data-parallel-size 2` on a local Ray cluster that the server starts:
 greedy outputs equal a single engine's, cache_aware routing beats round_robin on prefix-cache
-hits, a killed replica loses no request that had not started and hangs none that had, and
-SIGTERM leaves no Ray process behind.
+hits, sticky sessions keep a user on one replica, a slow replica stalls none of the requests
+routed to the other, the dashboard shows both replicas, a killed replica loses no request
+that had not started and hangs none that had, and SIGTERM leaves no Ray process behind.
 
 Slow (each server starts a Ray cluster): `make test-ray` runs these, `make test` skips them.
 """
@@ -30,11 +31,27 @@ pytest.importorskip("ray")
 
 pytestmark = pytest.mark.timeout(900)
 DP_ARGS = [*FAST_ENGINE_ARGS, "--engine-threads", "1", "--log-interval", "2"]
-# SLOW_STEPS in Ray's worker processes only (an engine core runs in one): every process of
-# the Ray cluster imports the prelude, and its agents, importing torch, would start too late.
+STALL_SEED = 4242  # a batch with this request steps for a second: its replica is slow
+STALL_STEPS = f"""
+import time
+from minivllm.model.runner import ModelRunner
+
+def _stall(self, out, _original=ModelRunner.execute):
+    params = [new.sampling_params for new in out.scheduled_new_reqs]
+    params += [self.batch.requests[r].params for r in out.scheduled_cached_reqs.req_ids]
+    if any(p.seed == {STALL_SEED} for p in params):
+        time.sleep(1.0)
+    return _original(self, out)
+
+ModelRunner.execute = _stall
+"""
+# SLOW_STEPS and STALL_STEPS in Ray's worker processes only (an engine core runs in one):
+# every process of the Ray cluster imports the prelude, and its agents, importing torch,
+# would start too late.
 ENGINE_WORKER_SLOW_STEPS = ("import sys\n"
                             "if sys.argv and sys.argv[0].endswith('default_worker.py'):\n"
-                            + "".join(f"    {line}\n" for line in SLOW_STEPS.strip().splitlines()))
+                            + "".join(f"    {line}\n"
+                                      for line in (SLOW_STEPS + STALL_STEPS).strip().splitlines()))
 
 
 class RayServer(ServerProcess):
@@ -104,10 +121,11 @@ class OneServerAtATime:
             self.stop()
             args = [*DP_ARGS, "--data-parallel-size", "2", "--router-policy", policy]
             # round_robin's server also serves the failure tests: slow steps (5 ms at least)
-            # and 2 sequences a replica, so that requests queue behind running ones.
+            # and 2 sequences a replica, so that requests queue behind running ones; and the
+            # sticky sessions' (requests without a `user` route as before).
             prelude = ENGINE_WORKER_SLOW_STEPS if policy == "round_robin" else ""
             if policy == "round_robin":
-                args += ["--max-num-seqs", "2"]
+                args += ["--max-num-seqs", "2", "--sticky-sessions"]
             self.server = RayServer(self.model, args, self.tmp.mktemp("dp") / f"{policy}.log",
                                     prelude=prelude)
             self.name = policy
@@ -161,6 +179,64 @@ def test_cache_aware_beats_round_robin_on_shared_system_prompts(model, servers):
     print(f"prefix-cache hit rate on 8 system prompts x 6 users, 2 replicas: "
           f"cache_aware {rates['cache_aware']:.1%}, round_robin {rates['round_robin']:.1%}")
     assert rates["cache_aware"] > rates["round_robin"] + 0.05
+
+
+def routed_counts(server: ServerProcess) -> list[float]:
+    return [v for k, v in sorted(server.metrics().items())
+            if k.startswith("minivllm:router_requests_total")]
+
+
+def test_sticky_sessions_keep_a_user_on_one_replica(model, servers):
+    server = servers.get("round_robin")  # alternates between the replicas without a user
+    before = routed_counts(server)
+    for i in range(4):
+        complete(server.url, model, f"Tale number {i}:", 2, user="alice")
+    after = routed_counts(server)
+    assert sorted(a - b for a, b in zip(after, before)) == [0, 4]
+    before = after
+    for i in range(2):
+        complete(server.url, model, f"Tale number {i}:", 2)
+    assert [a - b for a, b in zip(routed_counts(server), before)] == [1, 1]
+
+
+def test_a_slow_replica_stalls_none_of_the_others_requests(model, servers):
+    """A request whose batch steps for a second (STALL_SEED) holds its replica; the next
+    request goes to the other one (round_robin) and finishes long before it."""
+    server = servers.get("round_robin")
+    slow: dict = {}
+
+    def run_slow() -> None:
+        start = time.monotonic()
+        complete(server.url, model, "Once upon a time", 12, ignore_eos=True, seed=STALL_SEED)
+        slow["took"] = time.monotonic() - start
+
+    thread = threading.Thread(target=run_slow)
+    thread.start()
+    time.sleep(2.0)  # it is running, a second a step
+    start = time.monotonic()
+    fast = complete(server.url, model, "The little dog", 32, ignore_eos=True)
+    took = time.monotonic() - start
+    thread.join(timeout=120)
+    assert fast["usage"]["completion_tokens"] == 32
+    assert "took" in slow and slow["took"] >= 10
+    assert took < slow["took"] - 5, (took, slow["took"])  # not held behind its steps
+
+
+def test_the_dashboard_shows_every_replica(servers):
+    server = servers.get("round_robin")
+    events = []
+    with httpx.stream("GET", server.url + "/v1/engine/events", timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                events.append(line[len("event: "):])
+            elif line.startswith("data: ") and events[-1] == "snapshot":
+                snapshot = json.loads(line[len("data: "):])
+                if snapshot["block_map"] is not None:
+                    break
+    assert events[0] == "config"
+    assert snapshot["block_map"]["total"] == 2 * 128  # both replicas' blocks (--num-kv-blocks)
+    assert httpx.get(server.url + "/dashboard", timeout=10).status_code == 200
 
 
 def _stream(url: str, model: str, prompt: str, record: dict) -> None:

@@ -7,21 +7,28 @@ import openai
 import pytest
 
 from minivllm import LLM, SamplingParams
-from tests.server_utils import CHAT_TEMPLATE, FAST_ENGINE_ARGS, ServerProcess, stories_model
+from tests.server_utils import (
+    CHAT_TEMPLATE,
+    ENGINE_MODES,
+    FAST_ENGINE_ARGS,
+    ServerProcess,
+    engine_mode_args,
+    stories_model,
+)
 
 PROMPT = "Once upon a time"
 KNOWN_CONTINUATION = (", there was a little girl named Lily. She loved to play outside in the "
                       "park. One day, she saw")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def server(request, tmp_path_factory):
     model = stories_model()
     tmp = tmp_path_factory.mktemp("server_api")
     template = tmp / "chat.jinja"
     template.write_text(CHAT_TEMPLATE)
-    server = ServerProcess(model, [*FAST_ENGINE_ARGS, "--chat-template", str(template)],
-                           tmp / "server.log")
+    server = ServerProcess(model, [*FAST_ENGINE_ARGS, *engine_mode_args(request.param),
+                                   "--chat-template", str(template)], tmp / "server.log")
     yield server
     server.stop()
 

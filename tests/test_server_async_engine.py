@@ -1,4 +1,5 @@
-"""AsyncLLMEngine and the stat loggers, against a fake engine and a fake clock: no model."""
+"""AsyncLLM over the in-process client (the engine core's busy loop on a thread), and the
+stat loggers, against a fake engine core and a fake clock: no model."""
 
 from __future__ import annotations
 
@@ -13,31 +14,47 @@ import pytest
 from prometheus_client import generate_latest
 
 from minivllm.config import EngineConfig
-from minivllm.engine.async_engine import AsyncLLMEngine
+from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.errors import (
     EngineDeadError,
     EngineOverloadedError,
     RequestFailedError,
     RequestTimeoutError,
 )
+from minivllm.engine.inproc_client import InprocClient
+from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, token_buckets
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.entrypoints.openai.api_server import build_app
-from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 
-class FakeEngine:
-    """LLMEngine's interface: each step adds token 7 to every running request."""
+class FakeTokenizer:
+    """Every text is token 1; every token reads "x"."""
+
+    chat_template = None
+
+    def __call__(self, text):
+        return SimpleNamespace(input_ids=[1])
+
+    def __len__(self):
+        return 100
+
+    def encode(self, text, add_special_tokens=True):
+        return [1]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "x" * len(ids)
+
+
+class FakeCore:
+    """EngineCore's interface: each step adds token 7 to every running request."""
 
     def __init__(self, max_model_len: int = 100_000) -> None:
-        self.config = EngineConfig()
-        self.tokenizer = SimpleNamespace(chat_template=None)
         self.max_model_len = max_model_len
         self.requests: dict[str, list] = {}  # id -> [params, tokens]
-        self.finished_outside_step: list[RequestOutput] = []
         self.aborted: list[str] = []
-        self.stat_loggers: list = []
+        self.stopped: list[str] = []  # aborted because a stop string ended them
         self.fail_step = False
         self.fail_request: str | None = None
         self.time_out_request: str | None = None  # failed before it was ever scheduled
@@ -46,149 +63,168 @@ class FakeEngine:
     def _touch(self) -> None:
         self.thread_ids.add(threading.get_ident())
 
-    def add_request(self, request_id, prompt, params, prompt_token_ids=None, priority=0,
-                    arrival_time=None, cache_salt=None, oracle_output_len=None, user=None,
-                    ttft_slo_ms=None, e2e_slo_ms=None):
+    def add_request(self, request) -> None:
         self._touch()
-        if params.max_tokens is not None and params.max_tokens > self.max_model_len:
-            raise ValueError(f"max_tokens {params.max_tokens} > {self.max_model_len}")
-        self.requests[request_id] = [params, []]
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None and max_tokens > self.max_model_len:
+            raise ValueError(f"max_tokens {max_tokens} > {self.max_model_len}")
+        self.requests[request.request_id] = [request.sampling_params, []]
 
-    def abort_request(self, request_id):
+    def abort_requests(self, ids, stopped=False) -> None:
         self._touch()
-        params, tokens = self.requests.pop(request_id)
-        self.aborted.append(request_id)
-        self.finished_outside_step.append(self._output(request_id, tokens, "abort"))
+        for request_id in ids:
+            if self.requests.pop(request_id, None) is not None:
+                (self.stopped if stopped else self.aborted).append(request_id)
 
-    def has_unfinished_requests(self):
-        return bool(self.requests or self.finished_outside_step)
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
 
-    def step(self):
+    def step(self) -> EngineCoreOutputs:
         self._touch()
         time.sleep(0.001)  # a forward pass takes time
         if self.fail_step:
             raise RuntimeError("boom")
-        outputs, self.finished_outside_step = self.finished_outside_step, []
+        outputs = []
         for request_id, (params, tokens) in list(self.requests.items()):
-            tokens.append(7)
-            done = len(tokens) >= params.max_tokens
-            error = "bad request" if request_id == self.fail_request else None
             if request_id == self.time_out_request:
                 del self.requests[request_id]
-                outputs.append(self._output(request_id, [], "abort", "waited too long",
-                                            RequestMetrics(arrival_time=0.0)))
+                outputs.append(EngineCoreOutput(request_id, finish_reason="abort",
+                                                error="waited too long", error_kind="timeout"))
                 continue
-            if done or error:
+            if request_id == self.fail_request:
                 del self.requests[request_id]
-            outputs.append(self._output(request_id, tokens, "length" if done or error else None,
-                                        error))
-        for stat_logger in self.stat_loggers:
-            stat_logger.record(self.get_stats(), IterationStats(timestamp=0.0))
-        return outputs
+                outputs.append(EngineCoreOutput(request_id, finish_reason="abort",
+                                                error="bad request", error_kind="failed",
+                                                first_scheduled_time=time.time()))
+                continue
+            tokens.append(7)
+            done = len(tokens) >= params.max_tokens
+            if done:
+                del self.requests[request_id]
+            outputs.append(EngineCoreOutput(request_id, new_token_ids=[7],
+                                            finish_reason="length" if done else None,
+                                            first_scheduled_time=time.time()))
+        return EngineCoreOutputs(timestamp=time.time(), outputs=outputs,
+                                 scheduler_stats=self.get_stats())
 
-    @staticmethod
-    def _output(request_id, tokens, finish_reason, error=None, metrics=None):
-        completion = CompletionOutput(0, "x" * len(tokens), list(tokens), None, None,
-                                      finish_reason)
-        return RequestOutput(request_id, None, [1], None, [completion],
-                             finished=finish_reason is not None, metrics=metrics, error=error)
-
-    def get_stats(self):
+    def get_stats(self) -> SchedulerStats:
         return SchedulerStats(num_running=len(self.requests))
 
-    def add_stat_logger(self, stat_logger):
-        self.stat_loggers.append(stat_logger)
+    def set_tracing(self, enabled, interval) -> None:
+        pass
+
+    def take_trace(self, now, force=False):
+        return None
+
+
+def make_engine(core: FakeCore, stat_loggers=(), log_interval: float = 0.05) -> AsyncLLM:
+    return AsyncLLM(InprocClient(None, core=core), EngineConfig(), list(stat_loggers),
+                    log_interval, tokenizer=FakeTokenizer())
 
 
 @pytest.fixture
 def fake():
-    engine = FakeEngine()
-    async_engine = AsyncLLMEngine(engine, log_interval=0.05)
-    yield engine, async_engine
-    async_engine.shutdown()
+    core = FakeCore()
+    engine = make_engine(core)
+    yield core, engine
+    engine.shutdown()
 
 
-async def collect(async_engine, request_id, max_tokens=5):
-    return [out async for out in async_engine.generate(
-        None, SamplingParams(max_tokens=max_tokens), request_id, prompt_token_ids=[1])]
+async def collect(engine, request_id, max_tokens=5, **params):
+    return [out async for out in engine.generate(
+        None, SamplingParams(max_tokens=max_tokens, **params), request_id,
+        prompt_token_ids=[1])]
 
 
-def test_streams_outputs_on_the_engine_thread(fake):
-    engine, async_engine = fake
+def test_streams_outputs_with_the_core_on_its_thread(fake):
+    core, engine = fake
 
     async def main():
-        return await asyncio.gather(*(collect(async_engine, f"r{i}", 3 + i) for i in range(4)))
+        return await asyncio.gather(*(collect(engine, f"r{i}", 3 + i) for i in range(4)))
 
     results = asyncio.run(main())
     for i, outputs in enumerate(results):
         assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 3 + i
         assert not any(out.finished for out in outputs[:-1])
-    assert engine.thread_ids == {async_engine._thread.ident}  # one owner thread
+    assert core.thread_ids == {engine._client._thread.ident}  # one owner thread
 
 
-def test_add_request_value_error_reaches_the_caller(fake):
-    _, async_engine = fake
+def test_a_stop_string_stops_the_request_in_the_core(fake):
+    """The OutputProcessor ends the sequence at the stop string; the core, which sees no
+    text, must be told (frontend.process_outputs), or it generates to max_tokens."""
+    core, engine = fake
+    outputs = asyncio.run(collect(engine, "r", max_tokens=10_000, stop=["xxx"]))
+    assert outputs[-1].outputs[0].finish_reason == "stop"
+    deadline = time.monotonic() + 5
+    while not core.stopped and time.monotonic() < deadline:  # the core thread gets to it
+        time.sleep(0.01)
+    assert core.stopped == ["r"] and not core.requests
+
+
+def test_a_request_the_core_rejects_raises_value_error(fake):
+    _, engine = fake
     with pytest.raises(ValueError, match="max_tokens 200000 > 100000"):
-        asyncio.run(collect(async_engine, "r", max_tokens=200_000))
-    assert async_engine.is_running
+        asyncio.run(collect(engine, "r", max_tokens=200_000))
+    assert engine.is_running
 
 
 def test_consumer_leaving_aborts_the_request(fake):
-    engine, async_engine = fake
+    core, engine = fake
 
     async def leave_early():
-        async for _ in async_engine.generate(None, SamplingParams(max_tokens=10_000), "r",
-                                             prompt_token_ids=[1]):
+        async for _ in engine.generate(None, SamplingParams(max_tokens=10_000), "r",
+                                       prompt_token_ids=[1]):
             break  # closing the generator aborts
 
     asyncio.run(leave_early())
     for _ in range(100):
-        if engine.aborted:
+        if core.aborted:
             break
         threading.Event().wait(0.01)
-    assert engine.aborted == ["r"] and not engine.requests
+    assert core.aborted == ["r"] and not core.requests
 
 
 def test_cancelled_consumer_aborts_the_request(fake):
-    engine, async_engine = fake
+    core, engine = fake
 
     async def cancel_it():
-        task = asyncio.ensure_future(collect(async_engine, "r", max_tokens=10_000))
+        task = asyncio.ensure_future(collect(engine, "r", max_tokens=10_000))
         await asyncio.sleep(0.05)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         for _ in range(500):  # the engine thread applies the abort when it gets to it
-            if engine.aborted:
+            if core.aborted:
                 break
             await asyncio.sleep(0.01)
 
     asyncio.run(cancel_it())
-    assert engine.aborted == ["r"]
+    assert core.aborted == ["r"]
 
 
 def test_one_failed_request_does_not_stop_the_others(fake):
-    engine, async_engine = fake
-    engine.fail_request = "bad"
+    core, engine = fake
+    core.fail_request = "bad"
 
     async def main():
-        return await asyncio.gather(collect(async_engine, "bad"), collect(async_engine, "good"),
+        return await asyncio.gather(collect(engine, "bad"), collect(engine, "good"),
                                     return_exceptions=True)
 
     bad, good = asyncio.run(main())
     assert isinstance(bad, RequestFailedError) and "bad request" in str(bad)
-    assert good[-1].finished and async_engine.is_running
+    assert not isinstance(bad, RequestTimeoutError)
+    assert good[-1].finished and engine.is_running
 
 
 def test_a_request_failed_unscheduled_timed_out_and_is_counted():
-    engine = FakeEngine()
+    core = FakeCore()
     prometheus = PrometheusStatLogger("m", max_model_len=512)
-    async_engine = AsyncLLMEngine(engine, [prometheus], log_interval=60)
-    engine.time_out_request = "late"
+    engine = make_engine(core, [prometheus], log_interval=60)
+    core.time_out_request = "late"
     try:
         with pytest.raises(RequestTimeoutError, match="waited too long"):
-            asyncio.run(collect(async_engine, "late"))
+            asyncio.run(collect(engine, "late"))
     finally:
-        async_engine.shutdown()
+        engine.shutdown()
     assert _sample(prometheus.registry, "vllm:num_requests_rejected_total",
                    reason="request_timeout") == 1
     assert _sample(prometheus.registry, "vllm:num_requests_rejected_total",
@@ -196,18 +232,18 @@ def test_a_request_failed_unscheduled_timed_out_and_is_counted():
 
 
 def test_drain_refuses_new_requests_then_cuts_the_stragglers():
-    engine = FakeEngine()
+    core = FakeCore()
     prometheus = PrometheusStatLogger("m", max_model_len=512)
-    async_engine = AsyncLLMEngine(engine, [prometheus], log_interval=60)
+    engine = make_engine(core, [prometheus], log_interval=60)
 
     async def main():
-        short = asyncio.ensure_future(collect(async_engine, "short", max_tokens=20))
-        long = asyncio.ensure_future(collect(async_engine, "long", max_tokens=50_000))
+        short = asyncio.ensure_future(collect(engine, "short", max_tokens=20))
+        long = asyncio.ensure_future(collect(engine, "long", max_tokens=50_000))
         await asyncio.sleep(0.02)
-        drain = asyncio.ensure_future(async_engine.drain(timeout=2.0))  # ample for short
+        drain = asyncio.ensure_future(engine.drain(timeout=2.0))  # ample for short
         await asyncio.sleep(0.01)
         with pytest.raises(EngineOverloadedError, match="shutting down") as refused:
-            await collect(async_engine, "late")
+            await collect(engine, "late")
         assert refused.value.reason == "shutdown"
         cut = await drain
         return cut, await short, await asyncio.gather(long, return_exceptions=True)
@@ -215,32 +251,44 @@ def test_drain_refuses_new_requests_then_cuts_the_stragglers():
     cut, short, (long,) = asyncio.run(main())
     assert cut == 1 and short[-1].finished
     assert isinstance(long, EngineDeadError) and "shut down before" in str(long)
-    assert async_engine.errored and not async_engine.crashed
+    assert engine.errored and not engine.crashed
+    assert not engine._client._thread.is_alive()  # the core's loop has stopped
     assert _sample(prometheus.registry, "vllm:num_requests_rejected_total",
                    reason="shutdown") == 1
 
 
 def test_step_exception_fails_requests_and_marks_the_engine_dead(fake, caplog):
-    engine, async_engine = fake
+    core, engine = fake
 
     async def main():
-        task = asyncio.ensure_future(collect(async_engine, "r", max_tokens=10_000))
+        task = asyncio.ensure_future(collect(engine, "r", max_tokens=10_000))
         await asyncio.sleep(0.05)
-        engine.fail_step = True
+        core.fail_step = True
         with pytest.raises(EngineDeadError, match="boom"):
             await task
         with pytest.raises(EngineDeadError):
-            await collect(async_engine, "later")
-        app = build_app(async_engine, SimpleNamespace())
+            await collect(engine, "later")
+        app = build_app(engine, SimpleNamespace())
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
             return await http.get("/health")
 
     with caplog.at_level(logging.ERROR):
         health = asyncio.run(main())
-    assert async_engine.errored and async_engine.crashed and not async_engine.is_running
+    assert engine.errored and engine.crashed and not engine.is_running
     assert "Traceback" in caplog.text or any(r.exc_info for r in caplog.records)
     assert health.status_code == 503 and "boom" in health.json()["error"]["message"]
+
+
+def test_every_client_has_the_protocols_methods():
+    from minivllm.distributed.data_parallel import DataParallelClient
+    from minivllm.engine.core_client import EngineCoreClient, MPClient
+
+    methods = [name for name in vars(EngineCoreClient) if not name.startswith("_")]
+    assert "get_outputs" in methods and "replica_states" in methods
+    for client in (InprocClient, MPClient, DataParallelClient):
+        missing = [name for name in methods if not callable(getattr(client, name, None))]
+        assert not missing, (client.__name__, missing)
 
 
 def test_logging_stat_logger_line_and_quiet_when_idle(caplog):

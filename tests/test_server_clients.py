@@ -11,18 +11,20 @@ import openai
 import pytest
 
 from minivllm.config import EngineConfig
-from tests.server_utils import ServerProcess
+from tests.server_utils import ENGINE_MODES, ServerProcess, engine_mode_args
 
 BLOCK = 16
 # The demo model's chat template, as its tokenizer_config.json has it.
 DEMO_TEMPLATE_START = "{{ bos_token }}{% for message in messages %}"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server_clients")
     server = ServerProcess("minivllm-demo", ["--num-kv-blocks", "128", "--swap-space", "0.05",
-                                             "--max-num-seqs", "8"], tmp / "server.log")
+                                             "--max-num-seqs", "8",
+                                             *engine_mode_args(request.param)],
+                           tmp / "server.log")
     yield server
     server.stop()
 

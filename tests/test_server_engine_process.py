@@ -39,7 +39,14 @@ from minivllm.engine.messages import (
 from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stories_model
+from tests.server_utils import (
+    ENGINE_MODES,
+    FAST_ENGINE_ARGS,
+    SLOW_STEPS,
+    ServerProcess,
+    engine_mode_args,
+    stories_model,
+)
 
 PROMPT = "Once upon a time"
 GREEDY_32 = (", there was a little girl named Lily. She loved to play outside in the park. "
@@ -82,10 +89,10 @@ def test_messages_round_trip():
         assert roundtrip(msg, EngineCoreMessage) == msg
 
 
-@pytest.fixture(scope="module", params=["process", "thread"])
+@pytest.fixture(scope="module", params=ENGINE_MODES)
 def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"engine_{request.param}")
-    args = [*FAST_ENGINE_ARGS, "--engine-mode", request.param, "--engine-threads", "1"]
+    args = [*FAST_ENGINE_ARGS, *engine_mode_args(request.param), "--engine-threads", "1"]
     server = ServerProcess(stories_model(), args, tmp / "server.log", prelude=SLOW_STEPS)
     server.mode = request.param
     yield server
@@ -150,8 +157,8 @@ def test_abort_on_disconnect_frees_the_cores_blocks(server):
 
 
 def test_killed_engine_core_fails_requests_and_the_server_exits(tmp_path):
-    server = ServerProcess(stories_model(), FAST_ENGINE_ARGS, tmp_path / "server.log",
-                           prelude=SLOW_STEPS)
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *engine_mode_args("process")],
+                           tmp_path / "server.log", prelude=SLOW_STEPS)
     try:
         async def scenario():
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
@@ -214,7 +221,7 @@ def test_async_llm_stats_call_and_death(tmp_path):
                 assert (await http.get("/health")).status_code == 200
                 gen = engine.generate(PROMPT, params, "b")
                 await anext(gen)
-                os.kill(engine._core.proc.pid, signal.SIGKILL)
+                os.kill(engine._client.proc.pid, signal.SIGKILL)
                 with pytest.raises(EngineDeadError, match="died unexpectedly"):
                     while True:
                         await asyncio.wait_for(anext(gen), timeout=10)

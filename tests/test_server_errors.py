@@ -6,18 +6,25 @@ import httpx
 import openai
 import pytest
 
-from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
+from tests.server_utils import (
+    ENGINE_MODES,
+    FAST_ENGINE_ARGS,
+    ServerProcess,
+    engine_mode_args,
+    stories_model,
+)
 
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_MODEL_LEN = 128
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server_errors")
     # No --chat-template: the stories tokenizer has none, so chat must answer 400.
-    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--api-key", KEY,
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS,
+                                             *engine_mode_args(request.param), "--api-key", KEY,
                                              "--max-request-body-mb", "1",
                                              "--max-model-len", str(MAX_MODEL_LEN),
                                              "--served-model-name", "stories"],

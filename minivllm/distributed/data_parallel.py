@@ -1,55 +1,61 @@
-"""DataParallelAsyncLLM: the API server's client of N engine-core replicas on Ray
-(`minivllm serve --data-parallel-size N`), with AsyncLLM's public surface.
+"""DataParallelClient: the EngineCoreClient of N engine-core replicas on Ray (`minivllm
+serve --data-parallel-size N`), under the same AsyncLLM as a single engine core.
 
-Each request goes where the router (core/router.py, --router-policy) sends it; the replica
-streams its steps back on its own socket, read by a task of its own, so a replica busy with
-a long step holds up none of the others' streams. Text (tokenization, detokenization, stop
-strings) stays here, in one OutputProcessor for all replicas.
+Each request goes where the router (core/router.py, --router-policy; with
+--sticky-sessions, a `user` back to its replica) sends it, and its aborts go to the replica
+holding it; each replica streams its steps back on its own socket,
+all polled at once, so a replica busy with a long step holds up none of the others'
+streams: their EngineCoreOutputs are merged into one stream for AsyncLLM, each tagged with
+its replica (the stats are recorded per replica: DataParallelMetrics). Text (tokenization,
+detokenization, stop strings) stays in AsyncLLM, in one OutputProcessor for all replicas.
 
 When a replica dies (its process killed, a crash, an error in a step), Ray tells us through
 its `run` call: the requests it had produced nothing for are routed again, those it was
-running fail with RequestFailedError (their streams end with an error, never hang), /health
-says degraded, and Ray restarts the actor (max_restarts); once its new engine core says it
-is ready, the router takes it back. Only when every replica is gone for good is the engine
-dead (the server then exits non-zero, as with one engine core).
+running are lost (RequestsLost: they fail with RequestFailedError, never hang), /health says
+degraded, and Ray restarts the actor (max_restarts); once its new engine core says it is
+ready, the router takes it back and the requests parked meanwhile are sent. Only when every
+replica is gone for good is the engine dead (the server then exits non-zero, as with one
+engine core).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 
-from transformers import AutoTokenizer
+import msgspec
+import zmq
+import zmq.asyncio
 
 from minivllm.config import EngineConfig
 from minivllm.core.router import make_router
 from minivllm.distributed.dp_metrics import DataParallelMetrics, sum_stats
 from minivllm.distributed.ray_replica import ReplicaClient, import_ray, make_actor_class
-from minivllm.engine.core_client import _log_format
-from minivllm.engine.errors import EngineDeadError, RequestFailedError
-from minivllm.engine.frontend import TURNED_AWAY, CoreFrontend, request_error, turned_away_error
+from minivllm.engine.core_client import (
+    STARTUP_TIMEOUT_S,
+    ClientEvent,
+    EngineOutputs,
+    RequestsLost,
+    log_format,
+)
+from minivllm.engine.errors import EngineDeadError
+from minivllm.engine.inbox import call_soon
 from minivllm.engine.messages import (
     EngineCoreAbort,
     EngineCoreDead,
     EngineCoreOutputs,
     EngineCoreReady,
+    EngineCoreRequest,
     EngineCoreShutdown,
+    EngineCoreTracing,
 )
-from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.metrics import StatLoggerBase
 from minivllm.engine.stats import SchedulerStats
-from minivllm.model.loader import resolve_model_path
-from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_STARTUP_TIMEOUT_S = 600.0
-_POLL_MS = 1000
 _RESTART_TIMEOUT_S = 300.0  # how long Ray may take to bring a dead replica back
 
 
@@ -61,25 +67,28 @@ class _Replica:
         self.reason: str | None = None  # why it went down last
 
 
-class DataParallelAsyncLLM(CoreFrontend):
+class DataParallelClient:
     def __init__(self, config: EngineConfig, data_parallel_size: int, *,
                  router_policy: str = "cache_aware", ray_address: str | None = None,
-                 engine_threads: int | None = None, log_interval: float = 5.0,
-                 max_restarts: int = 3) -> None:
-        super().__init__()
+                 engine_threads: int | None = None, max_restarts: int = 3,
+                 sticky_sessions: bool = False) -> None:
         ray = self._ray = import_ray()
         self.config, self.size = config, data_parallel_size
-        path = resolve_model_path(config.model, config.revision)
-        tokenizer_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
         self.router = make_router(router_policy, data_parallel_size, config.block_size,
-                                  cache_capacity_blocks=config.num_kv_blocks)
-        self.log_interval = log_interval
+                                  cache_capacity_blocks=config.num_kv_blocks,
+                                  sticky_sessions=sticky_sessions)
+        self.router_policy = router_policy
         self._stopped = False
-        self._sent: dict[str, tuple[bytes, list[int], str | None]] = {}  # for re-routing
+        self._dead: str | None = None  # every replica is gone for good
+        self._sent: dict[str, EngineCoreRequest] = {}  # not finished: routed again if need be
+        self._encoded: dict[str, bytes] = {}
         self._owner: dict[str, int] = {}  # request id -> replica
         self._started: set[str] = set()  # a replica has produced output for it
         self._parked: list[str] = []  # to route once a replica is up again
-        self._tasks: list[asyncio.Task] = []
+        self._watchers: list[asyncio.Task] = []
+        self._pending: list[ClientEvent] = []  # the replicas' outputs, and requests lost
+        self._encoder = msgspec.msgpack.Encoder()
+        self.metrics: DataParallelMetrics | None = None  # once max_model_len is known
         if ray_address is None:  # a local cluster of our own, on loopback only
             ray.init(num_cpus=max(os.cpu_count() or 1, data_parallel_size * (engine_threads or 1)),
                      include_dashboard=False, _node_ip_address="127.0.0.1",
@@ -92,33 +101,42 @@ class DataParallelAsyncLLM(CoreFrontend):
             actor_class = make_actor_class(ray, engine_threads, max_restarts)
             self.replicas = [
                 _Replica(ReplicaClient(i, actor_class.remote(config, engine_threads,
-                                                              *_log_format()), host))
+                                                              *log_format()), host))
                 for i in range(data_parallel_size)]
             # The actor runs one call at a time, and `run` lasts: ask for its pid first.
             pids = ray.get([r.client.actor.pid.remote() for r in self.replicas])
             for replica, pid in zip(self.replicas, pids):
                 replica.client.pid = pid
                 replica.client.start()
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-            self._processor = OutputProcessor(self.tokenizer)
-            self.max_model_len = min(self._wait_ready(r) for r in self.replicas)
+            self._poller = zmq.asyncio.Poller()
+            self._by_socket = {}
+            for replica in self.replicas:
+                self._poller.register(replica.client.sockets.readable, zmq.POLLIN)
+                self._by_socket[replica.client.sockets.readable] = replica
         except BaseException:
-            self._stop_replicas()
+            self.close()
             raise
-        self.metrics = DataParallelMetrics(config.model_name, self.max_model_len,
-                                           data_parallel_size, router_policy)
-        self.stat_loggers = [self.metrics]
-        for i in range(data_parallel_size):
-            self.metrics.set_up(i, True)
-        logger.info("%d engine replicas on Ray, router policy %s", data_parallel_size,
-                    router_policy)
 
-    def _wait_ready(self, replica: _Replica) -> int:
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> int:
+        try:
+            max_model_len = min(self._wait_ready(r, timeout) for r in self.replicas)
+        except BaseException:
+            self.close()
+            raise
+        self.metrics = DataParallelMetrics(self.config.model_name, max_model_len, self.size,
+                                           self.router_policy)
+        for i in range(self.size):
+            self.metrics.set_up(i, True)
+        logger.info("%d engine replicas on Ray, router policy %s", self.size,
+                    self.router_policy)
+        return max_model_len
+
+    def _wait_ready(self, replica: _Replica, timeout: float) -> int:
         client, ray = replica.client, self._ray
-        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if client.poll(100):
-                msg = client.recv_nowait()
+            if client.sockets.poll(100):
+                msg = client.sockets.recv_nowait()
                 if isinstance(msg, EngineCoreDead):
                     raise (ValueError if msg.bad_config else RuntimeError)(msg.reason)
                 if isinstance(msg, EngineCoreReady):
@@ -127,47 +145,38 @@ class DataParallelAsyncLLM(CoreFrontend):
             elif ray.wait([client.run_ref], timeout=0)[0]:
                 ray.get(client.run_ref)  # raises the actor's death
                 raise RuntimeError(f"engine replica {client.index} exited during startup")
-        raise RuntimeError(f"engine replica {client.index} did not start in "
-                           f"{_STARTUP_TIMEOUT_S:.0f}s")
+        raise RuntimeError(f"engine replica {client.index} did not start in {timeout:.0f}s")
 
-    # ---- state --------------------------------------------------------------------------
-
-    @property
-    def is_running(self) -> bool:
-        return not self.errored
-
-    @property
-    def crashed(self) -> bool:
-        return self._crashed
+    def make_stat_loggers(self, model_name: str, max_model_len: int) -> list[StatLoggerBase]:
+        """One logger for every replica: a stats line each plus a total, one /metrics page
+        with an `engine` label; the router's counters beside them."""
+        return [self.metrics]
 
     def replica_states(self) -> list[dict]:
-        """For /health: each replica's state, process id and why it last went down."""
         return [{"engine": i, "state": r.state, "pid": r.client.pid, "reason": r.reason}
                 for i, r in enumerate(self.replicas)]
 
+    def death(self) -> str | None:
+        return None  # get_outputs says when every replica is gone
+
     # ---- requests -----------------------------------------------------------------------
 
-    async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
-                       prompt_token_ids: list[int] | None = None, priority: int = 0,
-                       cache_salt: str | None = None, **core_fields
-                       ) -> AsyncIterator[RequestOutput]:
-        """As AsyncLLM.generate; `core_fields` are EngineCoreRequest's other fields."""
-        self._ensure_started()
-        request, data, stream = self._open_request(prompt, params, request_id, prompt_token_ids,
-                                                   priority=priority, cache_salt=cache_salt,
-                                                   **core_fields)
+    def add_request(self, request: EngineCoreRequest) -> None:
+        try:
+            data = self._encoder.encode(request)
+        except (OverflowError, msgspec.EncodeError) as e:  # JSON allows ints msgpack does not
+            raise ValueError(f"a request field is out of range: {e}") from e
         # _dispatch sends it from here: again if its replica dies before it starts.
-        self._sent[request_id] = (data, request.prompt_token_ids, cache_salt)
-        self._dispatch(request_id)
-        async with aclosing(self._outputs(request_id, stream)) as outputs:
-            async for output in outputs:
-                yield output
+        self._sent[request.request_id] = request
+        self._encoded[request.request_id] = data
+        self._dispatch(request.request_id)
 
     def _dispatch(self, request_id: str) -> None:
         """Route a request and send it; parked while no replica is up."""
-        data, token_ids, cache_salt = self._sent[request_id]
+        request = self._sent[request_id]
         try:
-            decision = self.router.route(token_ids, cache_salt)
+            decision = self.router.route(request.prompt_token_ids, request.cache_salt,
+                                         request.user)
         except RuntimeError:  # every replica is down: Ray is restarting them
             self._parked.append(request_id)
             return
@@ -175,25 +184,34 @@ class DataParallelAsyncLLM(CoreFrontend):
         replica.requests.add(request_id)
         self._owner[request_id] = decision.replica
         self.metrics.record_routed(decision.replica, decision.prefix_hit_tokens)
-        replica.client.send_bytes(data)
+        replica.client.sockets.send_bytes(self._encoded[request_id])
 
-    def _abort(self, request_id: str) -> None:
-        if self._streams.pop(request_id, None) is None:
-            return
-        self._processor.abort_requests([request_id])
-        owner = self._owner.get(request_id)
-        self._forget(request_id)
-        if owner is not None and not self.errored:
-            self.replicas[owner].client.send(EngineCoreAbort([request_id]))
+    def abort_requests(self, request_ids: list[str], stopped: bool = False) -> None:
+        """Each to the replica holding it (a sequence id: its request's)."""
+        by_replica: dict[int, list[str]] = {}
+        for seq_id in request_ids:
+            owner = self._owner.get(seq_id)
+            if owner is None:  # a sequence of n > 1: "request_id#index" (messages.seq_id)
+                owner = self._owner.get(seq_id.rpartition("#")[0])
+            if owner is not None:
+                by_replica.setdefault(owner, []).append(seq_id)
+        for owner, ids in by_replica.items():
+            self.replicas[owner].client.sockets.send(EngineCoreAbort(ids, stopped=stopped))
 
-    def _forget(self, request_id: str) -> None:
-        self._sent.pop(request_id, None)
-        self._started.discard(request_id)
-        owner = self._owner.pop(request_id, None)
-        if owner is not None:
-            self.replicas[owner].requests.discard(request_id)
-        if request_id in self._parked:
-            self._parked.remove(request_id)
+    def release(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self._sent.pop(request_id, None)
+            self._encoded.pop(request_id, None)
+            self._started.discard(request_id)
+            owner = self._owner.pop(request_id, None)
+            if owner is not None:
+                self.replicas[owner].requests.discard(request_id)
+            if request_id in self._parked:
+                self._parked.remove(request_id)
+
+    def set_tracing(self, enabled: bool, interval: float) -> None:
+        for replica in self.replicas:
+            replica.client.sockets.send(EngineCoreTracing(enabled, interval))
 
     async def get_stats(self) -> SchedulerStats:
         """The replicas' latest SchedulerStats, added up."""
@@ -201,34 +219,40 @@ class DataParallelAsyncLLM(CoreFrontend):
 
     # ---- the replicas' messages ---------------------------------------------------------
 
-    def _ensure_started(self) -> None:
-        if self._tasks and not any(t.done() for t in self._tasks):
+    async def get_outputs(self, timeout: float) -> list[ClientEvent]:
+        """Every replica's messages, as soon as any has one, and the requests lost since the
+        last call (a watcher's news waits for the poll: up to `timeout`)."""
+        self._ensure_watching()
+        if not self._pending and self._dead is None:
+            for socket, _ in await self._poller.poll(int(timeout * 1000)):
+                self._receive_all(self._by_socket[socket])
+        events, self._pending = self._pending, []
+        if not events and self._dead is not None:
+            raise EngineDeadError(self._dead)
+        return events
+
+    def _ensure_watching(self) -> None:
+        """The replicas' watchers, on the caller's loop (again on a new one)."""
+        if self._watchers and not any(t.done() for t in self._watchers):
             return
-        for task in self._tasks:
+        for task in self._watchers:
             task.cancel()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._read(r)) for r in self.replicas]
-        self._tasks += [loop.create_task(self._watch(r)) for r in self.replicas]
-        self._tasks.append(loop.create_task(self._log_stats()))
-
-    async def _read(self, replica: _Replica) -> None:
-        while not self.errored:
-            if await replica.client.wait_readable(_POLL_MS):
-                self._receive_all(replica)
+        self._watchers = [loop.create_task(self._watch(r)) for r in self.replicas]
 
     def _receive_all(self, replica: _Replica) -> None:
-        while not self.errored and (msg := replica.client.recv_nowait()) is not None:
+        while (msg := replica.client.sockets.recv_nowait()) is not None:
             self._handle(replica, msg)
-
-    async def _log_stats(self) -> None:
-        while not self.errored:
-            await asyncio.sleep(self.log_interval)
-            self.metrics.log()
 
     def _handle(self, replica: _Replica, msg) -> None:
         index = replica.client.index
         if isinstance(msg, EngineCoreOutputs):
-            self._handle_outputs(index, msg)
+            for out in msg.outputs:
+                self._started.add(out.request_id)
+            s = msg.scheduler_stats
+            if s is not None:
+                self.router.update_stats(index, s.num_running, s.num_waiting, s.kv_cache_usage)
+            self._pending.append(EngineOutputs(msg, index))
         elif isinstance(msg, EngineCoreReady):  # back after a restart
             replica.state = "up"
             self.router.set_available(index, True)
@@ -241,50 +265,19 @@ class DataParallelAsyncLLM(CoreFrontend):
             logger.error("engine replica %d failed: %s", index, msg.reason)
             replica.reason = msg.reason
 
-    def _handle_outputs(self, index: int, msg: EngineCoreOutputs) -> None:
-        count_rejected = functools.partial(self.metrics.record_rejected, engine=index)
-        for out in msg.outputs:
-            if out.error_kind in TURNED_AWAY:
-                self._processor.discard(out.request_id)
-                stream = self._streams.pop(out.request_id, None)
-                self._forget(out.request_id)
-                error = turned_away_error(out, count_rejected)
-                if stream is not None:
-                    stream.put_nowait(error)
-            else:
-                self._started.add(out.request_id)
-        processed = self._processor.process_outputs(msg)
-        client = self.replicas[index].client
-        if processed.stopped:
-            client.send(EngineCoreAbort(processed.stopped, stopped=True))
-        if processed.failed:
-            client.send(EngineCoreAbort(processed.failed))
-        for output in processed.request_outputs:
-            stream = self._streams.get(output.request_id)
-            if output.finished or output.error is not None:
-                self._streams.pop(output.request_id, None)
-                self._forget(output.request_id)
-            if stream is not None:
-                stream.put_nowait(output if output.error is None
-                                  else request_error(output, count_rejected))
-        if msg.scheduler_stats is not None:
-            s = msg.scheduler_stats
-            self.router.update_stats(index, s.num_running, s.num_waiting, s.kv_cache_usage)
-            self.metrics.record_engine(index, s, processed.iteration_stats)
-
     # ---- a replica's death and return -----------------------------------------------------
 
     async def _watch(self, replica: _Replica) -> None:
         """Await the replica's `run` call: it ends only when the replica stops or dies."""
         ray, client = self._ray, replica.client
-        while not self.errored:
+        while not self._stopped:
             try:
                 code = await client.run_ref
                 reason = replica.reason or f"its engine core loop ended (status {code})"
                 alive = True
             except Exception as e:  # RayActorError: the process is gone; Ray restarts it
                 reason, alive = f"its process died ({type(e).__name__})", False
-            if self.errored:
+            if self._stopped:
                 return
             self._receive_all(replica)  # what it said before it went
             self._replica_down(replica, reason)
@@ -296,7 +289,7 @@ class DataParallelAsyncLLM(CoreFrontend):
                 replica.state = "failed"
                 logger.error("engine replica %d will not be restarted: %s", client.index, e)
                 if all(r.state == "failed" for r in self.replicas):
-                    self._die("every engine replica has died", crashed=True)
+                    self._dead = "every engine replica has died"
                 return
             logger.warning("engine replica %d restarted by Ray (process %d); starting its "
                            "engine core", client.index, client.pid)
@@ -320,73 +313,40 @@ class DataParallelAsyncLLM(CoreFrontend):
         replica.state, replica.reason = "down", reason
         self.router.set_available(index, False)
         self.metrics.set_up(index, False)
-        rerouted, failed = [], []
+        rerouted, lost = [], []
         for request_id in list(replica.requests):
             replica.requests.discard(request_id)
             self._owner.pop(request_id, None)
             if request_id in self._started:  # its client has had output: it cannot move
-                failed.append(request_id)
-                stream = self._streams.pop(request_id, None)
-                self._processor.discard(request_id)
-                self._forget(request_id)
-                if stream is not None:
-                    stream.put_nowait(RequestFailedError(
-                        f"engine replica {index} died while running this request: {reason}"))
-            elif request_id in self._streams:
+                lost.append(request_id)
+            elif request_id in self._sent:
                 rerouted.append(request_id)
                 self._dispatch(request_id)
+        if lost:
+            self._pending.append(RequestsLost(
+                lost, f"engine replica {index} died while running this request: {reason}"))
         logger.error("engine replica %d is down: %s; %d request(s) routed again, %d failed",
-                     index, reason, len(rerouted), len(failed))
+                     index, reason, len(rerouted), len(lost))
 
     # ---- the end ------------------------------------------------------------------------
 
-    def _die(self, reason: str, crashed: bool) -> None:
-        if self.errored:
-            return
-        self.errored, self._crashed, self.dead_reason = True, crashed, reason
-        error = EngineDeadError(reason)
-        for stream in self._streams.values():
-            stream.put_nowait(error)
-        self._streams.clear()
-        current = asyncio.current_task() if _loop_running() else None
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
-
-    async def drain(self, timeout: float) -> int:
-        self.draining = True
-        cut = await self._wait_in_flight(timeout)
-        self._die("the server shut down before the request finished", crashed=False)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.to_thread(self._stop_replicas)
-        return cut
-
-    def shutdown(self, reason: str = "engine shut down") -> None:
-        self._die(reason, crashed=False)
-        self._stop_replicas()
-
-    def _stop_replicas(self) -> None:
+    def close(self) -> None:
         """Stop every engine core, kill the actors, and the Ray cluster if we started it."""
         if self._stopped:
             return
         self._stopped = True
+        for task in self._watchers:  # from the drain's thread, or the loop itself
+            if not task.get_loop().is_closed():
+                call_soon(task.get_loop(), task.cancel)
         ray = self._ray
         replicas = getattr(self, "replicas", [])
         for replica in replicas:
-            replica.client.send(EngineCoreShutdown())
+            replica.client.sockets.send(EngineCoreShutdown())
         refs = [r.client.run_ref for r in replicas if r.client.run_ref is not None]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=10)
         for replica in replicas:
             ray.kill(replica.client.actor, no_restart=True)
-            replica.client.close()
+            replica.client.sockets.close()
         ray.shutdown()
         logger.info("engine replicas and Ray stopped")
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True

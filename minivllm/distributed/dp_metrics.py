@@ -48,7 +48,8 @@ class _EngineLabelled:
 
 
 class DataParallelMetrics(StatLoggerBase):
-    """The stat logger of a data-parallel frontend; `registry` is what /metrics serves."""
+    """The stat logger of data-parallel replicas (DataParallelClient's), each step recorded
+    under its replica's `engine_idx`; `registry` is what /metrics serves."""
 
     def __init__(self, model_name: str, max_model_len: int, num_replicas: int,
                  router_policy: str) -> None:
@@ -73,11 +74,11 @@ class DataParallelMetrics(StatLoggerBase):
             self.routed.labels(model_name, router_policy, str(i))
             self.up.labels(model_name, str(i)).set(0)
 
-    def record_engine(self, engine: int, scheduler_stats: SchedulerStats,
-                      iteration_stats: IterationStats) -> None:
-        self.per_engine[engine].record(scheduler_stats, iteration_stats)
-        self.lines[engine].record(scheduler_stats, iteration_stats)
-        self.last[engine] = scheduler_stats
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats,
+               engine_idx: int = 0) -> None:
+        self.per_engine[engine_idx].record(scheduler_stats, iteration_stats)
+        self.lines[engine_idx].record(scheduler_stats, iteration_stats)
+        self.last[engine_idx] = scheduler_stats
         self.total_line.record(sum_stats(self.last), iteration_stats)
 
     def record_routed(self, replica: int, prefix_hit_tokens: int) -> None:
@@ -90,11 +91,8 @@ class DataParallelMetrics(StatLoggerBase):
             self.per_engine[engine]._last = SchedulerStats()
             self.last[engine] = SchedulerStats()
 
-    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
-        raise TypeError("a data-parallel frontend records per engine: record_engine()")
-
-    def record_rejected(self, reason: str, engine: int = 0) -> None:
-        self.per_engine[engine].record_rejected(reason)
+    def record_rejected(self, reason: str, engine_idx: int = 0) -> None:
+        self.per_engine[engine_idx].record_rejected(reason)
 
     def log(self) -> None:
         for line in self.lines:

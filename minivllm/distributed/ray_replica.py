@@ -1,14 +1,15 @@
 """One data-parallel engine replica: an EngineCore in a Ray actor, and its client in the API
 server.
 
-The actor runs the engine-core process's busy loop (core_proc._serve) on two ZeroMQ sockets
-over TCP that the frontend binds, so a replica streams its steps exactly as the
+The actor runs the engine core's busy loop (core_proc.serve_engine_core) on two ZeroMQ
+sockets over TCP that the frontend binds, so a replica streams its steps exactly as the
 single-process engine core does, on any machine of the Ray cluster. Ray places the actor
 (`num_cpus` = --engine-threads), notices when its process dies and restarts it
 (`max_restarts`); the frontend learns both from the actor's `run` call, which returns only
 when the loop ends and raises when the process is gone.
 
-`ray` is imported only here and in data_parallel.py: it is an optional extra.
+`ray` is imported only here and in data_parallel.py (DataParallelClient): it is an
+optional extra.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 
-import msgspec
 import zmq
 
 from minivllm.config import EngineConfig
@@ -51,19 +51,13 @@ class EngineCoreActor:
 
     def run(self, input_addr: str, output_addr: str) -> int:
         """The engine core's loop until EngineCoreShutdown (0) or its failure (1)."""
-        from minivllm.engine.core_proc import _serve
+        from minivllm.engine.core_proc import connect_sockets, serve_engine_core, socket_receive
 
         context = zmq.Context()
-        inputs = context.socket(zmq.PULL)
-        inputs.connect(input_addr)
-        outputs = context.socket(zmq.PUSH)
-        outputs.setsockopt(zmq.SNDHWM, 0)
-        outputs.setsockopt(zmq.LINGER, 2000)
-        outputs.connect(output_addr)
-        encoder = msgspec.msgpack.Encoder()
+        inputs, outputs, send = connect_sockets(context, input_addr, output_addr)
         try:
-            return _serve(self.config, self.engine_threads, inputs,
-                          lambda msg: outputs.send(encoder.encode(msg)))
+            return serve_engine_core(self.config, self.engine_threads, socket_receive(inputs),
+                                     send)
         finally:
             inputs.close(linger=0)
             outputs.close()
@@ -75,20 +69,16 @@ def make_actor_class(ray, engine_threads: int | None, max_restarts: int):
                       max_task_retries=0)(EngineCoreActor)
 
 
-class ReplicaClient(CoreSockets):
+class ReplicaClient:
     """The frontend's end of one replica: the actor handle, its `run` call, and the two
     sockets (bound here: the actor connects, again after each restart)."""
 
     def __init__(self, index: int, actor, host: str) -> None:
-        super().__init__()
         self.index, self.actor = index, actor
-        self.input_addr = f"tcp://{host}:{self._input.bind_to_random_port(f'tcp://{host}')}"
-        self.output_addr = f"tcp://{host}:{self._output.bind_to_random_port(f'tcp://{host}')}"
+        self.sockets = CoreSockets()
+        self.input_addr, self.output_addr = self.sockets.bind_to_random_ports(host)
         self.run_ref = None  # the running `run` call: done when the loop ends or the actor dies
         self.pid: int | None = None
 
     def start(self) -> None:
         self.run_ref = self.actor.run.remote(self.input_addr, self.output_addr)
-
-    def close(self) -> None:
-        self._zmq.destroy(linger=0)

@@ -1,54 +1,60 @@
-"""AsyncLLM: the API server's client of an engine core in its own process (core_proc.py),
-with AsyncLLMEngine's public surface (generate / abort / drain / shutdown, is_running,
-errored, crashed, dead_reason, draining, config, max_model_len, tokenizer, stat_loggers).
+"""AsyncLLM: the API server's engine, one class over any EngineCoreClient (core_client.py):
+the core on a thread of this process (--engine-mode thread), in a process of its own
+(--engine-mode process, the default) or as data-parallel replicas on Ray
+(--data-parallel-size N). Its surface: generate / abort / drain / shutdown, get_stats,
+set_tracing, replica_states; is_running, errored, crashed, dead_reason, draining, config,
+max_model_len, tokenizer, stat_loggers.
 
-This process keeps what needs text — tokenization (the HTTP handlers), detokenization, stop
-strings, RequestOutputs (an OutputProcessor) — and the statistics: the core sends each
-step's token ids and SchedulerStats, the loggers and /metrics are fed here. Requests and
-aborts go to the core through a CoreClient (core_client.py: the process and its ZeroMQ
-sockets); one asyncio task reads the core's messages and feeds each request's stream, all
-on the event loop, so nothing here needs a lock.
+This side keeps what needs text — tokenization, detokenization, stop strings, RequestOutputs
+(one OutputProcessor) — and the statistics: the core sends each step's token ids and
+SchedulerStats, the loggers and /metrics are fed here. One asyncio task reads what the
+client hands over and feeds each request's stream, all on the event loop, so nothing here
+needs a lock.
 
-The core's death is noticed twice: its last message (EngineCoreDead, when a step raised),
-and its process's exit (a kill, a crash in C), which is_running / crashed check on each
-call — the server's shutdown loop asks every tick. Either way the requests in flight fail
-with EngineDeadError, /health answers 503 and the server exits non-zero.
+The engine's death is noticed twice: the client raises EngineDeadError from get_outputs
+(the core's last words, every replica gone), and the client's death() check (a killed
+process), which is_running / crashed ask on each call — the server's shutdown loop asks
+every tick. Either way the requests in flight fail with EngineDeadError, /health answers
+503 and the server exits non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from transformers import AutoTokenizer
 
 from minivllm.config import EngineConfig
-from minivllm.engine.core_client import CoreClient
-from minivllm.engine.errors import EngineDeadError
-from minivllm.engine.frontend import TURNED_AWAY, CoreFrontend, request_error, turned_away_error
-from minivllm.engine.messages import (
-    EngineCoreAbort,
-    EngineCoreDead,
-    EngineCoreOutputs,
-    EngineCoreTracing,
-    EngineCoreUtility,
-    UtilityResult,
+from minivllm.engine.core_client import (
+    STARTUP_TIMEOUT_S,
+    EngineCoreClient,
+    EngineOutputs,
+    RequestsLost,
+    make_core_client,
 )
-from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from minivllm.engine.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
+from minivllm.engine.frontend import (
+    TURNED_AWAY,
+    process_outputs,
+    request_error,
+    turned_away_error,
+)
+from minivllm.engine.messages import make_core_request
+from minivllm.engine.metrics import StatLoggerBase
 from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.request_stream import RequestStream
 from minivllm.engine.stats import SchedulerStats
 from minivllm.model.loader import resolve_model_path
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_STARTUP_TIMEOUT_S = 600.0  # loading a large model from a slow disk takes a while
-_IDLE_POLL_MS = 1000  # while no message comes, the output task wakes this often to log stats
+_IDLE_POLL_S = 1.0  # while nothing comes, the output task wakes this often (stats, death)
 
 
 def _current_task() -> asyncio.Task | None:
@@ -58,65 +64,81 @@ def _current_task() -> asyncio.Task | None:
         return None
 
 
-class AsyncLLM(CoreFrontend):
-    def __init__(self, config: EngineConfig, stat_loggers: list[StatLoggerBase] | tuple = (),
-                 log_interval: float = 5.0, engine_threads: int | None = None) -> None:
-        super().__init__()
+def load_tokenizer(config: EngineConfig):
+    path = resolve_model_path(config.model, config.revision)
+    return AutoTokenizer.from_pretrained(resolve_model_path(config.tokenizer)
+                                         if config.tokenizer else path)
+
+
+class AsyncLLM:
+    def __init__(self, client: EngineCoreClient, config: EngineConfig,
+                 stat_loggers: list[StatLoggerBase] | tuple = (), log_interval: float = 5.0,
+                 tokenizer=None) -> None:
+        """Takes over `client` (closed if this fails); `tokenizer`: loaded from config if
+        not given."""
         self.config = config
-        # Downloaded here first (a hub id), so that the core finds the files in the cache.
-        path = resolve_model_path(config.model, config.revision)
-        tokenizer_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
         self.stat_loggers = list(stat_loggers)
         self.log_interval = log_interval
-        self._calls: dict[int, asyncio.Future] = {}  # utility calls waiting for their result
-        self._call_ids = itertools.count()
-        self._task: asyncio.Task | None = None
+        self.errored = False  # the engine is gone, for whatever reason
+        self.dead_reason: str | None = None
+        self.draining = False  # shutting down: in-flight requests go on, new ones are refused
+        self._crashed = False  # ... because it failed: the process should be restarted
         self._stopped = False  # the core was stopped on purpose
-        self._core = CoreClient(config, engine_threads)
+        self._num_in_flight = 0  # generate() calls not yet returned
+        self._streams: dict[str, RequestStream] = {}
+        self._task: asyncio.Task | None = None
+        self._client = client
         try:
             # One tokenizer for the HTTP handlers and the detokenizers: both run on the loop.
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)  # while it loads
+            self.tokenizer = load_tokenizer(config) if tokenizer is None else tokenizer
             self._processor = OutputProcessor(self.tokenizer)
-            ready = self._core.wait_ready(_STARTUP_TIMEOUT_S)
+            self.max_model_len = client.wait_ready(STARTUP_TIMEOUT_S)
         except BaseException:
-            self._core.close()
+            client.close()
             raise
-        self.max_model_len = ready.max_model_len
 
     @classmethod
     def from_config(cls, config: EngineConfig, log_stats: bool = True, log_interval: float = 5.0,
-                    engine_threads: int | None = None) -> AsyncLLM:
-        loggers: list[StatLoggerBase] = []
-        if log_stats:
-            # max_model_len sizes the token histograms: known once the core has started.
-            loggers = [LoggingStatLogger()]
-        engine = cls(config, loggers, log_interval, engine_threads)
-        if log_stats:
-            engine.stat_loggers.append(PrometheusStatLogger(config.model_name,
-                                                            engine.max_model_len))
+                    engine_threads: int | None = None, engine_mode: str = "process"
+                    ) -> AsyncLLM:
+        """A single engine core, where --engine-mode says."""
+        # Downloaded here first (a hub id), so that the core finds the files in the cache.
+        resolve_model_path(config.model, config.revision)
+        client = make_core_client(config, engine_mode, engine_threads)
+        return cls.from_client(client, config, log_stats, log_interval)
+
+    @classmethod
+    def from_client(cls, client: EngineCoreClient, config: EngineConfig, log_stats: bool = True,
+                    log_interval: float = 5.0) -> AsyncLLM:
+        engine = cls(client, config, log_interval=log_interval)
+        if log_stats:  # max_model_len sizes the token histograms: known once the core is up
+            engine.stat_loggers += client.make_stat_loggers(config.model_name,
+                                                           engine.max_model_len)
         return engine
 
     # ---- state --------------------------------------------------------------------------
 
-    def _check_process(self) -> None:
-        """Notice a core process that has exited: with its last words (EngineCoreDead) if
-        they are on their way, else as killed (a signal, a crash in C code)."""
-        if self.errored or self._stopped or self._core.alive:
+    def _check_engine(self) -> None:
+        """Notice an engine that went without a word (a killed core process)."""
+        if self.errored or self._stopped:
             return
-        if self._core.poll(100):
-            self._receive_all()
-        self._die(f"the engine core process died unexpectedly (exit code "
-                  f"{self._core.proc.exitcode})", crashed=True)
+        reason = self._client.death()
+        if reason is not None:
+            self._die(reason, crashed=True)
 
     @property
     def is_running(self) -> bool:
-        self._check_process()
+        self._check_engine()
         return not self.errored
 
     @property
     def crashed(self) -> bool:
-        self._check_process()
+        self._check_engine()
         return self._crashed
+
+    def replica_states(self) -> list[dict]:
+        """For /health: each data-parallel replica's state; empty with one engine core."""
+        return self._client.replica_states()
 
     # ---- requests -----------------------------------------------------------------------
 
@@ -125,50 +147,91 @@ class AsyncLLM(CoreFrontend):
                        cache_salt: str | None = None, oracle_output_len: int | None = None,
                        user: str | None = None, ttft_slo_ms: float | None = None,
                        e2e_slo_ms: float | None = None) -> AsyncIterator[RequestOutput]:
-        """As AsyncLLMEngine.generate: the request's outputs, the last with finished=True;
-        ValueError, EngineOverloadedError, RequestFailedError (RequestTimeoutError) or
-        EngineDeadError otherwise. A consumer that stops early aborts the request."""
+        """Yield the request's outputs, of its params.output_kind; the last one has
+        finished=True.
+
+        Raises ValueError for input the engine rejects, EngineOverloadedError when a queue
+        bound is reached or the engine is draining, RequestFailedError (RequestTimeoutError)
+        when the engine failed this request, EngineDeadError when the engine is gone. A
+        consumer that stops early (disconnect, cancellation) aborts the request and frees its
+        KV blocks: iterate under contextlib.aclosing, so that this happens when it leaves,
+        not when the generator is collected.
+        """
         self._ensure_started()
-        self._check_process()
-        _, data, stream = self._open_request(
+        self._check_engine()
+        stream = self._open_request(
             prompt, params, request_id, prompt_token_ids, priority=priority,
             cache_salt=cache_salt, oracle_output_len=oracle_output_len, user=user,
             ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms)
-        self._send_bytes(data)
-        async with aclosing(self._outputs(request_id, stream)) as outputs:
-            async for output in outputs:
+        self._num_in_flight += 1
+        finished = False
+        try:
+            while not finished:
+                output = await stream.get()
+                finished = output.finished
                 yield output
+        finally:
+            self._num_in_flight -= 1
+            if not finished:
+                self._abort(request_id)
+
+    def _open_request(self, prompt: str | None, params: SamplingParams, request_id: str,
+                      prompt_token_ids: list[int] | None, **core_fields) -> RequestStream:
+        """A new request, if it may come in: sent to the core, its stream registered here
+        and with the OutputProcessor. `core_fields` are EngineCoreRequest's other fields."""
+        if self.errored:
+            raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
+        if self.draining:
+            self._count_rejected("shutdown")
+            raise EngineOverloadedError("the server is shutting down", "shutdown")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is in use")
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise ValueError("either prompt or prompt_token_ids is required")
+            prompt_token_ids = self.tokenizer(prompt).input_ids
+        request = make_core_request(request_id, prompt_token_ids, params, **core_fields)
+        self._client.add_request(request)  # nothing is answered before the loop reads it
+        stream = RequestStream(params.output_kind is RequestOutputKind.DELTA)
+        self._processor.add_request(request, prompt, params)
+        self._streams[request_id] = stream
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        self._abort(request_id)
 
     def _abort(self, request_id: str) -> None:
-        if self._streams.pop(request_id, None) is None:
+        if request_id not in self._streams:
             return
         self._processor.abort_requests([request_id])
-        self._send(EngineCoreAbort([request_id]))
+        if not self.errored:
+            self._client.abort_requests([request_id])
+        self._end(request_id)
+
+    def _end(self, request_id: str) -> RequestStream | None:
+        """The request is over here: its stream (if still open) leaves, the client forgets."""
+        self._client.release([request_id])
+        return self._streams.pop(request_id, None)
 
     async def get_stats(self) -> SchedulerStats:
-        """The core's SchedulerStats now (a round trip)."""
+        """The engine's SchedulerStats now (a round trip; under data parallel, the replicas'
+        last reports added up)."""
         self._ensure_started()
         if self.errored:
             raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
-        call_id = next(self._call_ids)
-        future = self._calls[call_id] = asyncio.get_running_loop().create_future()
-        self._send(EngineCoreUtility(call_id, "get_stats"))
-        return await future
+        return await self._client.get_stats()
 
     def set_tracing(self, enabled: bool, interval: float) -> None:
         """Ask the core for request lifecycles and block maps (stat loggers' record_trace)."""
         self._ensure_started()  # its answer may come before any request
-        self._send(EngineCoreTracing(enabled, interval))
-
-    def _send(self, msg) -> None:
         if not self.errored:
-            self._core.send(msg)
+            self._client.set_tracing(enabled, interval)
 
-    def _send_bytes(self, data: bytes) -> None:
-        if not self.errored:
-            self._core.send_bytes(data)
+    def _count_rejected(self, reason: str, engine_idx: int = 0) -> None:
+        for stat_logger in self.stat_loggers:
+            stat_logger.record_rejected(reason, engine_idx=engine_idx)
 
-    # ---- the core's messages ------------------------------------------------------------
+    # ---- the engine's outputs -----------------------------------------------------------
 
     def _ensure_started(self) -> None:
         """The output task, on the caller's loop (again if an earlier loop has ended)."""
@@ -178,65 +241,68 @@ class AsyncLLM(CoreFrontend):
     async def _output_loop(self) -> None:
         next_log = time.monotonic() + self.log_interval
         while not self.errored:
-            timeout = min(_IDLE_POLL_MS, max(0.0, next_log - time.monotonic()) * 1000)
-            if await self._core.wait_readable(int(timeout)):
-                self._receive_all()
-            else:
-                self._check_process()
+            timeout = min(_IDLE_POLL_S, max(0.0, next_log - time.monotonic()))
+            try:
+                events = await self._client.get_outputs(timeout)
+            except EngineDeadError as e:
+                logger.error("the engine core died: %s", e)
+                self._die(str(e), crashed=True)
+                return
+            for event in events:
+                if isinstance(event, EngineOutputs):
+                    self._handle_outputs(event)
+                elif isinstance(event, RequestsLost):
+                    self._fail_lost(event)
+            if not events:
+                self._check_engine()
             if time.monotonic() >= next_log:
                 for stat_logger in self.stat_loggers:
                     stat_logger.log()
                 next_log = time.monotonic() + self.log_interval
 
-    def _receive_all(self) -> None:
-        """Handle every message already here, without a wait (and a loop turn) for each."""
-        while not self.errored and (msg := self._core.recv_nowait()) is not None:
-            self._handle(msg)
-
-    def _handle(self, msg) -> None:
-        if isinstance(msg, EngineCoreOutputs):
-            self._handle_outputs(msg)
-        elif isinstance(msg, UtilityResult):
-            future = self._calls.pop(msg.call_id, None)
-            if future is not None and not future.done():
-                if msg.error is not None:
-                    future.set_exception(RuntimeError(msg.error))
-                else:
-                    future.set_result(msg.result)
-        elif isinstance(msg, EngineCoreDead):
-            logger.error("the engine core died: %s", msg.reason)
-            self._die(msg.reason, crashed=True)
-
-    def _handle_outputs(self, msg: EngineCoreOutputs) -> None:
+    def _handle_outputs(self, event: EngineOutputs) -> None:
+        msg, engine_idx = event.outputs, event.engine_index
+        count_rejected = functools.partial(self._count_rejected, engine_idx=engine_idx)
         for out in msg.outputs:  # requests the core turned away
             if out.error_kind not in TURNED_AWAY:
                 continue
             self._processor.discard(out.request_id)
-            stream = self._streams.pop(out.request_id, None)
-            error = turned_away_error(out, self._count_rejected)
+            stream = self._end(out.request_id)
+            error = turned_away_error(out, count_rejected)
             if stream is not None:
-                stream.put_nowait(error)
-        processed = self._processor.process_outputs(msg)
-        if processed.stopped:
-            self._send(EngineCoreAbort(processed.stopped, stopped=True))
-        if processed.failed:
-            self._send(EngineCoreAbort(processed.failed))
+                stream.put(error)
+        processed = process_outputs(self._processor, msg, self._client)
         for output in processed.request_outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:  # aborted by its client: nobody is listening
                 continue
             if output.finished or output.error is not None:
-                del self._streams[output.request_id]
-            stream.put_nowait(output if output.error is None
-                              else request_error(output, self._count_rejected))
+                self._end(output.request_id)
+            stream.put(output if output.error is None else request_error(output, count_rejected))
         if msg.scheduler_stats is not None:
             for stat_logger in self.stat_loggers:
-                stat_logger.record(msg.scheduler_stats, processed.iteration_stats)
+                stat_logger.record(msg.scheduler_stats, processed.iteration_stats,
+                                   engine_idx=engine_idx)
         if msg.trace is not None:
             for stat_logger in self.stat_loggers:
-                stat_logger.record_trace(msg.trace)
+                stat_logger.record_trace(msg.trace, engine_idx=engine_idx)
+
+    def _fail_lost(self, event: RequestsLost) -> None:
+        for request_id in event.request_ids:
+            self._processor.discard(request_id)
+            stream = self._end(request_id)
+            if stream is not None:
+                stream.put(RequestFailedError(event.reason))
 
     # ---- the end ------------------------------------------------------------------------
+
+    async def _wait_in_flight(self, timeout: float) -> int:
+        """drain()'s wait: up to `timeout` seconds for the generate() calls in flight to
+        return. Returns how many have not."""
+        deadline = time.monotonic() + timeout
+        while self._num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self._num_in_flight
 
     def _die(self, reason: str, crashed: bool) -> None:
         """Fail everything in flight; on the event loop (or once it has stopped)."""
@@ -245,24 +311,20 @@ class AsyncLLM(CoreFrontend):
         self.errored, self._crashed, self.dead_reason = True, crashed, reason
         error = EngineDeadError(reason)
         for stream in self._streams.values():
-            stream.put_nowait(error)
+            stream.put(error)
         self._streams.clear()
-        for future in self._calls.values():
-            if not future.done():
-                future.set_exception(error)
-        self._calls.clear()
         task = self._task
         if task is not None and not task.done() and task is not _current_task():
-            task.cancel()  # before _stop_core closes the socket it polls
+            task.cancel()  # before the client closes what it waits on
 
     async def drain(self, timeout: float) -> int:
         """Graceful shutdown: refuse new requests, give the ones in flight up to `timeout`
-        seconds to finish, then stop the core, failing the rest with EngineDeadError.
+        seconds to finish, then stop the engine, failing the rest with EngineDeadError.
         Returns how many were cut short."""
         self.draining = True
         cut = await self._wait_in_flight(timeout)
         self._die("the server shut down before the request finished", crashed=False)
-        if self._task is not None:  # cancelled by _die: let it leave the socket first
+        if self._task is not None:  # cancelled by _die: let it leave the client first
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.to_thread(self._stop_core)
         return cut
@@ -273,4 +335,4 @@ class AsyncLLM(CoreFrontend):
 
     def _stop_core(self) -> None:
         self._stopped = True
-        self._core.close()
+        self._client.close()

@@ -1,24 +1,210 @@
-"""CoreClient: the engine-core process as the API server sees it. It spawns the process
-(core_proc.py), binds the two ZeroMQ sockets (core_sockets.py) over IPC, tells whether the
-process still lives, and stops it."""
+"""EngineCoreClient: how AsyncLLM (async_llm.py) reaches the engine core, whichever way it
+runs. Three implementations, one protocol (vLLM V1's shape):
+
+- InprocClient (inproc_client.py, --engine-mode thread): the core's busy loop on a thread of
+  this process, on in-memory queues;
+- MPClient (here, --engine-mode process, the default): the core in a process of its own
+  (core_proc.py), over two ZeroMQ sockets and msgpack (core_sockets.py);
+- DataParallelClient (distributed/data_parallel.py, --data-parallel-size N): N engine-core
+  replicas on Ray behind the router, their outputs merged into one stream.
+
+A client carries EngineCoreRequests and aborts in, and the cores' EngineCoreOutputs out; it
+never sees text. Everything else — tokens, the OutputProcessor, streams, stats — is
+AsyncLLM's, written once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import multiprocessing
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
 
 from minivllm.config import EngineConfig
 from minivllm.engine.core_proc import run_engine_core
 from minivllm.engine.core_sockets import CoreSockets
-from minivllm.engine.messages import EngineCoreDead, EngineCoreReady, EngineCoreShutdown
+from minivllm.engine.errors import EngineDeadError
+from minivllm.engine.messages import (
+    EngineCoreAbort,
+    EngineCoreDead,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    EngineCoreShutdown,
+    EngineCoreTracing,
+    EngineCoreUtility,
+    UtilityResult,
+)
+from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from minivllm.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
+STARTUP_TIMEOUT_S = 600.0  # loading a large model from a slow disk takes a while
 
-def _log_format() -> tuple[int, str | None, str | None]:
+
+@dataclass
+class EngineOutputs:
+    """One step of one engine core (`engine_index`: its replica; 0 with a single core)."""
+
+    outputs: EngineCoreOutputs
+    engine_index: int = 0
+
+
+@dataclass
+class RequestsLost:
+    """Requests whose engine died while running them (a data-parallel replica: the others
+    go on). They fail with `reason`."""
+
+    request_ids: list[str]
+    reason: str
+
+
+ClientEvent = EngineOutputs | RequestsLost
+
+
+class EngineCoreClient(Protocol):
+    """What AsyncLLM needs of the engine core(s). Called on the event loop."""
+
+    def wait_ready(self, timeout: float) -> int:
+        """Block until the core(s) can take requests; their max_model_len. Raises ValueError
+        for a setting the core refused, RuntimeError when it failed to start."""
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Send a new request; ValueError for a field the transport cannot carry. What the
+        core thinks of it comes back as its outputs (an error output if it turned it away)."""
+
+    def abort_requests(self, request_ids: list[str], stopped: bool = False) -> None:
+        """Stop requests (callers' ids) or sequences (seq_id()s) in the core; `stopped`: a
+        stop string ended them (they count as finished, not aborted)."""
+
+    def release(self, request_ids: list[str]) -> None:
+        """The frontend is done with these requests (finished, failed, turned away, aborted):
+        per-request state the client keeps goes."""
+
+    async def get_outputs(self, timeout: float) -> list[ClientEvent]:
+        """What the core(s) sent, waiting up to `timeout` seconds for something (an empty
+        list then). Raises EngineDeadError when the engine has died."""
+
+    def death(self) -> str | None:
+        """Why the engine is gone if it went without a word (its process was killed), else
+        None. Cheap: asked on every /health and every server tick."""
+
+    async def get_stats(self) -> SchedulerStats:
+        """The cores' SchedulerStats now; get_outputs() must be running to receive them."""
+
+    def set_tracing(self, enabled: bool, interval: float) -> None:
+        """Ask the core(s) for request lifecycles and block maps (EngineCoreOutputs.trace)."""
+
+    def replica_states(self) -> list[dict]:
+        """For /health: each data-parallel replica's state, process id and why it last went
+        down; empty with a single engine core."""
+
+    def make_stat_loggers(self, model_name: str, max_model_len: int) -> list[StatLoggerBase]:
+        """The stat loggers this client's engines are recorded by: the stats line and
+        Prometheus; per replica under data parallel."""
+
+    def close(self) -> None:
+        """Stop the core(s) after what they are doing; idempotent. Blocks (seconds): from
+        the event loop, call it in a thread."""
+
+
+def make_core_client(config: EngineConfig, engine_mode: str = "process",
+                     engine_threads: int | None = None) -> EngineCoreClient:
+    """The single-core client --engine-mode names: "process" or "thread"."""
+    if engine_mode == "thread":
+        from minivllm.engine.inproc_client import InprocClient
+
+        return InprocClient(config, engine_threads)
+    if engine_mode == "process":
+        return MPClient(config, engine_threads)
+    raise ValueError(f"unknown engine mode {engine_mode!r}: process or thread")
+
+
+def single_engine_stat_loggers(model_name: str, max_model_len: int) -> list[StatLoggerBase]:
+    return [LoggingStatLogger(), PrometheusStatLogger(model_name, max_model_len)]
+
+
+class SingleCoreClient:
+    """What the clients of one engine core share: inputs are messages, the core answers with
+    messages; utility calls (get_stats) wait for their UtilityResult, EngineCoreDead ends
+    it. A subclass moves the messages (_send, _receive)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, asyncio.Future] = {}  # utility calls waiting for their result
+        self._call_ids = itertools.count()
+        self._dead: str | None = None  # the core's last words (EngineCoreDead)
+
+    def _send(self, msg) -> None:
+        raise NotImplementedError
+
+    async def _receive(self, timeout: float) -> list:
+        """The messages the core sent, after up to `timeout` seconds of waiting for one."""
+        raise NotImplementedError
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._send(request)
+
+    def abort_requests(self, request_ids: list[str], stopped: bool = False) -> None:
+        self._send(EngineCoreAbort(request_ids, stopped=stopped))
+
+    def release(self, request_ids: list[str]) -> None:
+        pass
+
+    def set_tracing(self, enabled: bool, interval: float) -> None:
+        self._send(EngineCoreTracing(enabled, interval))
+
+    def replica_states(self) -> list[dict]:
+        return []
+
+    def make_stat_loggers(self, model_name: str, max_model_len: int) -> list[StatLoggerBase]:
+        return single_engine_stat_loggers(model_name, max_model_len)
+
+    async def get_stats(self) -> SchedulerStats:
+        call_id = next(self._call_ids)
+        future = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        self._send(EngineCoreUtility(call_id, "get_stats"))
+        return await future
+
+    async def get_outputs(self, timeout: float) -> list[ClientEvent]:
+        events = []
+        for msg in await self._receive(timeout):
+            if isinstance(msg, EngineCoreOutputs):
+                events.append(EngineOutputs(msg))
+            elif isinstance(msg, UtilityResult):
+                self._resolve(msg)
+            elif isinstance(msg, EngineCoreDead):
+                self._dead = msg.reason
+        if self._dead is not None:  # what came before it is answered first, then the end
+            if events:
+                return events
+            self._fail_calls(EngineDeadError(self._dead))
+            raise EngineDeadError(self._dead)
+        return events
+
+    def _resolve(self, msg: UtilityResult) -> None:
+        future = self._calls.pop(msg.call_id, None)
+        if future is not None and not future.done():
+            if msg.error is not None:
+                future.set_exception(RuntimeError(msg.error))
+            else:
+                future.set_result(msg.result)
+
+    def _fail_calls(self, error: Exception) -> None:
+        for future in self._calls.values():
+            if not future.done() and not future.get_loop().is_closed():
+                future.set_exception(error)
+        self._calls.clear()
+
+
+def log_format() -> tuple[int, str | None, str | None]:
     """Our logging level and format (the root handler's), for the core's lines to match."""
     root = logging.getLogger()
     formatter = root.handlers[0].formatter if root.handlers else None
@@ -27,17 +213,21 @@ def _log_format() -> tuple[int, str | None, str | None]:
     return root.getEffectiveLevel(), formatter._fmt, formatter.datefmt
 
 
-class CoreClient(CoreSockets):
+class MPClient(SingleCoreClient):
+    """The engine core in a process of its own (core_proc.run_engine_core), spawned here, on
+    two ZeroMQ sockets bound here over IPC. Its death is noticed twice: its last message
+    (EngineCoreDead, when a step raised) and its process's exit (a kill, a crash in C)."""
+
     def __init__(self, config: EngineConfig, engine_threads: int | None) -> None:
         super().__init__()
+        self.sockets = CoreSockets()
         self._closed = False
         self._ipc_dir = tempfile.mkdtemp(prefix="minivllm-")
         input_addr, output_addr = f"ipc://{self._ipc_dir}/input", f"ipc://{self._ipc_dir}/output"
-        self._input.bind(input_addr)
-        self._output.bind(output_addr)
+        self.sockets.bind(input_addr, output_addr)
         self.proc = multiprocessing.get_context("spawn").Process(
             target=run_engine_core, name="minivllm-engine-core", daemon=True,
-            args=(config, input_addr, output_addr, engine_threads, *_log_format()))
+            args=(config, input_addr, output_addr, engine_threads, *log_format()))
         try:
             self.proc.start()
         except BaseException:
@@ -45,34 +235,63 @@ class CoreClient(CoreSockets):
             raise
         logger.info("engine core process started (pid %d)", self.proc.pid)
 
-    def wait_ready(self, timeout: float) -> EngineCoreReady:
+    def wait_ready(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._output.poll(100):
-                msg = self.recv_nowait()
+            if self.sockets.poll(100):
+                msg = self.sockets.recv_nowait()
                 if isinstance(msg, EngineCoreDead):
                     raise (ValueError if msg.bad_config else RuntimeError)(msg.reason)
                 if isinstance(msg, EngineCoreReady):
-                    return msg
+                    return msg.max_model_len
             elif not self.proc.is_alive():
                 raise RuntimeError(f"the engine core process exited during startup (exit code "
                                    f"{self.proc.exitcode})")
         raise RuntimeError(f"the engine core did not start in {timeout:.0f}s")
 
-    @property
-    def alive(self) -> bool:
-        return self.proc.is_alive()
+    def add_request(self, request: EngineCoreRequest) -> None:
+        try:
+            data = self.sockets.encode(request)
+        except (OverflowError, msgspec.EncodeError) as e:  # JSON allows ints msgpack does not
+            raise ValueError(f"a request field is out of range: {e}") from e
+        if not self._closed:
+            self.sockets.send_bytes(data)
 
-    # ---- the end ------------------------------------------------------------------------
+    def _send(self, msg) -> None:
+        if not self._closed:
+            self.sockets.send(msg)
+
+    async def _receive(self, timeout: float) -> list:
+        if not await self.sockets.wait_readable(int(timeout * 1000)):
+            return []
+        return self._recv_all()
+
+    def _recv_all(self) -> list:
+        """Every message already here, without a wait (and a loop turn) for each."""
+        msgs = []
+        while (msg := self.sockets.recv_nowait()) is not None:
+            msgs.append(msg)
+        return msgs
+
+    def death(self) -> str | None:
+        if self._closed or self.proc.is_alive():
+            return None
+        if self._dead is None and self.sockets.poll(100):  # its last words may be on the way
+            for msg in self._recv_all():
+                if isinstance(msg, EngineCoreDead):
+                    self._dead = msg.reason
+        reason = self._dead or (f"the engine core process died unexpectedly (exit code "
+                                f"{self.proc.exitcode})")
+        self._fail_calls(EngineDeadError(reason))
+        return reason
 
     def close(self) -> None:
-        """Stop the core (after what it is doing) and free the sockets; idempotent. Blocks
-        up to 15 s: from the event loop, call it in a thread."""
         if self._closed:
             return
         self._closed = True
+        self._fail_calls(EngineDeadError("the engine core was stopped"))
         if self.proc.is_alive():
-            self.send(EngineCoreShutdown())
+            self.sockets.send(EngineCoreShutdown())
             self.proc.join(timeout=10)
             if self.proc.is_alive():  # it ignores SIGTERM (core_proc.py)
                 self.proc.kill()
@@ -80,5 +299,5 @@ class CoreClient(CoreSockets):
         self._free()
 
     def _free(self) -> None:
-        self._zmq.destroy(linger=0)
+        self.sockets.close()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)

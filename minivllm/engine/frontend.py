@@ -1,29 +1,43 @@
-"""The request plumbing the API server's engine clients share; each keeps only its own way to
-the engine. Frontend: AsyncLLMEngine (the engine on a thread), AsyncLLM (one engine-core
-process) and DataParallelAsyncLLM (engine-core replicas on Ray). CoreFrontend: the last two,
-which tokenize, encode and detokenize on this side of the wire."""
+"""What every frontend does with the engine core's outputs, written once: AsyncLLM (the API
+server, over any EngineCoreClient) and LLMEngine (offline, the core in the same call stack).
+
+- process_outputs: the OutputProcessor's half of a step, and the rule that closes it — the
+  core is told to stop the sequences a stop string ended (they count as finished) and to
+  abort the requests that failed on this side (a detokenizer error, say).
+- The errors a request raises when the core turned it away (TURNED_AWAY) or failed it.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from typing import Protocol
 
-import msgspec
-
-from minivllm.engine.errors import (
-    EngineDeadError,
-    EngineOverloadedError,
-    RequestFailedError,
-    RequestTimeoutError,
-)
-from minivllm.engine.messages import EngineCoreOutput, EngineCoreRequest, make_core_request
-from minivllm.engine.request_stream import RequestStream
+from minivllm.engine.errors import EngineOverloadedError, RequestFailedError, RequestTimeoutError
+from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
+from minivllm.engine.output_processor import OutputProcessor, ProcessedOutputs
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 # An EngineCoreOutput's error_kind for a request the core turned away or failed.
 TURNED_AWAY = ("invalid", "overloaded", "failed")
+
+
+class Aborts(Protocol):
+    """An EngineCore, or an EngineCoreClient in front of one."""
+
+    def abort_requests(self, request_ids: list[str], stopped: bool = False) -> None: ...
+
+
+def process_outputs(processor: OutputProcessor, outputs: EngineCoreOutputs,
+                    core: Aborts) -> ProcessedOutputs:
+    """Turn a step's EngineCoreOutputs into RequestOutputs; the core stops what ended here.
+    The core does not see text, so a stop string's end reaches it only this way (it may have
+    generated a token or two more meanwhile: the OutputProcessor drops them)."""
+    processed = processor.process_outputs(outputs)
+    if processed.stopped:
+        core.abort_requests(processed.stopped, stopped=True)
+    if processed.failed:
+        core.abort_requests(processed.failed)
+    return processed
 
 
 def turned_away_error(out: EngineCoreOutput, count_rejected: Callable[[str], None]) -> Exception:
@@ -42,90 +56,3 @@ def request_error(output: RequestOutput, count_rejected: Callable[[str], None]
         count_rejected("request_timeout")
         return RequestTimeoutError(output.error)
     return RequestFailedError(output.error)
-
-
-class Frontend:
-    """generate()'s outputs, counted in flight for drain(), and abort(); a subclass sends
-    the abort its own way (_abort)."""
-
-    def __init__(self) -> None:
-        self.errored = False  # the engine is gone, for whatever reason
-        self.dead_reason: str | None = None
-        self.draining = False  # shutting down: in-flight requests go on, new ones are refused
-        self._num_in_flight = 0  # generate() calls not yet returned
-
-    async def abort(self, request_id: str) -> None:
-        self._abort(request_id)
-
-    def _abort(self, request_id: str) -> None:
-        raise NotImplementedError
-
-    async def _outputs(self, request_id: str, stream: RequestStream,
-                       accepted: asyncio.Future | None = None) -> AsyncIterator[RequestOutput]:
-        """generate()'s outputs, after `accepted` (if given) says the engine took the request,
-        until the finished one. A consumer that stops early (disconnect, cancellation) aborts
-        the request: iterate under contextlib.aclosing, so that this happens when it leaves,
-        not when the generator is collected."""
-        self._num_in_flight += 1
-        finished = False
-        try:
-            if accepted is not None:
-                await accepted
-            while not finished:
-                output = await stream.get()
-                finished = output.finished
-                yield output
-        finally:
-            self._num_in_flight -= 1
-            if not finished:
-                self._abort(request_id)
-
-    async def _wait_in_flight(self, timeout: float) -> int:
-        """drain()'s wait: up to `timeout` seconds for the generate() calls in flight to
-        return. Returns how many have not."""
-        deadline = time.monotonic() + timeout
-        while self._num_in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return self._num_in_flight
-
-    def _count_rejected(self, reason: str) -> None:
-        for stat_logger in self.stat_loggers:
-            stat_logger.record_rejected(reason)
-
-
-class CoreFrontend(Frontend):
-    """A new request's checks, tokens, encoding and stream, for the clients of engine cores
-    in other processes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._crashed = False  # ... because it failed: the process should be restarted
-        self._streams: dict[str, RequestStream] = {}
-
-    def _open_request(self, prompt: str | None, params: SamplingParams, request_id: str,
-                      prompt_token_ids: list[int] | None, **core_fields
-                      ) -> tuple[EngineCoreRequest, bytes, RequestStream]:
-        """A new request, if it may come in: as the core takes it (msgpack), and its stream,
-        registered here and with the OutputProcessor. `core_fields` are EngineCoreRequest's
-        other fields."""
-        if self.errored:
-            raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
-        if self.draining:
-            self._count_rejected("shutdown")
-            raise EngineOverloadedError("the server is shutting down", "shutdown")
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is in use")
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise ValueError("either prompt or prompt_token_ids is required")
-            prompt_token_ids = self.tokenizer(prompt).input_ids
-        request = make_core_request(request_id, prompt_token_ids, params, **core_fields)
-        try:
-            data = msgspec.msgpack.encode(request)
-        except (OverflowError, msgspec.EncodeError) as e:  # JSON allows ints msgpack does not
-            raise ValueError(f"a request field is out of range: {e}") from e
-        stream = RequestStream(asyncio.get_running_loop(),
-                               params.output_kind is RequestOutputKind.DELTA)
-        self._processor.add_request(request, prompt, params)
-        self._streams[request_id] = stream
-        return request, data, stream

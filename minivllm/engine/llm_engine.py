@@ -1,14 +1,15 @@
-"""LLMEngine: add_request / abort_request / step, in one process. It composes the two halves
-that the server runs apart (core_proc.py): the EngineCore (scheduler, KV cache, model
-runner: token ids in, token ids out) and the OutputProcessor (detokenization, stop strings,
-RequestOutputs in each request's output kind, per-request metrics)."""
+"""LLMEngine: add_request / abort_request / step, synchronously, in one process (the offline
+`LLM`). It composes the two halves that the server runs apart (async_llm.py over an
+EngineCoreClient): the EngineCore (scheduler, KV cache, model runner: token ids in, token
+ids out) and the OutputProcessor (detokenization, stop strings, RequestOutputs in each
+request's output kind, per-request metrics), closing each step with the same rule
+(frontend.process_outputs)."""
 
 from __future__ import annotations
 
-import time
-
 from minivllm.config import EngineConfig
 from minivllm.engine.core import EngineCore
+from minivllm.engine.frontend import process_outputs
 from minivllm.engine.messages import make_core_request
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.stats import SchedulerStats
@@ -25,7 +26,6 @@ class LLMEngine:
         self.vocab_size = self.core.vocab_size
         self.output_processor = OutputProcessor(self.tokenizer)
         self.groups = self.output_processor.groups  # by the caller's request id
-        self.stat_loggers: list = []
 
     @property
     def scheduler(self):
@@ -61,39 +61,9 @@ class LLMEngine:
         return (self.core.has_unfinished_requests()
                 or self.output_processor.has_unfinished_requests())
 
-    def add_stat_logger(self, stat_logger) -> None:
-        self.stat_loggers.append(stat_logger)
-
     def step(self) -> list[RequestOutput]:
-        core_outputs = self.core.step()
-        processed = self.output_processor.process_outputs(core_outputs)
-        # Before the next schedule, as if the core had seen the stop strings itself.
-        if processed.stopped:
-            self.core.abort_requests(processed.stopped, stopped=True)
-        if processed.failed:
-            self.core.abort_requests(processed.failed)
-        stats = core_outputs.scheduler_stats
-        if self.stat_loggers and (processed.stopped or processed.failed):
-            stats = self.core.get_stats()  # after the blocks those freed
-        for stat_logger in self.stat_loggers:
-            stat_logger.record(stats, processed.iteration_stats)
-        self._record_trace(core_outputs.trace)
-        return processed.request_outputs
-
-    def set_tracing(self, enabled: bool, interval: float) -> None:
-        """Request lifecycles and block maps for the stat loggers' record_trace."""
-        self.core.set_tracing(enabled, interval)
-        self.flush_trace()
-
-    def flush_trace(self) -> None:
-        """Hand the stat loggers what the tracer saw now: after requests came or went with
-        no step to follow."""
-        self._record_trace(self.core.take_trace(time.time(), force=True))
-
-    def _record_trace(self, sample) -> None:
-        if sample is not None:
-            for stat_logger in self.stat_loggers:
-                stat_logger.record_trace(sample)
+        return process_outputs(self.output_processor, self.core.step(),
+                               self.core).request_outputs
 
     def get_stats(self) -> SchedulerStats:
         return self.core.get_stats()

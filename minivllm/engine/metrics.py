@@ -18,17 +18,19 @@ logger = logging.getLogger(__name__)
 
 
 class StatLoggerBase:
-    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats,
+               engine_idx: int = 0) -> None:
+        """One step of engine `engine_idx` (a data-parallel replica; 0 with one engine)."""
         raise NotImplementedError
 
     def log(self) -> None:
         """Periodic hook (every --log-interval seconds); loggers that only record ignore it."""
 
-    def record_rejected(self, reason: str) -> None:
-        """A request turned away before it produced anything (REJECT_REASONS); called from
-        the engine thread or the event loop."""
+    def record_rejected(self, reason: str, engine_idx: int = 0) -> None:
+        """A request turned away before it produced anything (REJECT_REASONS), by engine
+        `engine_idx`; called where record() is."""
 
-    def record_trace(self, sample: TraceSample) -> None:
+    def record_trace(self, sample: TraceSample, engine_idx: int = 0) -> None:
         """Request lifecycles and the block map (core/lifecycle.py), while tracing is on;
         called where record() is."""
 
@@ -45,7 +47,8 @@ class LoggingStatLogger(StatLoggerBase):
         self._last_stats = SchedulerStats()
         self._last_was_busy = False
 
-    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats,
+               engine_idx: int = 0) -> None:
         self._num_prompt_tokens += iteration_stats.num_prompt_tokens
         self._num_generation_tokens += iteration_stats.num_generation_tokens
         self._last_stats = scheduler_stats
@@ -171,7 +174,8 @@ class PrometheusStatLogger(StatLoggerBase):
         # SchedulerStats counters are cumulative; Prometheus counters take increments.
         self._last = SchedulerStats()
 
-    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats,
+               engine_idx: int = 0) -> None:
         s = scheduler_stats
         self.num_running.set(s.num_running)
         self.num_waiting.set(s.num_waiting)
@@ -204,5 +208,5 @@ class PrometheusStatLogger(StatLoggerBase):
             self.request_prompt_tokens.observe(req.num_prompt_tokens)
             self.request_generation_tokens.observe(req.num_generation_tokens)
 
-    def record_rejected(self, reason: str) -> None:
+    def record_rejected(self, reason: str, engine_idx: int = 0) -> None:
         self.requests_rejected.labels(self._model_name, reason).inc()

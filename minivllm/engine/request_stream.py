@@ -1,5 +1,5 @@
-"""A request's outputs on their way to the asyncio task that reads them: from the engine
-thread (AsyncLLMEngine: put, put_many) or from the event loop itself (AsyncLLM: put_nowait)."""
+"""A request's outputs on their way from AsyncLLM's output task to the generate() call that
+reads them, on the same event loop."""
 
 from __future__ import annotations
 
@@ -8,41 +8,15 @@ import asyncio
 from minivllm.outputs import RequestOutput
 
 
-def call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
-    """Run callback on another thread's loop; a closed loop means nobody is listening."""
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:
-        pass
-
-
 class RequestStream:
-    """One request's outputs, read by get() on the request's event loop."""
+    """One request's outputs (or the error that ends it), read by get()."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, delta: bool) -> None:
-        self._loop = loop
+    def __init__(self, delta: bool) -> None:
         self._delta = delta  # outputs carry only what is new (RequestOutputKind.DELTA)
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
-    def put_nowait(self, item: RequestOutput | BaseException) -> None:
-        """From the request's own event loop."""
-        self._queue.put_nowait(item)
-
     def put(self, item: RequestOutput | BaseException) -> None:
-        """From another thread."""
-        call_soon(self._loop, self._queue.put_nowait, item)
-
-    @staticmethod
-    def put_many(items: list[tuple[RequestStream, RequestOutput | BaseException]]) -> None:
-        """put() for a whole step's outputs, in one hand-off per event loop. Each hand-off
-        wakes the loop, and a woken loop takes the GIL from the engine thread: one hand-off
-        per request per step cost 5-8 % of the throughput in a controlled harness
-        (docs/performance.md)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for stream, item in items:
-            by_loop.setdefault(stream._loop, []).append((stream._queue, item))
-        for loop, pairs in by_loop.items():
-            call_soon(loop, _put_all, pairs)
+        self._queue.put_nowait(item)
 
     async def get(self) -> RequestOutput:
         """The next output; a reader that fell behind gets what queued up as one: deltas
@@ -61,8 +35,3 @@ class RequestStream:
         if isinstance(item, BaseException):
             raise item
         return item
-
-
-def _put_all(pairs: list[tuple[asyncio.Queue, RequestOutput | BaseException]]) -> None:
-    for queue, item in pairs:
-        queue.put_nowait(item)

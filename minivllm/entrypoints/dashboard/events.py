@@ -3,7 +3,9 @@
 EngineEventHub is a stat logger: it sees every step's SchedulerStats and IterationStats as
 the stats log line and /metrics do (the same record() calls, hence the same numbers), and,
 while at least one client listens, the core's TraceSamples (request lifecycles, the block
-map). The first client turns the core's tracing on, the last one to leave turns it off: with
+map). Under data parallel each replica reports its own: a snapshot shows their sum (queues,
+KV cache, throughput) and their block maps side by side, and the lifecycle events of all.
+The first client turns the cores' tracing on, the last one to leave turns it off: with
 nobody listening the engine does no work for the dashboard beyond a few additions per step.
 
 Each client gets, in order: one `config` event; then per interval one `snapshot` (queues,
@@ -21,6 +23,7 @@ import time
 from collections.abc import AsyncIterator
 
 from minivllm.core.lifecycle import TraceSample
+from minivllm.distributed.dp_metrics import sum_stats
 from minivllm.engine.metrics import StatLoggerBase
 from minivllm.engine.stats import IterationStats, SchedulerStats
 
@@ -53,8 +56,8 @@ def sse(event: str, data: dict) -> bytes:
 
 
 class EngineEventHub(StatLoggerBase):
-    """record() / record_trace() come from the event loop (engine core in its own process)
-    or from the engine thread (--engine-mode thread): what they touch is under a lock."""
+    """record() / record_trace() come from AsyncLLM's output task; take() from the
+    broadcast task or a test's thread: what they touch is under a lock."""
 
     def __init__(self, engine, config: dict, interval: float = 1.0) -> None:
         self.engine = engine
@@ -67,26 +70,27 @@ class EngineEventHub(StatLoggerBase):
 
     def _reset(self) -> None:
         with self._lock:
-            self._stats = SchedulerStats()
+            self._stats: dict[int, SchedulerStats] = {}  # each engine's last, by engine_idx
             self._prompt_tokens = self._generation_tokens = 0
             self._events: list[dict] = []
             self._steps = self._step_tokens = self._max_step_tokens = 0
             self._token_budget = 0
-            self._block_map: dict | None = None
-            self._ranks: dict[str, int] = {}
+            self._block_maps: dict[int, dict] = {}
+            self._ranks: dict[int, dict[str, int]] = {}
             self._since = time.monotonic()
 
     # ---- the stat logger side ---------------------------------------------------------
 
-    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats,
+               engine_idx: int = 0) -> None:
         if not self.streams:
             return
         with self._lock:
-            self._stats = scheduler_stats
+            self._stats[engine_idx] = scheduler_stats
             self._prompt_tokens += iteration_stats.num_prompt_tokens
             self._generation_tokens += iteration_stats.num_generation_tokens
 
-    def record_trace(self, sample: TraceSample) -> None:
+    def record_trace(self, sample: TraceSample, engine_idx: int = 0) -> None:
         with self._lock:
             self._events += [_event_dict(e) for e in sample.events]
             self._steps += sample.num_steps
@@ -94,8 +98,8 @@ class EngineEventHub(StatLoggerBase):
             self._max_step_tokens = max(self._max_step_tokens, sample.max_step_tokens)
             self._token_budget = sample.token_budget
             if sample.block_map is not None:
-                self._block_map = sample.block_map
-            self._ranks = sample.ranks
+                self._block_maps[engine_idx] = sample.block_map
+            self._ranks[engine_idx] = sample.ranks
 
     # ---- clients ----------------------------------------------------------------------
 
@@ -142,7 +146,7 @@ class EngineEventHub(StatLoggerBase):
         with self._lock:
             now = time.monotonic()
             elapsed = max(now - self._since, 1e-9)
-            s = self._stats
+            s = _merged_stats(self._stats)
             used_swap = s.num_total_swap_blocks - s.num_free_swap_blocks
             snapshot = {
                 "t": time.time(),
@@ -160,14 +164,36 @@ class EngineEventHub(StatLoggerBase):
                 "steps": {"count": self._steps, "token_budget": self._token_budget,
                           "mean_tokens": self._step_tokens / self._steps if self._steps else 0,
                           "max_tokens": self._max_step_tokens},
-                "block_map": self._block_map,
-                "ranks": self._ranks,
+                "block_map": _merged_block_map(self._block_maps),
+                "ranks": {rid: rank for ranks in self._ranks.values()
+                          for rid, rank in ranks.items()},
             }
             events, self._events = self._events, []
             self._prompt_tokens = self._generation_tokens = 0
             self._steps = self._step_tokens = self._max_step_tokens = 0
             self._since = now
         return events, snapshot
+
+
+def _merged_stats(stats: dict[int, SchedulerStats]) -> SchedulerStats:
+    """One engine's stats as they are; replicas' added up (queues, counters, blocks)."""
+    if len(stats) <= 1:
+        return next(iter(stats.values()), SchedulerStats())
+    return sum_stats([stats[i] for i in sorted(stats)])
+
+
+def _merged_block_map(maps: dict[int, dict]) -> dict | None:
+    """One engine's block map as it is; replicas' counts added up and their cells side by
+    side, in replica order (the same model and settings: the same blocks per cell)."""
+    if len(maps) <= 1:
+        return next(iter(maps.values()), None)
+    ordered = [maps[i] for i in sorted(maps)]
+    merged = {key: sum(m[key] for m in ordered) for key in
+              ("total", "in_use", "cached", "free", "swap_total", "swapped")}
+    for key in ("cells", "swap_cells"):
+        merged[key] = {"per_cell": ordered[0][key]["per_cell"],
+                       "map": "".join(m[key]["map"] for m in ordered)}
+    return merged
 
 
 def _event_dict(event) -> dict:

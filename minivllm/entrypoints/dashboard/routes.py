@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Gauge
 
+from minivllm.distributed.dp_metrics import DataParallelMetrics
 from minivllm.engine.metrics import PrometheusStatLogger
 from minivllm.entrypoints.dashboard.events import EngineEventHub
 
@@ -29,25 +30,12 @@ def dashboard_config(engine) -> dict:
             "engine": settings}
 
 
-def add_dashboard_routes(app: FastAPI, engine, interval: float,
-                         page: bool) -> EngineEventHub | None:
+def add_dashboard_routes(app: FastAPI, engine, interval: float, page: bool) -> EngineEventHub:
     """The events endpoint always; the page when `page`. The hub joins the engine's stat
-    loggers, so it sees what /metrics sees. An engine that cannot trace its requests (the
-    data-parallel frontend: its replicas' traces are not merged yet) answers both with 501
-    and the reason, not with an empty or broken page."""
-    if not hasattr(engine, "set_tracing"):
-        reason = ("the dashboard and GET /v1/engine/events do not support "
-                  "--data-parallel-size > 1 yet; /metrics has every replica (engine label)")
-
-        @app.get("/v1/engine/events", include_in_schema=False)
-        @app.get("/dashboard", include_in_schema=False)
-        async def not_supported() -> JSONResponse:
-            return JSONResponse({"error": {"message": reason, "type": "NotImplementedError",
-                                           "code": 501}}, status_code=501)
-
-        return None
+    loggers, so it sees what /metrics sees (every replica's, under data parallel)."""
     hub = EngineEventHub(engine, dashboard_config(engine), interval)
-    for prometheus in [s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)]:
+    for prometheus in [s for s in engine.stat_loggers
+                       if isinstance(s, (PrometheusStatLogger, DataParallelMetrics))]:
         Gauge("minivllm:dashboard_event_streams", "Clients of GET /v1/engine/events.",
               registry=prometheus.registry).set_function(lambda: len(hub.streams))
     engine.stat_loggers.append(hub)

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP API: a FastAPI app around an engine client (AsyncLLM, the
-engine core in its own process, or AsyncLLMEngine, on a thread: the same surface)."""
+"""The OpenAI-compatible HTTP API: a FastAPI app around an AsyncLLM (whichever client it
+reaches its engine core(s) through)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info
 
-if TYPE_CHECKING:  # the engine clients: a process of its own, or a thread
-    from minivllm.engine.async_engine import AsyncLLMEngine
+if TYPE_CHECKING:
     from minivllm.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("minivllm.serve")
@@ -62,7 +61,7 @@ def _package_version() -> str:
         return "unknown"
 
 
-def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
+def build_app(engine: AsyncLLM, args) -> FastAPI:
     """The app; `args` carries the server flags (api_key, metrics_require_key,
     allowed_origins, chat_template, disable_dashboard, dashboard_interval and RequestLimits'
     fields); missing ones keep defaults."""
@@ -89,9 +88,8 @@ def build_app(engine: AsyncLLM | AsyncLLMEngine, args) -> FastAPI:
             return error_response(f"engine is not running: {engine.dead_reason}", 503)
         if engine.draining:
             return error_response("the server is shutting down", 503)
-        replica_states = getattr(engine, "replica_states", None)  # data parallel
-        if replica_states is not None:
-            states = replica_states()
+        states = engine.replica_states()  # data parallel; none with one engine core
+        if states:
             up = all(s["state"] == "up" for s in states)
             return JSONResponse({"status": "ok" if up else "degraded", "replicas": states})
         return Response(status_code=200)

@@ -1,5 +1,6 @@
-"""`minivllm serve MODEL`: the OpenAI-compatible server (uvicorn + FastAPI), with the engine
-core in a process of its own (AsyncLLM, the default) or on a thread (AsyncLLMEngine)."""
+"""`minivllm serve MODEL`: the OpenAI-compatible server (uvicorn + FastAPI) around one
+AsyncLLM, whose engine core runs in a process of its own (the default), on a thread
+(--engine-mode thread) or as replicas on Ray (--data-parallel-size N)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from minivllm.entrypoints.openai.limits import RequestLimits, add_limit_args
 
 logger = logging.getLogger("minivllm.serve")
 
-ENGINE_MODES = ("process", "thread")
+ENGINE_MODES = ("process", "thread")  # the core in a process of its own, or on a thread
 
 # vLLM's log layout: "INFO 05-19 11:22:57 [metrics.py:61] Avg prompt throughput: ..."
 LOG_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
@@ -85,6 +86,10 @@ def add_data_parallel_args(parser) -> None:
                              "replica is much busier than the least loaded)")
     parser.add_argument("--data-parallel-max-restarts", type=int, default=3, metavar="N",
                         help="times Ray restarts a replica that died (default: 3)")
+    parser.add_argument("--sticky-sessions", action="store_true",
+                        help="route a request with a `user` to the replica that served that "
+                             "user last, while it is up and within the router's balance "
+                             "threshold (default: off)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,32 +141,29 @@ def _positive_float(text: str) -> float:
 
 
 def make_engine(config, args: argparse.Namespace):
-    """The engine client that --engine-mode names; both have the same public surface."""
+    """The AsyncLLM over the engine-core client the flags name: Ray replicas for
+    --data-parallel-size > 1, else --engine-mode's."""
+    from minivllm.engine.async_llm import AsyncLLM
+
     if args.engine_mode not in ENGINE_MODES:  # argparse does not check a default
         raise ValueError(f"--engine-mode (MINIVLLM_ENGINE_MODE) must be one of "
                          f"{', '.join(ENGINE_MODES)}, got {args.engine_mode!r}")
-    if args.data_parallel_size > 1:
-        if args.engine_mode == "thread":
-            raise ValueError("--data-parallel-size > 1 runs engine-core replicas: it needs "
-                             "--engine-mode process")
-        from minivllm.distributed.ray_replica import import_ray
-
-        import_ray()  # not installed: say how, before anything starts
-        from minivllm.distributed.data_parallel import DataParallelAsyncLLM
-
-        return DataParallelAsyncLLM(
-            config, args.data_parallel_size, router_policy=args.router_policy,
-            ray_address=args.ray_address, engine_threads=args.engine_threads,
-            log_interval=args.log_interval, max_restarts=args.data_parallel_max_restarts)
+    if args.data_parallel_size == 1:
+        return AsyncLLM.from_config(config, log_interval=args.log_interval,
+                                    engine_threads=args.engine_threads,
+                                    engine_mode=args.engine_mode)
     if args.engine_mode == "thread":
-        import torch
+        raise ValueError("--data-parallel-size > 1 runs engine-core replicas: it needs "
+                         "--engine-mode process")
+    from minivllm.distributed.ray_replica import import_ray
 
-        from minivllm.engine.async_engine import AsyncLLMEngine
+    import_ray()  # not installed: say how, before anything starts
+    from minivllm.distributed.data_parallel import DataParallelClient
+    from minivllm.model.loader import resolve_model_path
 
-        if args.engine_threads:  # before the runner starts: its thread governor caps at this
-            torch.set_num_threads(args.engine_threads)
-        return AsyncLLMEngine.from_config(config, log_interval=args.log_interval)
-    from minivllm.engine.async_llm import AsyncLLM
-
-    return AsyncLLM.from_config(config, log_interval=args.log_interval,
-                                engine_threads=args.engine_threads)
+    resolve_model_path(config.model, config.revision)  # downloaded once, before the replicas
+    client = DataParallelClient(
+        config, args.data_parallel_size, router_policy=args.router_policy,
+        ray_address=args.ray_address, engine_threads=args.engine_threads,
+        max_restarts=args.data_parallel_max_restarts, sticky_sessions=args.sticky_sessions)
+    return AsyncLLM.from_client(client, config, log_interval=args.log_interval)

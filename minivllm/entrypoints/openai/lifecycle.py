@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-if TYPE_CHECKING:  # the engine clients: a process of its own, or a thread
-    from minivllm.engine.async_engine import AsyncLLMEngine
+if TYPE_CHECKING:
     from minivllm.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("minivllm.serve")
@@ -25,7 +24,7 @@ class ServingServer(uvicorn.Server):
     in flight `shutdown_timeout` seconds, aborts the rest (their clients get an error), then
     lets uvicorn close. A second signal exits at once."""
 
-    def __init__(self, config: uvicorn.Config, engine: AsyncLLM | AsyncLLMEngine,
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLM,
                  shutdown_timeout: float) -> None:
         super().__init__(config)
         self.engine = engine

@@ -27,15 +27,14 @@ from minivllm.entrypoints.openai.structured import request_constraint
 from minivllm.outputs import Logprob, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
-if TYPE_CHECKING:  # the engine clients: a process of its own, or a thread
-    from minivllm.engine.async_engine import AsyncLLMEngine
+if TYPE_CHECKING:
     from minivllm.engine.async_llm import AsyncLLM
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM | AsyncLLMEngine, model_name: str,
+    def __init__(self, engine: AsyncLLM, model_name: str,
                  chat_template: str | None = None, limits: RequestLimits = RequestLimits(),
                  default_sampling: dict | None = None) -> None:
         self.engine = engine
