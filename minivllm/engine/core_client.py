@@ -31,6 +31,7 @@ from minivllm.config import EngineConfig
 from minivllm.engine.core_proc import run_engine_core
 from minivllm.engine.core_sockets import CoreSockets
 from minivllm.engine.errors import EngineDeadError
+from minivllm.engine.inbox import call_soon
 from minivllm.engine.messages import (
     EngineCoreAbort,
     EngineCoreDead,
@@ -198,10 +199,15 @@ class SingleCoreClient:
                 future.set_result(msg.result)
 
     def _fail_calls(self, error: Exception) -> None:
+        """From any thread (close() runs on drain's): each future fails on its own loop."""
         for future in self._calls.values():
-            if not future.done() and not future.get_loop().is_closed():
-                future.set_exception(error)
+            call_soon(future.get_loop(), _fail, future, error)
         self._calls.clear()
+
+
+def _fail(future: asyncio.Future, error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 def log_format() -> tuple[int, str | None, str | None]:

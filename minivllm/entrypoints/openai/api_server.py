@@ -14,6 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from minivllm.distributed.dp_metrics import DataParallelMetrics
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.metrics import PrometheusStatLogger
 from minivllm.entrypoints.dashboard.routes import BROWSER_PATHS, add_dashboard_routes
@@ -75,8 +76,8 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     chat = OpenAIServingChat(engine, model_name, chat_template, limits, defaults)
     chat.tool_parser, chat.reasoning_parser = parsers_from_args(args)
     # PrometheusStatLogger, or (data parallel) one with every replica's series
-    prometheus = next((s for s in engine.stat_loggers if isinstance(s, PrometheusStatLogger)
-                       or getattr(s, "registry", None) is not None), None)
+    prometheus = next((s for s in engine.stat_loggers
+                       if isinstance(s, (PrometheusStatLogger, DataParallelMetrics))), None)
     created = int(time.time())
 
     app = FastAPI(title="minivllm OpenAI-compatible server", version=_package_version())
