@@ -12,25 +12,34 @@ import aiohttp
 import httpx
 import pytest
 
-from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stories_model
+from tests.server_utils import (
+    ENGINE_MODES,
+    FAST_ENGINE_ARGS,
+    SLOW_STEPS,
+    ServerProcess,
+    engine_mode_args,
+    stories_model,
+)
 
 NUM_CLIENTS = 1000
 MAX_WAITING = 16
 LONG = 400  # tokens per admitted request: long beside a rejection
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("overload")
-    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--max-num-waiting-requests",
-                                             str(MAX_WAITING)], tmp / "server.log")
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *engine_mode_args(request.param),
+                                             "--max-num-waiting-requests", str(MAX_WAITING)],
+                           tmp / "server.log")
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def slow_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def slow_server(request, tmp_path_factory):
     """Two sequences at a time, slow steps, a token bound on the queue and a 1 s timeout."""
     tmp = tmp_path_factory.mktemp("overload_slow")
-    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--max-num-seqs", "2",
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *engine_mode_args(request.param),
+                                             "--max-num-seqs", "2",
                                              "--max-num-waiting-tokens", "500",
                                              "--request-timeout", "1"],
                            tmp / "server.log", prelude=SLOW_STEPS)

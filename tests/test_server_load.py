@@ -12,7 +12,13 @@ import openai
 import pytest
 
 from minivllm import LLM, SamplingParams
-from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
+from tests.server_utils import (
+    ENGINE_MODES,
+    FAST_ENGINE_ARGS,
+    ServerProcess,
+    engine_mode_args,
+    stories_model,
+)
 
 LOG_INTERVAL = 1.0
 MAX_NUM_SEQS = 8  # FAST_ENGINE_ARGS
@@ -26,11 +32,12 @@ LINE = re.compile(
     r"KV cache usage: ([\d.]+)%, Prefix cache hit rate: ([\d.]+)%")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def server(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server_load")
     # Room for a full batch of long requests, so that nothing is preempted.
-    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--num-kv-blocks", "300",
+    server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *engine_mode_args(request.param),
+                                             "--num-kv-blocks", "300",
                                              "--log-interval", str(LOG_INTERVAL)],
                            tmp / "server.log")
     yield server
