@@ -41,11 +41,14 @@ test-e2e: install-test
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m e2e --durations=5
 
 # The dashboard's browser tests: Debian's chromium and its driver (no browser download at
-# test time), and selenium. Where they cannot be installed, the tests skip and say why.
+# test time), and selenium. Where they cannot be installed this fails, and so does
+# test-browser: CI must not go green with the browser tests skipped.
 install-browser: $(VENV)/.test-installed
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null \
 	  || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) \
-	  || echo "install-browser: chromium / chromium-driver could not be installed"
+	  || { echo "install-browser: apt-get could not install chromium chromium-driver" >&2; exit 1; }
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+	  || { echo "install-browser: chromium / chromedriver are not on PATH" >&2; exit 1; }
 	$(PIP) install -q -e '.[dashboard-test]' torch==2.13.0
 
 test-browser: install-browser
