@@ -1,6 +1,7 @@
-"""The data-parallel simulator (sim/data_parallel.py) and `minivllm sim serve
---data-parallel-size N --router-policy P`: one replica is exactly the plain simulator, and
-with many, cache_aware routing turns shared prefixes into prefix-cache hits."""
+"""The simulator with N replicas (sim/simulator.py's data_parallel_size) and `minivllm sim
+serve --data-parallel-size N --router-policy P`: cache_aware routing turns shared prefixes
+into prefix-cache hits, and more replicas serve a saturated trace sooner. (One replica is the
+plain simulator by construction: the same loop, with N = 1.)"""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import random
 
 import pytest
 
-from minivllm.bench.workload import Trace, TraceEntry, seed_trace
+from minivllm.bench.workload import Trace, TraceEntry
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.entrypoints.cli import main
 from minivllm.sim.cost_model import CostModel, StepBatch
-from minivllm.sim.data_parallel import DataParallelSimulator
 from minivllm.sim.simulator import Simulator
 
 
@@ -43,27 +43,12 @@ def shared_prefix_workload(num_systems: int, num_users: int, gap: float = 0.02,
     return Trace("shared-prefix", entries), prompts
 
 
-@pytest.mark.parametrize("max_concurrency", [None, 3])
-def test_one_replica_is_the_plain_simulator(max_concurrency):
-    trace = seed_trace("high", num_prompts=40, seed=3, max_model_len=256,
-                       length_scale=1 / 16)
-    plain = Simulator(config(num_blocks=40), "fcfs", FakeCost(),
-                      max_concurrency=max_concurrency).run(trace)
-    dp = DataParallelSimulator(config(num_blocks=40), "fcfs", FakeCost(), data_parallel_size=1,
-                               router_policy="cache_aware",
-                               max_concurrency=max_concurrency).run(trace)
-    assert [(r.start, r.ttft, r.itl, r.e2e) for r in dp.results] == \
-        [(r.start, r.ttft, r.itl, r.e2e) for r in plain.results]
-    assert dp.stats == plain.stats
-    assert dp.routed == [40]
-
-
 def test_cache_aware_beats_round_robin_on_shared_prefixes():
     trace, prompts = shared_prefix_workload(num_systems=8, num_users=12)
     runs = {}
     for policy in ("round_robin", "least_load", "cache_aware"):
-        result = DataParallelSimulator(config(), "fcfs", FakeCost(), data_parallel_size=4,
-                                       router_policy=policy).run(trace, prompts)
+        result = Simulator(config(), "fcfs", FakeCost(), data_parallel_size=4,
+                           router_policy=policy).run(trace, prompts)
         assert all(r.success for r in result.results)
         assert sum(result.routed) == len(trace.entries) and min(result.routed) > 0
         runs[policy] = result
@@ -79,8 +64,8 @@ def test_cache_aware_beats_round_robin_on_shared_prefixes():
 def test_more_replicas_serve_a_saturated_trace_sooner():
     trace, prompts = shared_prefix_workload(num_systems=2, num_users=30, gap=0.0,
                                             output_tokens=16)
-    walls = [DataParallelSimulator(config(max_num_seqs=4), "fcfs", FakeCost(),
-                                   data_parallel_size=n, router_policy="least_load")
+    walls = [Simulator(config(max_num_seqs=4), "fcfs", FakeCost(),
+                       data_parallel_size=n, router_policy="least_load")
              .run(trace, prompts).stats.simulated_wall_time_s for n in (1, 2)]
     assert walls[1] < 0.7 * walls[0]
 

@@ -80,6 +80,7 @@ class Request:
         self.prompt_hidden: Any = None
         self.predicted_output_len: float | None = None
         self.status = RequestStatus.WAITING
+        self.stop_reason: int | None = None  # the stop token id that finished it (check_stop)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first admission)
         self.block_ids: list[int] = []

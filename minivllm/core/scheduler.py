@@ -4,14 +4,16 @@ per-step diffs — that the model side executes (block mappings first, then one 
 the flattened batch), and takes back the sampled token ids.
 
 Each step: running requests first (so decodes keep flowing), then swapped ones are
-swapped back in, then waiting ones are admitted — all in the policy's order.
+swapped back in, then waiting ones are admitted — all in the policy's order. After the
+forward, update_from_output appends the sampled tokens and finishes the requests they end
+(core/stop.py): the engine and the simulator share that rule by sharing the scheduler.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from minivllm.core.kv_cache import KVCacheManager
@@ -19,6 +21,7 @@ from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.preemption import RecomputeTax, victim_rule
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
+from minivllm.core.stop import check_stop
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +87,14 @@ class Scheduler:
         config: SchedulerConfig,
         policy: SchedulingPolicy,
         clock: Callable[[], float] = time.time,
+        eos_token_ids: Collection[int] = (),
     ) -> None:
+        """`eos_token_ids`: the model's end-of-sequence tokens, which stop a request
+        (unless it sets ignore_eos)."""
         self.config = config
         self.policy = policy
         self.clock = clock
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.kv = KVCacheManager(
             config.num_blocks,
             config.block_size,
@@ -109,6 +116,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.num_preemptions = 0
+        self.num_preemptions_by_mode = {"swap": 0, "recompute": 0}
         self._last_preemption_log = float("-inf")
         # What the runner holds: request id -> how many of its block ids it has (-1: it must
         # be sent the whole table again), and the ids finished since the last step.
@@ -401,6 +409,7 @@ class Scheduler:
             self._runner_blocks[victim.request_id] = -1  # its table will be sent whole
         victim.num_preemptions += 1
         self.num_preemptions += 1
+        self.num_preemptions_by_mode[mode] += 1
         out.preempted_req_ids.append(victim.request_id)
         if now - self._last_preemption_log > 5.0:  # rate-limited
             self._last_preemption_log = now
@@ -413,10 +422,11 @@ class Scheduler:
 
     def update_from_output(self, out: SchedulerOutput, sampled_token_ids: dict[str, int],
                            prompt_hidden: dict | None = None) -> list[Request]:
-        """Advance computed counts and append the sampled tokens; return the requests that
-        got a new token, in the step's order. `prompt_hidden`: request id -> the last prompt
-        token's hidden state, for requests whose prefill completed (out.want_prompt_hidden);
-        the predictor predicts again with it."""
+        """Advance computed counts, append the sampled tokens and finish the requests whose
+        token ends them (check_stop: their status says why, their blocks are freed); return
+        the requests that got a new token, in the step's order. `prompt_hidden`: request id
+        -> the last prompt token's hidden state, for requests whose prefill completed
+        (out.want_prompt_hidden); the predictor predicts again with it."""
         predictor = self.policy.predictor
         for req_id, row in (prompt_hidden or {}).items():
             request = self.requests.get(req_id)
@@ -437,6 +447,10 @@ class Scheduler:
             self.kv.cache_full_blocks(request)
             if request.pending_forks and request.num_computed_tokens == request.num_tokens - 1:
                 self._fork(request)
+        for request in sampled:  # then the stop rule, in the step's order
+            status = check_stop(request, self.config.max_model_len, self.eos_token_ids)
+            if status is not None:
+                self.finish_request(request, status)
         return sampled
 
     def _fork(self, parent: Request) -> None:

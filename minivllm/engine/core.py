@@ -21,6 +21,7 @@ from minivllm.config import EngineConfig
 from minivllm.core.lifecycle import LifecycleTracer, TraceSample
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.step import EngineStep
 from minivllm.engine.errors import EngineOverloadedError
 from minivllm.engine.messages import (
     EngineCoreOutput,
@@ -79,7 +80,9 @@ class EngineCore:
         scheduler_config = dataclasses.replace(
             config.scheduler_config, num_blocks=self.runner.num_blocks,
             num_swap_blocks=self.runner.num_swap_blocks, max_model_len=self.max_model_len)
-        self.scheduler = Scheduler(scheduler_config, config.policy_config.make_policy())
+        self.scheduler = Scheduler(scheduler_config, config.policy_config.make_policy(),
+                                   eos_token_ids=self.eos_token_ids)
+        self.engine_step = EngineStep(self.scheduler)
         self.groups: dict[str, _Group] = {}  # by the caller's request id
         self._seqs: dict[str, tuple[str, int]] = {}  # sequence id -> (caller's id, index)
         self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step
@@ -211,13 +214,19 @@ class EngineCore:
                 self._finish(self.groups[group_id].requests[index], status)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
-        if self._prediction_log is not None and status is not RequestStatus.FINISHED_ABORTED:
-            self._log_prediction(request, status)
-        group_id, _ = self._seqs.pop(request.request_id, (None, None))
+        group_id, _ = self._seqs.get(request.request_id, (None, None))
         if group_id in self._compiling:  # never handed to the scheduler
             request.status = status
         else:
             self.scheduler.finish_request(request, status)
+        self._forget(request, status)
+
+    def _forget(self, request: Request, status: RequestStatus) -> None:
+        """The core's bookkeeping for a sequence that finished (the scheduler has freed its
+        blocks): log its prediction, drop its group when the last sequence ends."""
+        if self._prediction_log is not None and status is not RequestStatus.FINISHED_ABORTED:
+            self._log_prediction(request, status)
+        group_id, _ = self._seqs.pop(request.request_id, (None, None))
         group = self.groups.get(group_id)
         if group is not None and all(r.is_finished for r in group.requests):
             del self.groups[group_id]
@@ -275,10 +284,10 @@ class EngineCore:
                     f"request timed out: it waited {now - request.arrival_time:.1f}s in the "
                     f"queue, longer than request_timeout={timeout}s")))
 
-    def _fail_shed(self) -> None:
+    def _fail_shed(self, shed: list[Request]) -> None:
         """Fail the requests the policy shed for a deadline they can no longer make (edf
         with --edf-action shed), each with its whole group; this step's outputs say so."""
-        for request in self.scheduler.take_shed():
+        for request in shed:
             group_id, _ = self._seqs.get(request.request_id, (None, None))
             group = self.groups.get(group_id)
             if group is None:
@@ -303,43 +312,41 @@ class EngineCore:
         if self.config.request_timeout is not None:
             self._expire_waiting(time.time())
         self._admit_compiled()
-        sched_out = self.scheduler.schedule()
-        self._fail_shed()
+        scheduled = self.engine_step.schedule()
+        sched_out = scheduled.scheduler_output
+        self._fail_shed(scheduled.shed)
         now = started = time.time()
         if self.tracer is not None:
             self.tracer.see_arrivals(now)
-        num_prompt_tokens = 0
-        for req_id, num_new in sched_out.num_scheduled_tokens.items():
-            request = self.scheduler.requests[req_id]
+        for req_id in sched_out.num_scheduled_tokens:
             group = self.groups[self._seqs[req_id][0]]
             if group.first_scheduled_time is None:
                 group.first_scheduled_time = now
-            start = request.num_computed_tokens
-            num_prompt_tokens += max(0, min(start + num_new, request.num_prompt_tokens) - start)
         result = self.runner.execute(sched_out)
         outputs: dict[str, EngineCoreOutput] = {}
         for req_id, (first, scored) in result.prompt_logprobs.items():
             self._output(outputs, req_id).prompt_logprobs = (
                 first, [pack_logprobs(entry) for entry in scored])
-        for request in self.scheduler.update_from_output(sched_out, result.sampled_token_ids,
-                                                          result.prompt_hidden):
+        done = self.engine_step.update(scheduled, result.sampled_token_ids,
+                                       result.prompt_hidden)
+        for request in done.sampled:
             out = self._output(outputs, request.request_id)
-            token = request.output_token_ids[-1]
-            out.new_token_ids = [token]
+            out.new_token_ids = [request.output_token_ids[-1]]
             logprobs = result.logprobs.get(request.request_id)
             if logprobs is not None:
                 out.new_logprobs = [pack_logprobs(logprobs)]
             out.num_cached_tokens = request.num_cached_tokens
-            status = self._check_stop(request, token, out)
-            if status is not None:
-                self._finish(request, status)
+            if request.is_finished:  # the scheduler's stop rule ended it (core/stop.py)
+                out.finish_reason, out.stop_reason = request.status.value, request.stop_reason
+        for request in done.finished:  # after the loop: _output reads their groups
+            self._forget(request, request.status)
         failed, self._failed = self._failed, []
         ended = time.time()
         if self.tracer is not None:
             self.tracer.observe(started, ended, sched_out)
         return EngineCoreOutputs(timestamp=ended, outputs=failed + list(outputs.values()),
                                  scheduler_stats=self.get_stats(),
-                                 num_prompt_tokens=num_prompt_tokens,
+                                 num_prompt_tokens=scheduled.num_prompt_tokens,
                                  # the last step before idling: no later one would
                                  trace=self.take_trace(ended,
                                                        force=not self.has_unfinished_requests()))
@@ -352,24 +359,6 @@ class EngineCore:
                 group_id, index,
                 first_scheduled_time=self.groups[group_id].first_scheduled_time)
         return out
-
-    def _check_stop(self, request: Request, token: int, out: EngineCoreOutput
-                    ) -> RequestStatus | None:
-        """The stops that need no text: EOS, a stop token, max_tokens, the context length
-        (stop strings are the OutputProcessor's)."""
-        params = request.sampling_params
-        can_stop = request.num_output_tokens >= params.min_tokens
-        if can_stop and not params.ignore_eos and token in self.eos_token_ids:
-            out.finish_reason = "stop"
-        elif can_stop and token in params.stop_token_ids:
-            out.finish_reason, out.stop_reason = "stop", token
-        elif (request.num_output_tokens >= request.max_tokens
-              or request.num_tokens >= self.max_model_len):
-            out.finish_reason = "length"
-            return RequestStatus.FINISHED_LENGTH
-        else:
-            return None
-        return RequestStatus.FINISHED_STOPPED
 
     # ---- tracing (the dashboard) ------------------------------------------------------
 

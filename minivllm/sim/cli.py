@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from minivllm.bench import metrics, report, workload
@@ -24,7 +25,6 @@ from minivllm.core.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.sim.cost_model import CostModel, load_cost_model
-from minivllm.sim.data_parallel import DataParallelResult, DataParallelSimulator
 from minivllm.sim.seed_report import side_by_side
 from minivllm.sim.simulator import SimResult, Simulator
 
@@ -101,26 +101,21 @@ def cost_model_of(args) -> CostModel:
 
 
 def scheduler_config(args, cost: CostModel) -> SchedulerConfig:
-    """The engine's scheduler settings, with KV capacity and context from the cost model
-    unless the flags give them (EngineConfig's rule for max_num_batched_tokens)."""
+    """The engine's scheduler settings: EngineConfig's scheduler section built from the
+    flags (so the engine's rules apply, such as the default max_num_batched_tokens, and its
+    checks), with the context and KV capacity from the cost model unless the flags give
+    them."""
     max_len = args.max_model_len or cost.max_model_len()
     num_blocks = args.num_kv_blocks or cost.num_kv_blocks(args.block_size)
     if max_len is None or num_blocks is None:
         raise SystemExit(f"{cost.name} knows no context or KV capacity: give --max-model-len "
                          "and --num-kv-blocks")
-    batched = args.max_num_batched_tokens or (512 if args.enable_chunked_prefill
-                                              else max(2048, max_len))
-    if not args.enable_chunked_prefill and batched < max_len:
-        raise SystemExit(f"max_num_batched_tokens ({batched}) must be >= max_model_len "
-                         f"({max_len}) when chunked prefill is disabled")
-    return SchedulerConfig(
-        num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=batched, max_model_len=max_len,
-        num_swap_blocks=cost.num_swap_blocks(args.block_size, args.swap_space) or 0,
-        enable_prefix_caching=args.enable_prefix_caching,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        preemption_mode=args.preemption_mode, active_preemption=args.active_preemption,
-        min_run_quantum=args.min_run_quantum, preemption_victim=args.preemption_victim)
+    try:
+        engine = config_from_args(argparse.Namespace(**{**vars(args), "max_model_len": max_len}))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    return replace(engine.scheduler_config, num_blocks=num_blocks,
+                   num_swap_blocks=cost.num_swap_blocks(args.block_size, args.swap_space) or 0)
 
 
 def prepare(args):
@@ -144,33 +139,29 @@ def prepare(args):
 def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
              out_dir: Path, title: str, length_predictor: str | None = None
              ) -> tuple[dict, list]:
-    if args.data_parallel_size < 1:
-        raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    size = args.data_parallel_size
+    if size < 1:
+        raise SystemExit(f"--data-parallel-size must be >= 1, got {size}")
     predictor = length_predictor or getattr(args, "length_predictor", None) or "mean"
     common = dict(aging_s=args.priority_aging_s, send_priority=policy == "priority",
                   progress=not args.disable_tqdm, max_concurrency=args.max_concurrency,
                   length_predictor=predictor, request_max_tokens=args.request_max_tokens)
     options = config_from_args(args).policy_config.options()  # vtc_weights, edf_action, ...
-    if args.data_parallel_size > 1:
-        sim = DataParallelSimulator(config, policy, cost, **common,
-                                    data_parallel_size=args.data_parallel_size,
-                                    router_policy=args.router_policy,
-                                    policy_options=options)
-    else:
-        sim = Simulator(config, policy, cost, **common, record_timeline=True,
-                        policy_options=options)
+    sim = Simulator(config, policy, cost, **common, data_parallel_size=size,
+                    router_policy=args.router_policy, record_timeline=size == 1,
+                    policy_options=options)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0
     summary = metrics.summarize(result.results, result.stats.simulated_wall_time_s,
                                 trace.buckets, metrics.parse_goodput(args.goodput))
     summary["engine"] = result.stats.as_dict()
-    if isinstance(result, DataParallelResult):
+    if size > 1:
         summary["engine"]["data_parallel"] = {
-            "size": args.data_parallel_size, "router_policy": args.router_policy,
+            "size": size, "router_policy": args.router_policy,
             "routed": result.routed, "prefix_cache_hit_rates": result.prefix_cache_hit_rates,
             "router_prefix_hit_tokens": result.router_prefix_hit_tokens}
-        title += f", {args.data_parallel_size} replicas, router {args.router_policy}"
+        title += f", {size} replicas, router {args.router_policy}"
     summary["simulator_seconds"] = elapsed
     meta = {"title": title, "simulated": f"simulated, {cost.name}", "cost_model": cost.describe(),
             "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
@@ -180,14 +171,14 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
             "max_concurrency": args.max_concurrency,
             "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, result.results, summary)
-    if result.timeline:  # one simulator's (data parallel runs record none)
+    if result.timeline:  # one replica's (data parallel runs record none)
         write_sim_timeline(out_dir, title, result.timeline)
     print(f"[{policy}] simulated {len(trace.entries)} requests, "
           f"{result.stats.simulated_wall_time_s:.1f} s of serving in {elapsed:.1f} s; "
           f"length predictor {predictor}: {describe_prediction(summary['length_prediction'])}")
-    if isinstance(result, DataParallelResult):
+    if size > 1:
         rates = ", ".join("-" if r is None else f"{r:.1%}" for r in result.prefix_cache_hit_rates)
-        print(f"[{policy}] {args.data_parallel_size} replicas, router {args.router_policy}: "
+        print(f"[{policy}] {size} replicas, router {args.router_policy}: "
               f"requests routed {result.routed}, prefix cache hit rate {rates}")
     return summary, result.results
 

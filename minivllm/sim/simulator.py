@@ -1,22 +1,22 @@
-"""The discrete-event simulator: the engine's own Scheduler (policies, KV-cache manager with
-prefix caching, chunked prefill, swap and recompute preemption) driven by a virtual clock,
-with a cost model where the model runner would be.
+"""The discrete-event simulator: N engine replicas (sim/replica.py: each the engine's own
+Scheduler and step code, core/step.py, with a cost model where the model runner would be)
+behind the router (core/router.py), on one virtual clock. N = 1 is the plain engine
+(`minivllm serve`); N > 1 is `minivllm serve --data-parallel-size N`.
 
-The loop does what EngineCore.step does around the runner, in the same order:
-1. requests whose send time has come are added (the engine adds what arrived between steps;
-   with max_concurrency, only while fewer are in flight, as the bench client holds them);
-2. `schedule()` runs at the current virtual time (the policies' aging reads this clock);
-3. the step takes `cost_model.step_time(composition)` seconds; its tokens exist at its end;
-4. a request samples a token when the step computes its last known token (as the runner
-   does), `update_from_output` advances the scheduler, and a request that reached its
-   max_tokens (or the context) finishes with "length" -- every request ignores EOS.
-When nothing is in flight the clock jumps to the next arrival. A request the scheduler could
-never serve (check_fits) fails with its error, as the server's 400 would.
+Events happen in time order: at each instant, the steps that end now complete first (their
+tokens exist, the scheduler's stop rule finishes requests, and each replica's stats report
+to the router, as a real replica's step output carries them); then the requests sent by now
+are routed and added (the engine adds what arrived between steps; with max_concurrency, only
+while fewer are in flight, as the bench client holds them); then every idle replica with
+work schedules its next step at the current virtual time (the policies' aging reads this
+clock), which takes `cost_model.step_time(composition)` seconds. A request the scheduler
+could never serve (check_fits) fails with its error, as the server's 400 would; one the
+policy sheds fails as the server's 503.
 
 Output lengths (`request_max_tokens`): "trace" gives each request max_tokens = its trace
 output length, so it ends by length -- and a length predictor, clamped to max_tokens, is told
 the truth for every request it would overestimate. "context" gives max_tokens = the rest of
-the context and stops the request at its trace length as EOS would: the length is unknown
+the context and the stand-in model samples EOS at the trace length: the length is unknown
 until it ends, as in serving; what length-predictor comparisons need.
 
 Length predictors: `oracle` reads each request's trace output length. `probe` has no model
@@ -25,13 +25,13 @@ hidden state), is what the trace knows at arrival (`probe_features`): log prompt
 for traces with prefix blocks (Mooncake), the first block's id hashed into 32 slots.
 
 Token ids are symbolic (bench/traces.symbolic_prompt) unless prompts are given: the prefix
-cache only needs equal blocks to be equal. A request's k-th sampled token is -1-k: like a
-greedy model's, its outputs depend only on its prompt.
+cache only needs equal blocks to be equal.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -41,9 +41,11 @@ from minivllm.bench.traces import symbolic_prompt
 from minivllm.bench.workload import Trace
 from minivllm.core.lifecycle import LifecycleEvent, LifecycleTracer
 from minivllm.core.policy import make_policy
-from minivllm.core.request import Request, RequestStatus
+from minivllm.core.request import Request
+from minivllm.core.router import DEFAULT_ROUTER_POLICY, make_router
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
-from minivllm.sim.cost_model import CostModel, step_batch
+from minivllm.sim.cost_model import CostModel
+from minivllm.sim.replica import EOS_TOKEN_ID, SimReplica
 
 
 @dataclass
@@ -97,6 +99,9 @@ class SimResult:
     decisions: list[tuple] = field(default_factory=list)
     # With record_timeline: every request's lifecycle (core/lifecycle.py), on the virtual clock.
     timeline: list[LifecycleEvent] = field(default_factory=list)
+    routed: list[int] = field(default_factory=list)  # requests routed to each replica
+    prefix_cache_hit_rates: list[float | None] = field(default_factory=list)  # per replica
+    router_prefix_hit_tokens: int = 0  # the router's estimate, summed over requests
 
 
 def decision(out) -> tuple:
@@ -107,18 +112,26 @@ def decision(out) -> tuple:
 
 class Simulator:
     def __init__(self, config: SchedulerConfig, policy: str, cost_model: CostModel, *,
-                 aging_s: float = 10.0, send_priority: bool = False, progress: bool = False,
+                 data_parallel_size: int = 1, router_policy: str = DEFAULT_ROUTER_POLICY,
+                 sticky_sessions: bool = False, aging_s: float = 10.0,
+                 send_priority: bool = False, progress: bool = False,
                  record_decisions: bool = False, max_concurrency: int | None = None,
                  length_predictor: str = "mean", request_max_tokens: str = "trace",
                  record_timeline: bool = False, policy_options: dict | None = None) -> None:
+        if request_max_tokens not in ("trace", "context"):
+            raise ValueError(f"request_max_tokens must be trace or context, got "
+                             f"{request_max_tokens!r}")
+        if data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
+        if record_timeline and data_parallel_size > 1:
+            raise ValueError("the timeline is recorded with one replica only")
         self.config, self.cost_model = config, cost_model
+        self.size, self.router_policy = data_parallel_size, router_policy
+        self.sticky_sessions = sticky_sessions
         self.max_concurrency = max_concurrency
         self.policy_name, self.aging_s = policy, aging_s
         self.send_priority, self.progress = send_priority, progress
         self.record_decisions = record_decisions
-        if request_max_tokens not in ("trace", "context"):
-            raise ValueError(f"request_max_tokens must be trace or context, got "
-                             f"{request_max_tokens!r}")
         self.length_predictor, self.request_max_tokens = length_predictor, request_max_tokens
         self.record_timeline = record_timeline
         self.policy_options = policy_options or {}  # vtc_weights, edf_action, ...
@@ -134,135 +147,166 @@ class Simulator:
         finally:
             log.setLevel(level)
 
+    def _replica(self, trace: Trace) -> SimReplica:
+        policy = make_policy(self.policy_name, self.aging_s,
+                             length_predictor=self.length_predictor, **self.policy_options)
+        scheduler = Scheduler(self.config, policy, clock=lambda: self.now,
+                              eos_token_ids=(EOS_TOKEN_ID,))
+        entries = trace.entries
+        return SimReplica(scheduler, self.cost_model, lambda request: probe_features(
+            entries[int(request.request_id)], request, trace))
+
     def _run(self, trace: Trace, prompts: list[list[int]] | None) -> SimResult:
         self.now = 0.0
-        sched = Scheduler(self.config, make_policy(self.policy_name, self.aging_s,
-                                                   length_predictor=self.length_predictor,
-                                                   **self.policy_options),
-                          clock=lambda: self.now)
-        probing = sched.policy.predictor.needs_hidden_state
-        entries = trace.entries
-        results = [RequestResult(i, e.user, e.priority, e.prompt_tokens, e.output_tokens,
-                                 e.send_time, start=e.send_time) for i, e in enumerate(entries)]
-        stats, decisions = SimStats(), []
-        tracer = None
+        config, entries = self.config, trace.entries
+        replicas = [self._replica(trace) for _ in range(self.size)]
+        router = make_router(self.router_policy, self.size, config.block_size,
+                             sticky_sessions=self.sticky_sessions,
+                             cache_capacity_blocks=config.num_blocks)
+        self.results = [RequestResult(i, e.user, e.priority, e.prompt_tokens, e.output_tokens,
+                                      e.send_time, start=e.send_time)
+                        for i, e in enumerate(entries)]
+        self.stats, self.decisions = SimStats(), []
+        self.tracer = None
         if self.record_timeline:  # users as the bench client names them
-            tracer = LifecycleTracer(
-                sched, self.now, user_of=lambda r: f"user-{entries[int(r.request_id)].user}")
-        last_token: dict[str, float] = {}  # request id -> when its latest token came
-        bar = tqdm(total=len(entries), disable=not self.progress, desc="simulated requests",
-                   mininterval=0.5)
-        block_size, max_len = self.config.block_size, self.config.max_model_len
-        next_arrival = 0
+            self.tracer = LifecycleTracer(
+                replicas[0].scheduler, self.now,
+                user_of=lambda r: f"user-{entries[int(r.request_id)].user}")
+        self.last_token: dict[str, float] = {}  # request id -> when its latest token came
+        self.bar = tqdm(total=len(entries), disable=not self.progress,
+                        desc="simulated requests", mininterval=0.5)
+        self.free_since: float | None = 0.0  # since when a client slot has been free
         limit = self.max_concurrency or len(entries)
-        free_since: float | None = 0.0  # since when a client slot has been free
-        while next_arrival < len(entries) or sched.has_unfinished_requests():
+        next_arrival, hit_tokens = 0, 0
+        while True:
+            arrival = (entries[next_arrival].send_time
+                       if next_arrival < len(entries) and len(self.last_token) < limit
+                       else math.inf)
+            step_end = min(r.busy_until for r in replicas)
+            if arrival == step_end == math.inf:
+                waiting = [r for replica in replicas for r in replica.scheduler.waiting]
+                if any(r.scheduler.has_unfinished_requests() for r in replicas):
+                    raise RuntimeError(f"simulator stalled at {self.now:.3f} s: nothing "
+                                       f"schedulable and no arrival left ({waiting!r})")
+                break
+            self.now = max(self.now, min(arrival, step_end))
+            for index, replica in enumerate(replicas):
+                if replica.busy_until <= self.now:
+                    self._complete(replica)
+                    s = replica.scheduler  # the requests held for its next step wait too
+                    router.update_stats(index, len(s.running),
+                                        len(s.waiting) + len(replica.pending), s.kv.usage)
             # Sent when its time has come and (--max-concurrency) a client slot is free:
             # its latencies count from then, as the bench client's do.
             while (next_arrival < len(entries) and entries[next_arrival].send_time <= self.now
-                   and len(last_token) < limit):
+                   and len(self.last_token) < limit):
                 i = next_arrival
                 next_arrival += 1
-                results[i].start = max(entries[i].send_time, free_since)
-                if self._add(sched, entries[i], i, trace, prompts, results[i]):
-                    last_token[str(i)] = 0.0
-                    free_since = None if len(last_token) >= limit else free_since
+                self.results[i].start = max(entries[i].send_time, self.free_since)
+                ids = (prompts[i] if prompts is not None
+                       else symbolic_prompt(entries[i], i, trace.prefix_block_tokens or 1))
+                decision = router.route(ids, user=str(entries[i].user))
+                replica = replicas[decision.replica]
+                request = self._request(replica.scheduler, entries[i], i, ids)
+                if request is not None:
+                    replica.pending.append(request)
+                    hit_tokens += decision.prefix_hit_tokens
+                    self.last_token[str(i)] = 0.0
+                    if len(self.last_token) >= limit:
+                        self.free_since = None
                 else:
-                    bar.update(1)
-            if not sched.has_unfinished_requests():
-                if next_arrival < len(entries):
-                    self.now = max(self.now, entries[next_arrival].send_time)
-                continue
-            out = sched.schedule()
-            for r in sched.take_shed():  # edf: failed, as the server's 503
-                results[int(r.request_id)].error = "shed: it could no longer meet its deadline"
-                del last_token[r.request_id]
-                free_since = self.now if free_since is None else free_since
-                bar.update(1)
-            if not out.num_scheduled_tokens:
-                if not sched.has_unfinished_requests():
-                    continue
-                if next_arrival >= len(entries):
-                    raise RuntimeError(f"simulator stalled at {self.now:.3f} s: nothing "
-                                       f"schedulable and no arrival left ({sched.waiting!r})")
-                self.now = max(self.now, entries[next_arrival].send_time)
-                continue
-            if self.record_decisions:
-                decisions.append(decision(out))
-            if tracer is not None:
-                tracer.see_arrivals(self.now)
-            prompt_hidden = {}
-            for req_id, n in out.num_scheduled_tokens.items():
-                r = sched.requests[req_id]
-                res = results[int(r.request_id)]
-                if res.queue_s is None:
-                    res.queue_s = self.now - res.start
-                if (probing and r.prompt_hidden is None
-                        and r.num_computed_tokens < r.num_prompt_tokens <= r.num_computed_tokens + n):
-                    prompt_hidden[req_id] = probe_features(entries[int(req_id)], r, trace)
-            for req_id in out.preempted_req_ids:
-                swapped = sched.requests[req_id].status is RequestStatus.SWAPPED
-                stats.num_preemptions_swap += swapped
-                stats.num_preemptions_recompute += not swapped
-            requests = sched.requests
-            started = self.now
-            self.now += self.cost_model.step_time(step_batch(out, requests, block_size))
-            stats.num_steps += 1
-            stats.peak_kv_usage = max(stats.peak_kv_usage, sched.kv.usage)
-            stats.peak_num_running = max(stats.peak_num_running, len(sched.running))
-            stats.peak_num_waiting = max(stats.peak_num_waiting, len(sched.waiting))
-            sampled = {}
-            for req_id, n in out.num_scheduled_tokens.items():
-                r = requests[req_id]
-                if r.num_computed_tokens + n == r.num_tokens:
-                    sampled[req_id] = -1 - r.num_output_tokens  # distinct from prompt ids
-            for r in sched.update_from_output(out, sampled, prompt_hidden):
-                res = results[int(r.request_id)]
-                if res.ttft is None:
-                    res.ttft = self.now - res.start
-                else:
-                    res.itl.append(self.now - last_token[r.request_id])
-                last_token[r.request_id] = self.now
-                stopped = r.num_output_tokens >= r.oracle_output_len  # EOS, as it were
-                if stopped or r.num_output_tokens >= r.max_tokens or r.num_tokens >= max_len:
-                    res.predicted_output_tokens = r.predicted_output_len
-                    sched.finish_request(r, RequestStatus.FINISHED_STOPPED if stopped
-                                         and r.num_output_tokens < r.max_tokens
-                                         else RequestStatus.FINISHED_LENGTH)
-                    res.output_tokens, res.e2e = r.num_output_tokens, self.now - res.start
-                    res.success = True
-                    del last_token[r.request_id]
-                    free_since = self.now if free_since is None else free_since
-                    bar.update(1)
-            if tracer is not None:
-                tracer.observe(started, self.now, out)
-        bar.close()
-        stats.simulated_wall_time_s = self.now
-        stats.prefix_cache_queries = sched.kv.prefix_cache_queries
-        stats.prefix_cache_hits = sched.kv.prefix_cache_hits
-        stats.num_recomputed_tokens = sched.recompute_tax.num_recomputed_tokens
-        stats.num_computed_tokens = sched.recompute_tax.num_computed_tokens_total
-        stats.num_requests_shed = sched.num_requests_shed
-        stats.num_requests_deprioritized = sched.num_requests_deprioritized
-        timeline = tracer.take(self.now, with_block_map=False).events if tracer else []
-        return SimResult(results, stats, decisions, timeline)
+                    self.bar.update(1)
+            for replica in replicas:
+                if replica.busy_until == math.inf:
+                    replica.add_pending()
+                    if replica.scheduler.has_unfinished_requests():
+                        self._start(replica)
+        self.bar.close()
+        scheds = [r.scheduler for r in replicas]
+        timeline = self.tracer.take(self.now, with_block_map=False).events if self.tracer else []
+        return SimResult(self.results, self._final_stats(scheds), self.decisions, timeline,
+                         routed=list(router.num_routed),
+                         prefix_cache_hit_rates=[
+                             s.kv.prefix_cache_hits / s.kv.prefix_cache_queries
+                             if s.kv.prefix_cache_queries else None for s in scheds],
+                         router_prefix_hit_tokens=hit_tokens)
 
-    def _add(self, sched: Scheduler, entry, index: int, trace: Trace,
-             prompts: list[list[int]] | None, result: RequestResult) -> bool:
-        ids = (prompts[index] if prompts is not None
-               else symbolic_prompt(entry, index, trace.prefix_block_tokens or 1))
+    def _request(self, sched: Scheduler, entry, index: int, ids: list[int]) -> Request | None:
+        """The request the bench client would send, or None if the server would answer 400
+        (the scheduler could never serve it)."""
+        result = self.results[index]
         priority = entry.priority if self.send_priority and entry.priority is not None else 0
         max_tokens = entry.output_tokens
         if self.request_max_tokens == "context":
             max_tokens = max(entry.output_tokens, self.config.max_model_len - len(ids))
-        request = Request(str(index), ids, max_tokens, result.start, priority,
-                          oracle_output_len=entry.output_tokens, user=str(entry.user))
         try:
-            sched.add_request(request)
-        except ValueError as e:  # the server's 400
+            sched.check_fits(len(ids), max_tokens)
+        except ValueError as e:
             result.error = f"HTTP 400: {e}"
-            return False
-        return True
+            return None
+        return Request(str(index), ids, max_tokens, result.start, priority,
+                       oracle_output_len=entry.output_tokens, user=str(entry.user))
+
+    def _start(self, replica: SimReplica) -> None:
+        """The replica schedules its next step now; it stays idle if nothing can run."""
+        scheduled = replica.start(self.now)
+        for r in scheduled.shed:  # edf: failed, as the server's 503
+            self.results[int(r.request_id)].error = "shed: it could no longer meet its deadline"
+            self._done(r)
+        if replica.step is None:
+            return  # it waits for an arrival (the simulator stalls if none is left)
+        out, sched, stats = scheduled.scheduler_output, replica.scheduler, self.stats
+        if self.record_decisions:
+            self.decisions.append(decision(out))
+        if self.tracer is not None:
+            self.tracer.see_arrivals(self.now)
+        for req_id in out.num_scheduled_tokens:
+            result = self.results[int(req_id)]
+            if result.queue_s is None:
+                result.queue_s = self.now - result.start
+        stats.num_steps += 1
+        stats.peak_kv_usage = max(stats.peak_kv_usage, sched.kv.usage)
+        stats.peak_num_running = max(stats.peak_num_running, len(sched.running))
+        stats.peak_num_waiting = max(stats.peak_num_waiting, len(sched.waiting))
+
+    def _complete(self, replica: SimReplica) -> None:
+        """The replica's step ends now: its tokens exist, the requests they end finish."""
+        out, started = replica.step.scheduler_output, replica.started
+        for r in replica.complete().sampled:
+            res = self.results[int(r.request_id)]
+            if res.ttft is None:
+                res.ttft = self.now - res.start
+            else:
+                res.itl.append(self.now - self.last_token[r.request_id])
+            self.last_token[r.request_id] = self.now
+            if r.is_finished:
+                res.predicted_output_tokens = r.predicted_output_len
+                res.output_tokens, res.e2e = r.num_output_tokens, self.now - res.start
+                res.success = True
+                self._done(r)
+        if self.tracer is not None:
+            self.tracer.observe(started, self.now, out)
+
+    def _done(self, request: Request) -> None:
+        """A request left the simulation: its client slot is free."""
+        del self.last_token[request.request_id]
+        if self.free_since is None:
+            self.free_since = self.now
+        self.bar.update(1)
+
+    def _final_stats(self, scheds: list[Scheduler]) -> SimStats:
+        stats = self.stats
+        stats.simulated_wall_time_s = self.now
+        for s in scheds:
+            stats.num_preemptions_swap += s.num_preemptions_by_mode["swap"]
+            stats.num_preemptions_recompute += s.num_preemptions_by_mode["recompute"]
+            stats.prefix_cache_queries += s.kv.prefix_cache_queries
+            stats.prefix_cache_hits += s.kv.prefix_cache_hits
+            stats.num_recomputed_tokens += s.recompute_tax.num_recomputed_tokens
+            stats.num_computed_tokens += s.recompute_tax.num_computed_tokens_total
+            stats.num_requests_shed += s.num_requests_shed
+            stats.num_requests_deprioritized += s.num_requests_deprioritized
+        return stats
 
 
 def probe_features(entry, request: Request, trace: Trace) -> list[float]:

@@ -1,0 +1,94 @@
+"""One simulated engine replica: the engine's own Scheduler and step code (core/step.py),
+with a cost model where the model runner would be. A step starts at one instant of the
+simulator's virtual clock (scheduled and timed) and completes when its time is up (its
+tokens sampled, the stop rule applied by the scheduler, as in the engine). Requests sent
+while it steps wait in `pending`, as in the engine's input queue, and are added between
+steps.
+
+The stand-in model samples like a greedy one, its outputs depending only on the prompt: a
+request's k-th token is -1-k (distinct from prompt ids), and EOS once the request reaches
+its trace output length (Request.oracle_output_len).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from minivllm.core.request import Request
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.step import EngineStep, ScheduledStep, StepResult
+from minivllm.sim.cost_model import CostModel, step_batch
+
+# The stand-in model's EOS: far below the symbolic prompts' ids and the -1-k outputs.
+EOS_TOKEN_ID = -(1 << 62)
+
+
+class SimReplica:
+    def __init__(self, scheduler: Scheduler, cost_model: CostModel,
+                 prompt_features: Callable[[Request], list[float]] | None = None) -> None:
+        """`prompt_features`: what the replica hands the scheduler in place of a prompt's
+        last hidden state, when the scheduler asks for it (the `probe` predictor)."""
+        self.scheduler = scheduler
+        self.engine_step = EngineStep(scheduler)
+        self.cost_model = cost_model
+        self.prompt_features = prompt_features
+        self.busy_until = math.inf  # when the step it runs ends; inf: idle
+        self.pending: list[Request] = []  # sent, not yet added to the scheduler
+        self.step: ScheduledStep | None = None  # that step
+        self.started = 0.0  # when it began
+        self._sampled: dict[str, int] = {}
+        self._prompt_hidden: dict[str, list[float]] = {}
+
+    def add_pending(self) -> None:
+        """Between steps: add the requests sent since the last one, in their order."""
+        for request in self.pending:
+            self.scheduler.add_request(request)
+        self.pending = []
+
+    def start(self, now: float) -> ScheduledStep:
+        """Schedule a step now; if it computes anything, the replica is busy until the cost
+        model says it ends, else it stays idle (until more work arrives)."""
+        scheduled = self.engine_step.schedule()
+        out, requests = scheduled.scheduler_output, self.scheduler.requests
+        if out.num_scheduled_tokens:
+            self.step, self.started = scheduled, now
+            self.busy_until = now + self.cost_model.step_time(
+                step_batch(out, requests, self.scheduler.config.block_size))
+            # As the runner would: from the requests' state before the step's update.
+            self._sampled = self._sample(out)
+            self._prompt_hidden = self._hidden(out)
+        return scheduled
+
+    def complete(self) -> StepResult:
+        """The step in flight ends: its tokens exist."""
+        step, self.step, self.busy_until = self.step, None, math.inf
+        return self.engine_step.update(step, self._sampled, self._prompt_hidden)
+
+    def _sample(self, out: SchedulerOutput) -> dict[str, int]:
+        """A request samples when the step computes its last known token (the runner's
+        rule). EOS comes at its trace length when that is short of max_tokens; at max_tokens
+        (--request-max-tokens trace sets it to the trace length) the request ends by length."""
+        sampled = {}
+        for req_id, n in out.num_scheduled_tokens.items():
+            r = self.scheduler.requests[req_id]
+            if r.num_computed_tokens + n == r.num_tokens:
+                k = r.num_output_tokens  # the index of the token it samples
+                eos = r.oracle_output_len is not None and r.oracle_output_len <= k + 1 \
+                    < r.max_tokens
+                sampled[req_id] = EOS_TOKEN_ID if eos else -1 - k
+        return sampled
+
+    def _hidden(self, out: SchedulerOutput) -> dict[str, list[float]]:
+        """The prompts whose prefill completes this step, when the scheduler wants their
+        hidden states (the runner's rule)."""
+        if not out.want_prompt_hidden:
+            return {}
+        hidden = {}
+        for req_id, n in out.num_scheduled_tokens.items():
+            r = self.scheduler.requests[req_id]
+            if r.prompt_hidden is None and \
+                    r.num_computed_tokens < r.num_prompt_tokens <= r.num_computed_tokens + n:
+                hidden[req_id] = self.prompt_features(r)
+        return hidden
