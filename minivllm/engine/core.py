@@ -62,9 +62,10 @@ class _Group:
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        path = resolve_model_path(config.model, config.revision)
+        model = config.model_config
+        path = resolve_model_path(model.model, model.revision)
         self.hf_config = AutoConfig.from_pretrained(path)
-        tokenizer_path = resolve_model_path(config.tokenizer) if config.tokenizer else path
+        tokenizer_path = resolve_model_path(model.tokenizer) if model.tokenizer else path
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.eos_token_ids = _eos_token_ids(path, self.tokenizer)
         self.max_model_len = self._max_model_len()
@@ -90,8 +91,8 @@ class EngineCore:
         self.tracer: LifecycleTracer | None = None
         self._trace_interval = 0.0
         self._next_trace = 0.0
-        self._prediction_log = (open(config.length_prediction_log, "a", buffering=1)
-                                if config.length_prediction_log else None)
+        log = config.policy_config.length_prediction_log
+        self._prediction_log = open(log, "a", buffering=1) if log else None
         self._log_capacity(path)
 
     def _log_capacity(self, path) -> None:
