@@ -30,7 +30,7 @@ import numpy as np
 
 from minivllm.bench.client import RequestResult
 from minivllm.bench.metrics import BUCKETS, summarize
-from minivllm.bench.workload import build_trace
+from minivllm.bench.traces import build_trace
 from minivllm.sim.calibrate import calibrate
 from minivllm.sim.profile import ProfileCostModel
 from minivllm.sim.simulator import Simulator

@@ -12,8 +12,13 @@ import pytest
 
 from minivllm.bench.args import workload_spec
 from minivllm.bench.prompts import prefix_blocks
-from minivllm.bench.traces import read_azure, read_mooncake, symbolic_prompt, trace_from_file
-from minivllm.bench.workload import build_trace
+from minivllm.bench.traces import (
+    build_trace,
+    read_azure,
+    read_mooncake,
+    symbolic_prompt,
+    trace_from_file,
+)
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 AZURE = TRACES / "azure-llm-2023-code.csv"

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from minivllm.bench.traces import build_trace
 from minivllm.bench.workload import (
     SCENARIOS,
-    build_trace,
     draw_priority,
     fit_context,
     random_trace,

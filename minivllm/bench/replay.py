@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
-from minivllm.bench import client, metrics, prediction, prompts, report, workload
+from minivllm.bench import client, metrics, prediction, prompts, report, traces
 from minivllm.bench.args import describe_trace, trace_args
 from minivllm.bench.sampling import describe, sampling_fields
 from minivllm.bench.timeline_html import record_engine_events, write_run_timeline
@@ -32,7 +32,7 @@ async def prepare(args, base_url: str, model: str | None, max_model_len: int | N
             await tok.encode("hi")
             ctx = tok.max_model_len
         ctx = max_model_len or ctx
-        trace = workload.build_trace(args.workload, max_model_len=ctx, **trace_args(args))
+        trace = traces.build_trace(args.workload, max_model_len=ctx, **trace_args(args))
         mode = args.prompt_mode or ("text" if args.endpoint == "chat" else "ids")
         prompt_seed = args.seed if args.prompt_seed is None else args.prompt_seed
         texts, counts = await prompts.build_prompts(trace, tok, mode, prompt_seed)

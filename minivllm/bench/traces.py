@@ -1,4 +1,5 @@
-"""Production traces as workloads: `--workload azure:PATH` and `--workload mooncake:PATH`.
+"""Production traces as workloads: `--workload azure:PATH` and `--workload mooncake:PATH`;
+build_trace, the one entry point for every --workload (built-in ones: workload.py).
 
 - Azure LLM inference trace (CSV, header `TIMESTAMP,ContextTokens,GeneratedTokens`; the 2023
   code and conversation services and the 2024 week-long traces share it). TIMESTAMP is a wall
@@ -25,7 +26,17 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-from minivllm.bench.workload import SEED_BUCKETS, Trace, TraceEntry, draw_priority, fit_context
+from minivllm.bench.workload import (
+    SEED_BUCKETS,
+    WORKLOADS,
+    Trace,
+    TraceEntry,
+    draw_priority,
+    fit_context,
+    random_trace,
+    resolve_length_scale,
+    seed_trace,
+)
 
 TRACE_KINDS = ("azure", "mooncake")
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in Mooncake's traces
@@ -186,3 +197,24 @@ def symbolic_prompt(entry: TraceEntry, index: int, block_tokens: int) -> list[in
     base = -(index + 1) * (1 << 24)  # a range of its own, wider than any context
     ids.extend(range(base, base + tail))
     return ids
+
+
+def build_trace(spec: str, *, seed: int = 0, num_prompts: int | None = None,
+                length_scale: str | float = "auto", max_model_len: int | None = None,
+                output_ratio: float = 0.25, input_len: int = 256, output_len: int = 64,
+                request_rate: float = float("inf"), burstiness: float = 1.0,
+                priority: str = "none", start: int = 0, time_scale: float = 1.0) -> Trace:
+    """One entry point for the CLI; `start` and `time_scale` apply to real traces."""
+    if spec.partition(":")[0] in ("azure", "mooncake"):
+        return trace_from_file(spec, start=start, num_prompts=num_prompts,
+                               time_scale=time_scale, length_scale=length_scale,
+                               max_model_len=max_model_len, priority=priority)
+    if spec == "random":
+        return random_trace(num_prompts or 100, input_len, output_len, request_rate, burstiness,
+                            seed, max_model_len, priority)
+    if spec not in WORKLOADS:
+        raise ValueError(f"unknown workload {spec!r}; choose from {', '.join(WORKLOADS)}, "
+                         "azure:PATH, mooncake:PATH")
+    scale = resolve_length_scale(length_scale, max_model_len)
+    return seed_trace(spec.removeprefix("seed-"), seed, scale, max_model_len, output_ratio,
+                      priority, num_prompts)

@@ -143,26 +143,3 @@ def random_trace(num_prompts: int, input_len: int, output_len: int, request_rate
         pri = draw_priority(priority, i + 1, prompt, SEED_BUCKETS)
         trace.entries.append(TraceEntry(float(t), i + 1, prompt, output, pri))
     return trace
-
-
-def build_trace(workload: str, *, seed: int = 0, num_prompts: int | None = None,
-                length_scale: str | float = "auto", max_model_len: int | None = None,
-                output_ratio: float = 0.25, input_len: int = 256, output_len: int = 64,
-                request_rate: float = float("inf"), burstiness: float = 1.0,
-                priority: str = "none", start: int = 0, time_scale: float = 1.0) -> Trace:
-    """One entry point for the CLI; `start` and `time_scale` apply to real traces."""
-    if workload.partition(":")[0] in ("azure", "mooncake"):
-        from minivllm.bench.traces import trace_from_file  # it imports this module
-
-        return trace_from_file(workload, start=start, num_prompts=num_prompts,
-                               time_scale=time_scale, length_scale=length_scale,
-                               max_model_len=max_model_len, priority=priority)
-    if workload == "random":
-        return random_trace(num_prompts or 100, input_len, output_len, request_rate, burstiness,
-                            seed, max_model_len, priority)
-    if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}, "
-                         "azure:PATH, mooncake:PATH")
-    scale = resolve_length_scale(length_scale, max_model_len)
-    return seed_trace(workload.removeprefix("seed-"), seed, scale, max_model_len, output_ratio,
-                      priority, num_prompts)

@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from minivllm.bench import metrics, report, workload
+from minivllm.bench import metrics, report, traces
 from minivllm.bench.args import (
     add_comparison_args,
     add_workload_args,
@@ -123,8 +123,8 @@ def prepare(args):
     cost = cost_model_of(args)
     config = scheduler_config(args, cost)
     try:
-        trace = workload.build_trace(args.workload, max_model_len=config.max_model_len,
-                                     **trace_args(args))
+        trace = traces.build_trace(args.workload, max_model_len=config.max_model_len,
+                                   **trace_args(args))
     except ValueError as e:
         raise SystemExit(str(e)) from None
     print(f"{describe_trace(trace, args.length_scale)}; simulated on {cost.name}: "
