@@ -24,7 +24,6 @@ class ScheduledStep:
     # Queued requests the policy finished for a deadline they can no longer make (edf with
     # edf_action=shed): the caller fails them, as the server's 503.
     shed: list[Request]
-    num_prompt_tokens: int  # prompt tokens this step computes (prefix-cache hits excluded)
 
 
 @dataclass
@@ -39,12 +38,7 @@ class EngineStep:
 
     def schedule(self) -> ScheduledStep:
         out = self.scheduler.schedule()
-        requests, num_prompt_tokens = self.scheduler.requests, 0
-        for req_id, num_new in out.num_scheduled_tokens.items():
-            request = requests[req_id]
-            start = request.num_computed_tokens
-            num_prompt_tokens += max(0, min(start + num_new, request.num_prompt_tokens) - start)
-        return ScheduledStep(out, self.scheduler.take_shed(), num_prompt_tokens)
+        return ScheduledStep(out, self.scheduler.take_shed())
 
     def update(self, step: ScheduledStep, sampled_token_ids: dict[str, int],
                prompt_hidden: dict | None = None) -> StepResult:
@@ -52,4 +46,4 @@ class EngineStep:
         for them, the prompts' last hidden states."""
         sampled = self.scheduler.update_from_output(step.scheduler_output, sampled_token_ids,
                                                     prompt_hidden)
-        return StepResult(sampled, [r for r in sampled if r.is_finished])
+        return StepResult(sampled, [r for r in sampled if r.status.finished])

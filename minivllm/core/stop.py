@@ -19,15 +19,17 @@ def check_stop(request: Request, max_model_len: int, eos_token_ids: Collection[i
     (a stop token also sets request.stop_reason); then max_tokens or the context length
     stop it by length. A request without sampling parameters (the simulator's, the
     scheduler tests') stops at EOS or by length."""
-    params = request.sampling_params
-    token = request.output_token_ids[-1]
-    can_stop = params is None or request.num_output_tokens >= params.min_tokens
-    ignore_eos = params is not None and params.ignore_eos
-    if can_stop and not ignore_eos and token in eos_token_ids:
-        return RequestStatus.FINISHED_STOPPED
-    if can_stop and params is not None and token in params.stop_token_ids:
-        request.stop_reason = token
-        return RequestStatus.FINISHED_STOPPED
-    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+    params, outputs = request.sampling_params, request.output_token_ids
+    token = outputs[-1]
+    if params is None:
+        if token in eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+    elif len(outputs) >= params.min_tokens:
+        if not params.ignore_eos and token in eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+    if len(outputs) >= request.max_tokens or len(request.all_token_ids) >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None

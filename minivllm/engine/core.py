@@ -319,10 +319,14 @@ class EngineCore:
         now = started = time.time()
         if self.tracer is not None:
             self.tracer.see_arrivals(now)
-        for req_id in sched_out.num_scheduled_tokens:
+        num_prompt_tokens = 0
+        for req_id, num_new in sched_out.num_scheduled_tokens.items():
+            request = self.scheduler.requests[req_id]
             group = self.groups[self._seqs[req_id][0]]
             if group.first_scheduled_time is None:
                 group.first_scheduled_time = now
+            start = request.num_computed_tokens
+            num_prompt_tokens += max(0, min(start + num_new, request.num_prompt_tokens) - start)
         result = self.runner.execute(sched_out)
         outputs: dict[str, EngineCoreOutput] = {}
         for req_id, (first, scored) in result.prompt_logprobs.items():
@@ -347,7 +351,7 @@ class EngineCore:
             self.tracer.observe(started, ended, sched_out)
         return EngineCoreOutputs(timestamp=ended, outputs=failed + list(outputs.values()),
                                  scheduler_stats=self.get_stats(),
-                                 num_prompt_tokens=scheduled.num_prompt_tokens,
+                                 num_prompt_tokens=num_prompt_tokens,
                                  # the last step before idling: no later one would
                                  trace=self.take_trace(ended,
                                                        force=not self.has_unfinished_requests()))
