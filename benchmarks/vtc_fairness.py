@@ -24,7 +24,7 @@ import numpy as np
 
 from minivllm.bench.workload import Trace, TraceEntry
 from minivllm.core.scheduler import SchedulerConfig
-from minivllm.sim.cost_model import load_cost_model
+from minivllm.sim.cost_model_spec import load_cost_model
 from minivllm.sim.simulator import Simulator
 
 HEAVY, LIGHT = 1, 2

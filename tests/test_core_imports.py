@@ -32,7 +32,6 @@ def test_package_names_still_import_lazily():
 PACKAGE = Path(minivllm.__file__).parent
 # Circles that other parts of issue 30 are still breaking; a new circle fails the test.
 PENDING_CIRCLES = [
-    {"minivllm.sim.cost_model", "minivllm.sim.profile", "minivllm.sim.roofline"},
     {"minivllm.engine.core_client", "minivllm.engine.inproc_client"},
 ]
 

@@ -24,7 +24,8 @@ from minivllm.config import ENGINE_ARGS
 from minivllm.core.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
-from minivllm.sim.cost_model import CostModel, load_cost_model
+from minivllm.sim.cost_model import CostModel
+from minivllm.sim.cost_model_spec import load_cost_model
 from minivllm.sim.seed_report import side_by_side
 from minivllm.sim.simulator import SimResult, Simulator
 
