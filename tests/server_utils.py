@@ -22,7 +22,16 @@ FAST_ENGINE_ARGS = ["--num-kv-blocks", "128", "--swap-space", "0.05", "--max-num
 # default) and on a thread of the server. The server tests that matter for both take a
 # `params=ENGINE_MODES` fixture and pass engine_mode_args(request.param); the others run the
 # default, or $MINIVLLM_ENGINE_MODE (MINIVLLM_ENGINE_MODE=thread runs them all on a thread).
-ENGINE_MODES = ("process", "thread")
+# MINIVLLM_TEST_DATA_PARALLEL=N serves every test with N engine-core replicas on Ray (the
+# third client; needs `make install-ray`): process mode only.
+DATA_PARALLEL = int(os.environ.get("MINIVLLM_TEST_DATA_PARALLEL") or 1)
+ENGINE_MODES = ("process", "thread") if DATA_PARALLEL == 1 else ("process",)
+
+
+def single_engine_only(why: str):
+    """Skip a test whose expectation holds for one engine core only (a replica's own queue
+    bounds, its process, its log line), under MINIVLLM_TEST_DATA_PARALLEL."""
+    return pytest.mark.skipif(DATA_PARALLEL > 1, reason=f"one engine core only: {why}")
 
 
 def engine_mode_args(mode: str) -> list[str]:
@@ -83,6 +92,9 @@ class ServerProcess:
             (hook / "sitecustomize.py").write_text(prelude)
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)
+        if DATA_PARALLEL > 1:
+            args = [*args, "--data-parallel-size", str(DATA_PARALLEL)]
+            ready_timeout = max(ready_timeout, 300)  # a Ray cluster starts too
         cmd = [sys.executable, "-c", LAUNCH, "serve", str(model), "--port", str(self.port),
                *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
@@ -106,7 +118,8 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def metrics(self, headers: dict | None = None) -> dict[str, float]:
-        """/metrics as {"name{labels}": value}, minus the model_name label for brevity."""
+        """/metrics as {"name{labels}": value}, minus the model_name label for brevity, and
+        minus the engine label of data-parallel replicas: their series add up."""
         text = httpx.get(self.url + "/metrics", headers=headers, timeout=10).text
         values = {}
         for line in text.splitlines():
@@ -115,8 +128,9 @@ class ServerProcess:
             key, value = line.rsplit(" ", 1)
             name, _, labels = key.partition("{")
             labels = [pair for pair in re.findall(r'\w+="[^"]*"', labels)
-                      if not pair.startswith("model_name=")]
-            values[name + ("{" + ",".join(labels) + "}" if labels else "")] = float(value)
+                      if not pair.startswith(("model_name=", "engine="))]
+            key = name + ("{" + ",".join(labels) + "}" if labels else "")
+            values[key] = values.get(key, 0.0) + float(value)
         return values
 
     def stop(self) -> None:

@@ -25,7 +25,13 @@ from minivllm.engine.stats import IterationStats, SchedulerStats
 from minivllm.entrypoints.dashboard.events import EngineEventHub
 from minivllm.entrypoints.dashboard.routes import add_dashboard_routes
 from minivllm.sampling_params import SamplingParams
-from tests.server_utils import FAST_ENGINE_ARGS, SLOW_STEPS, ServerProcess, stories_model
+from tests.server_utils import (
+    DATA_PARALLEL,
+    FAST_ENGINE_ARGS,
+    SLOW_STEPS,
+    ServerProcess,
+    stories_model,
+)
 
 KEY = "dash-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -111,7 +117,7 @@ def test_events_shape_and_a_request_life_in_order(server):
         # Before any request: the core answers the dashboard with its block map all the same.
         snapshots = (data for name, data in stream if name == "snapshot")
         idle = next(s for _, s in zip(range(25), snapshots) if s["block_map"])
-        assert idle["block_map"]["total"] == 128 and idle["running"] == 0
+        assert idle["block_map"]["total"] == 128 * DATA_PARALLEL and idle["running"] == 0
         in_background(lambda: done.update(httpx.post(
             server.url + "/v1/completions", json=body, headers=AUTH, timeout=60).json()))
         deadline = time.monotonic() + 30
@@ -139,7 +145,7 @@ def test_events_shape_and_a_request_life_in_order(server):
                         and s["steps"]["token_budget"] == 512 for s in busy)
     assert sum(s["generation_throughput"] for s in snapshots) > 0
     blocks = snapshot["block_map"]
-    assert blocks["total"] == 128 and blocks["in_use"] == 0  # FAST_ENGINE_ARGS' 128 blocks
+    assert blocks["total"] == 128 * DATA_PARALLEL and blocks["in_use"] == 0  # FAST_ENGINE_ARGS
     assert blocks["in_use"] + blocks["cached"] + blocks["free"] == blocks["total"]
     assert blocks["cached"] >= 1  # the finished prompt's full blocks stay in the prefix cache
     assert set(blocks["cells"]["map"]) <= set("ucf") and len(blocks["cells"]["map"]) <= 256

@@ -22,6 +22,7 @@ from tests.server_utils import (
     SLOW_STEPS,
     ServerProcess,
     engine_mode_args,
+    single_engine_only,
     stories_model,
 )
 
@@ -109,6 +110,7 @@ def test_one_failing_request_fails_alone(server):
     assert r.json()["choices"][0]["text"] == GREEDY_8
 
 
+@single_engine_only("Ray restarts a replica whose step failed")
 def test_dead_engine_fails_everything_and_exits_non_zero(server):
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:

@@ -18,6 +18,7 @@ from tests.server_utils import (
     SLOW_STEPS,
     ServerProcess,
     engine_mode_args,
+    single_engine_only,
     stories_model,
 )
 
@@ -104,6 +105,7 @@ async def _open_blockers(http: httpx.AsyncClient, count: int) -> list:
     return lines
 
 
+@single_engine_only("the router sends the second request to the idle replica")
 def test_token_bound_rejects_at_once(slow_server):
     long_prompt = [1] + [403] * 399  # 400 tokens: alone it may wait, two exceed 500
 
@@ -132,6 +134,7 @@ def test_token_bound_rejects_at_once(slow_server):
     assert rejected(slow_server, "max_num_waiting_tokens") == 1
 
 
+@single_engine_only("the router sends the request to the idle replica")
 def test_request_timeout_fails_a_request_that_waited_too_long(slow_server):
     async def scenario():
         async with httpx.AsyncClient(base_url=slow_server.url, timeout=60) as http:

@@ -40,11 +40,13 @@ from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from tests.server_utils import (
+    DATA_PARALLEL,
     ENGINE_MODES,
     FAST_ENGINE_ARGS,
     SLOW_STEPS,
     ServerProcess,
     engine_mode_args,
+    single_engine_only,
     stories_model,
 )
 
@@ -124,7 +126,7 @@ def test_openai_client_end_to_end(server):
         client.completions.create(model=model, prompt=PROMPT, max_tokens=4, n=9)
     assert client.completions.create(model=model, prompt=PROMPT, max_tokens=4,
                                      temperature=0).choices[0].text == ", there was a"
-    if server.mode == "process":  # the engine runs in a child of the server, one thread
+    if server.mode == "process" and DATA_PARALLEL == 1:  # the core: a child, one thread
         assert core_pid(server) in [p.pid for p in psutil.Process(server.proc.pid).children()]
         assert "(1 torch threads)" in server.log()
 
@@ -156,6 +158,7 @@ def test_abort_on_disconnect_frees_the_cores_blocks(server):
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 400
 
 
+@single_engine_only("a replica that dies is restarted by Ray (test_ray_data_parallel.py)")
 def test_killed_engine_core_fails_requests_and_the_server_exits(tmp_path):
     server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *engine_mode_args("process")],
                            tmp_path / "server.log", prelude=SLOW_STEPS)

@@ -17,6 +17,7 @@ from tests.server_utils import (
     FAST_ENGINE_ARGS,
     ServerProcess,
     engine_mode_args,
+    single_engine_only,
     stories_model,
 )
 
@@ -146,6 +147,7 @@ def stats_lines(log: str) -> list[tuple[float, ...]]:
     return [tuple(float(x) for x in m.groups()) for m in LINE.finditer(log)]
 
 
+@single_engine_only("replicas log a line each and a total")
 def test_stats_log_line_under_load(server):
     wait_for(lambda: idle(server), what="the server to go idle")
     time.sleep(2 * LOG_INTERVAL)  # let the idle line of earlier traffic pass
