@@ -1,6 +1,6 @@
-"""Inbox: messages for a task on the event loop, put from any thread (the engine core's
-busy loop on its thread: inproc_client.py) or from other tasks (the data-parallel replicas'
-readers: distributed/data_parallel.py), taken all at once."""
+"""Inbox: messages for a task on the event loop, put from another thread (the engine core's
+busy loop on its thread: inproc_client.py), taken all at once; call_soon, to run something
+on a loop from any thread."""
 
 from __future__ import annotations
 
