@@ -7,19 +7,19 @@ tests/test_real_smollm2.py's."""
 from __future__ import annotations
 
 import json
+import os
 
+import gguf
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType, GGUFWriter
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
 from minivllm import LLM, SamplingParams
 from minivllm.model import gguf as minivllm_gguf
 from minivllm.model.loader import load_state_dict, resolve_model_path
-
-gguf = pytest.importorskip("gguf")  # in the test extra: CI has it
-from gguf import GGMLQuantizationType, GGUFWriter  # noqa: E402
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
@@ -112,6 +112,7 @@ def test_weights_load_back_as_the_original(tiny_llama, tmp_path, cache):
 def test_model_directory_from_metadata(tiny_llama, tiny_gguf, cache):
     directory = resolve_model_path(str(tiny_gguf))
     assert resolve_model_path(str(tiny_gguf)) == directory  # built once
+    assert [p.name for p in (cache / "gguf").iterdir()] == [directory.name]
     config = AutoConfig.from_pretrained(directory)
     original = AutoConfig.from_pretrained(tiny_llama)
     assert config.architectures == ["LlamaForCausalLM"]
@@ -124,6 +125,15 @@ def test_model_directory_from_metadata(tiny_llama, tiny_gguf, cache):
     tokenizer = AutoTokenizer.from_pretrained(directory)
     assert tokenizer.chat_template == CHAT_TEMPLATE
     assert tokenizer.convert_ids_to_tokens([1, 2, 7]) == ["<s>", "</s>", "w7"]
+
+
+def test_a_changed_file_gets_a_new_directory(tiny_llama, tmp_path, cache):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(tiny_llama, path)
+    first = resolve_model_path(str(path))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert resolve_model_path(str(path)) != first
 
 
 def test_engine_output_equals_the_original(tiny_llama, tiny_gguf, cache):
@@ -211,3 +221,10 @@ def test_quant_type_picks_one_file():
         minivllm_gguf.pick_quant_file(files, "Q5_K", "org/m")
     with pytest.raises(ValueError, match="2 GGUF files"):
         minivllm_gguf.pick_quant_file(files + ["n-Q8_0.gguf"], "Q8_0", "org/m")
+
+
+def test_architecture_minivllm_does_not_run_is_named(tmp_path):
+    # transformers reads GPT-2 from GGUF; minivllm has no GPT-2 layer
+    with pytest.raises(ValueError, match="GGUF model type 'gpt2' .* is not supported"):
+        minivllm_gguf.causal_lm_class("gpt2", tmp_path / "gpt2.gguf")
+    assert minivllm_gguf.causal_lm_class("qwen3", tmp_path / "q.gguf") == "Qwen3ForCausalLM"

@@ -103,14 +103,13 @@ def model_dir(path: Path) -> Path:
 def _write_model_dir(path: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    check_loadable(path)
+    arch = check_loadable(path)
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     config.architectures = [causal_lm_class(config.model_type, path)]
     config.save_pretrained(out)
     GenerationConfig(bos_token_id=config.bos_token_id,
                      eos_token_id=config.eos_token_id).save_pretrained(out)
     AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
-    arch = open_gguf(path).fields["general.architecture"].contents()
     (out / POINTER).write_text(json.dumps({
         "gguf_file": str(path), "architecture": arch,
         "tensor_names": _tensor_names(config, arch)}, indent=1))
@@ -141,9 +140,9 @@ def _tensor_names(config, arch: str) -> dict[str, str]:
     return get_gguf_hf_weights_map(top_level, _processor(config, arch))
 
 
-def check_loadable(path: Path) -> None:
-    """ValueError naming what we cannot load: not a GGUF file, an architecture that
-    transformers cannot read from GGUF or minivllm does not run, a tensor type that the
+def check_loadable(path: Path) -> str:
+    """The file's GGUF architecture; ValueError naming what we cannot load: not a GGUF
+    file, an architecture that transformers cannot read from GGUF, a tensor type that the
     gguf package cannot dequantize."""
     with open(path, "rb") as f:
         if f.read(4) != _MAGIC:
@@ -166,6 +165,7 @@ def check_loadable(path: Path) -> None:
         if tensor.tensor_type not in readable:
             raise ValueError(f"{path}: tensor {tensor.name} has GGUF type "
                              f"{tensor.tensor_type.name}, which cannot be dequantized")
+    return arch
 
 
 def causal_lm_class(model_type: str, path: Path) -> str:
