@@ -60,7 +60,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 
 
 def _minivllm_command(model: Path, port: int, max_model_len: int) -> tuple[list[str], dict]:
-    return ([sys.executable, "-m", "minivllm.entrypoints.cli", "serve", str(model),
+    return ([sys.executable, "-m", "minivllm.cli", "serve", str(model),
              "--port", str(port), "--max-model-len", str(max_model_len),
              "--dtype", "float32"], {})
 
@@ -141,7 +141,7 @@ def one_scenario(name: str, num_prompts: int | None) -> tuple[dict, int]:
 
 
 def bench(port: int, model: Path, spec: dict, endpoint: str, out: Path) -> dict:
-    command = [sys.executable, "-m", "minivllm.entrypoints.cli", "bench", "serve",
+    command = [sys.executable, "-m", "minivllm.cli", "bench", "serve",
                "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
                "--tokenizer", str(model), "--workload", "random", "--seed", "0",
                "--prompt-seed", str(spec["prompt_seed"]), "--endpoint", endpoint,

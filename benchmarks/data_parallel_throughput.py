@@ -37,7 +37,7 @@ def free_port() -> int:
 
 def start(model: str, size: int, args, log: Path) -> tuple[subprocess.Popen, int, float]:
     port = free_port()
-    command = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", model,
+    command = [sys.executable, "-m", "minivllm.cli", "serve", model,
                "--port", str(port), "--engine-threads", str(args.engine_threads),
                "--max-num-seqs", str(args.max_num_seqs), "--data-parallel-size", str(size),
                "--log-interval", "30"]
@@ -67,7 +67,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def bench(port: int, model: str, args, out: Path) -> dict:
-    command = [sys.executable, "-m", "minivllm.entrypoints.cli", "bench", "serve",
+    command = [sys.executable, "-m", "minivllm.cli", "bench", "serve",
                "--base-url", f"http://127.0.0.1:{port}", "--model", model,
                "--workload", "random", "--seed", "0", "--num-prompts", str(args.num_prompts),
                "--request-rate", "inf", "--input-len", str(args.input_len),

@@ -210,7 +210,7 @@ def main() -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = Path("soak-server.log")
-        cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", args.model,
+        cmd = [sys.executable, "-m", "minivllm.cli", "serve", args.model,
                "--port", str(port), "--log-interval", "10", "--chat-template", CHAT_TEMPLATE,
                *args.server_args.split()]
         proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)

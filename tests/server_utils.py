@@ -70,7 +70,7 @@ ModelRunner.execute = _execute
 """
 
 # How the server process starts: `python -c LAUNCH serve ...`.
-LAUNCH = "import sys; from minivllm.entrypoints.cli import main; sys.exit(main())"
+LAUNCH = "import sys; from minivllm.cli import main; sys.exit(main())"
 
 
 class ServerProcess:

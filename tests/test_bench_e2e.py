@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from minivllm.entrypoints.cli import main
+from minivllm.cli import main
 from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
 
 

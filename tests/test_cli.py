@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from minivllm.entrypoints.cli import main
+from minivllm.cli import main
 
 
 def test_generate_prints_the_completion(stories_dir, capsys):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from minivllm import LLM
-from minivllm.entrypoints.cli import main
+from minivllm.cli import main
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -34,7 +34,7 @@ def test_debug_or_a_debug_log_level_shows_the_traceback():
 
 
 def test_the_installed_command_exits_2_without_a_traceback():
-    proc = subprocess.run([sys.executable, "-m", "minivllm.entrypoints.cli", "serve",
+    proc = subprocess.run([sys.executable, "-m", "minivllm.cli", "serve",
                            "--chat-template", "missing.jinja"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2

@@ -56,7 +56,7 @@ def test_stats_lines_per_replica_and_a_total(caplog):
 
 def test_data_parallel_without_ray_says_how_to_install_it(tmp_path):
     # ray may be installed here: hide it, as on a machine without the extra.
-    code = ("import sys; sys.modules['ray'] = None; from minivllm.entrypoints.cli import main; "
+    code = ("import sys; sys.modules['ray'] = None; from minivllm.cli import main; "
             "sys.exit(main())")
     result = subprocess.run([sys.executable, "-c", code, "serve", "minivllm-demo",
                              "--data-parallel-size", "2"], capture_output=True, text=True,

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from minivllm import LLM, SamplingParams
+from minivllm.cli import main
 from minivllm.config import EngineConfig
 from minivllm.engine.generation_defaults import load_sampling_defaults
-from minivllm.entrypoints.cli import main
 from tests.model_factory import save_tiny_model
 from tests.server_utils import CHAT_TEMPLATE, FAST_ENGINE_ARGS, ServerProcess
 

@@ -250,7 +250,7 @@ def test_quality_skips_missing_predictions():
 
 def test_sim_policies_across_predictors_prints_the_columns(tmp_path, capsys, monkeypatch):
     from minivllm.bench import report
-    from minivllm.entrypoints.cli import main
+    from minivllm.cli import main
 
     def no_png(fig, path):  # plots are report.py's business, and most of the time here
         report.plt.close(fig)

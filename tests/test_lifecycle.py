@@ -124,7 +124,7 @@ def test_every_request_ends_once_whatever_the_policy(policy):
 
 
 def test_sim_policies_write_a_timeline_per_run(tmp_path):
-    from minivllm.entrypoints.cli import main
+    from minivllm.cli import main
 
     assert main(["sim", "policies", "--preset", "rtx4090-qwen2.5-7b", "--workload",
                  "seed-high", "--num-prompts", "5", "--policies", "fcfs,sjf", "--output",

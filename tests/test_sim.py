@@ -138,7 +138,7 @@ def test_mooncake_hash_ids_hit_the_prefix_cache(tmp_path):
 
 
 def test_sim_policies_cli_writes_the_bench_reports(tmp_path):
-    from minivllm.entrypoints.cli import main
+    from minivllm.cli import main
 
     out = tmp_path / "pol"
     assert main(["sim", "policies", "--preset", "rtx4090-qwen2.5-7b", "--workload", "seed-high",
@@ -158,7 +158,7 @@ def test_sim_policies_cli_writes_the_bench_reports(tmp_path):
 
 
 def test_sim_rejects_a_bad_cost_model(tmp_path, capsys):
-    from minivllm.entrypoints.cli import main
+    from minivllm.cli import main
 
     for flags, match in ((["--cost-model", "magic"], "roofline:PRESET or profile:PATH"),
                          (["--preset", "tpu"], "unknown roofline preset"),
@@ -168,7 +168,7 @@ def test_sim_rejects_a_bad_cost_model(tmp_path, capsys):
 
 
 def test_calibrate_writes_a_profile_the_simulator_loads(tiny_llama, tmp_path):
-    from minivllm.entrypoints.cli import main
+    from minivllm.cli import main
     from minivllm.sim.profile import ProfileCostModel
 
     path = tmp_path / "profile.json"

@@ -11,8 +11,8 @@ import random
 import pytest
 
 from minivllm.bench.workload import Trace, TraceEntry
+from minivllm.cli import main
 from minivllm.core.scheduler import SchedulerConfig
-from minivllm.entrypoints.cli import main
 from minivllm.sim.cost_model import CostModel, StepBatch
 from minivllm.sim.simulator import Simulator
 

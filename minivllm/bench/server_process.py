@@ -38,7 +38,7 @@ def engine_flags(args) -> list[str]:
 def server_command(model: str, port: int, policy: str, flags: list[str],
                    length_predictor: str = "mean", prediction_log: Path | None = None
                    ) -> list[str]:
-    cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", model, "--host",
+    cmd = [sys.executable, "-m", "minivllm.cli", "serve", model, "--host",
            "127.0.0.1", "--port", str(port), "--scheduling-policy", policy,
            "--length-predictor", length_predictor, *flags]
     return cmd + (["--length-prediction-log", str(prediction_log)] if prediction_log else [])

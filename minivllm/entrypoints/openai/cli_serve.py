@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
     from minivllm.entrypoints.openai.api_server import build_app, load_chat_template
-    from minivllm.entrypoints.openai.lifecycle import ServingServer
+    from minivllm.entrypoints.openai.shutdown import ServingServer
 
     disable_created_metrics()  # as vLLM: no *_created series beside every counter
     if args.model_tag is not None:
