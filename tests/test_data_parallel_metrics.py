@@ -46,7 +46,7 @@ def test_stats_lines_per_replica_and_a_total(caplog):
     m = DataParallelMetrics("demo", 512, 2, "round_robin")
     m.record(stats(2, 90, 5), IterationStats(timestamp=0.0, num_generation_tokens=4), engine_idx=0)
     m.record(stats(3, 50, 7), IterationStats(timestamp=0.0, num_generation_tokens=4), engine_idx=1)
-    with caplog.at_level("INFO", logger="minivllm.engine.metrics"):
+    with caplog.at_level("INFO", logger="minivllm.engine.stat_loggers"):
         m.log()
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(":")[0] for line in lines] == ["Engine 000", "Engine 001",

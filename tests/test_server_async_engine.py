@@ -11,10 +11,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from prometheus_client import generate_latest
-
 from minivllm.config import EngineConfig
-from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.errors import (
     EngineDeadError,
     EngineOverloadedError,
@@ -23,10 +20,13 @@ from minivllm.engine.errors import (
 )
 from minivllm.engine.inproc_client import InprocClient
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
-from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, token_buckets
+from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, token_buckets
+from minivllm.sampling_params import SamplingParams
+from prometheus_client import generate_latest
+
+from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.entrypoints.openai.api_server import build_app
-from minivllm.sampling_params import SamplingParams
 
 
 class FakeTokenizer:
@@ -299,7 +299,7 @@ def test_logging_stat_logger_line_and_quiet_when_idle(caplog):
     stat_logger.record(busy, IterationStats(0, num_prompt_tokens=120, num_generation_tokens=30))
     stat_logger.record(busy, IterationStats(0, num_prompt_tokens=0, num_generation_tokens=20))
     now[0] += 5.0
-    with caplog.at_level(logging.INFO, logger="minivllm.engine.metrics"):
+    with caplog.at_level(logging.INFO, logger="minivllm.engine.stat_loggers"):
         stat_logger.log()
         stat_logger.record(SchedulerStats(), IterationStats(0))
         for _ in range(3):  # one line showing the zeros, then silence

@@ -26,16 +26,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from transformers import AutoTokenizer
-
 from minivllm.config import EngineConfig
-from minivllm.engine.core_client import (
-    STARTUP_TIMEOUT_S,
-    EngineCoreClient,
-    EngineOutputs,
-    RequestsLost,
-    make_core_client,
-)
 from minivllm.engine.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
 from minivllm.engine.frontend import (
     TURNED_AWAY,
@@ -44,13 +35,22 @@ from minivllm.engine.frontend import (
     turned_away_error,
 )
 from minivllm.engine.messages import make_core_request
-from minivllm.engine.metrics import StatLoggerBase
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.request_stream import RequestStream
-from minivllm.engine.stats import SchedulerStats
+from minivllm.engine.stat_loggers import StatLoggerBase
 from minivllm.model.loader import resolve_model_path
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from transformers import AutoTokenizer
+
+from minivllm.engine.core_client import (
+    STARTUP_TIMEOUT_S,
+    EngineCoreClient,
+    EngineOutputs,
+    RequestsLost,
+    make_core_client,
+)
+from minivllm.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 

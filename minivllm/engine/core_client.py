@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
-
 from minivllm.config import EngineConfig
 from minivllm.engine.core_proc import run_engine_core
 from minivllm.engine.core_sockets import CoreSockets
@@ -43,7 +42,8 @@ from minivllm.engine.messages import (
     EngineCoreUtility,
     UtilityResult,
 )
-from minivllm.engine.metrics import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+
 from minivllm.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Plain statistics made by the engine each step; loggers (engine/metrics.py) only format them."""
+"""Plain statistics made by the engine each step; loggers (engine/stat_loggers.py) only format them."""
 
 from __future__ import annotations
 
