@@ -1,4 +1,4 @@
-"""lm-eval, the harness most people evaluate served models with, runs the README's command
+"""lm-eval, the harness most people evaluate served models with, runs docs/serving.md's command
 against `minivllm serve` with no tokenizer argument (it finds /tokenizer_info and tokenizes
 through the server), and its log-likelihoods equal transformers' on the same tokens to 1e-4."""
 

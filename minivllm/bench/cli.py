@@ -45,7 +45,7 @@ def add_parser(subparsers) -> None:
     add_comparison_args(pol)
     pol.add_argument("--server-timeout", type=float, default=600, help="seconds to wait for /health")
     add_workload_args(pol, "length")
-    add_sampling_args(pol, greedy=True)  # the README's policy table was measured greedy
+    add_sampling_args(pol, greedy=True)  # docs/lab.md's policy table was measured greedy
     add_engine_args(pol, skip=SKIPPED_ENGINE_ARGS)
     pol.set_defaults(func=run_policies)
     thr = sub.add_parser("throughput", help="offline engine throughput on random prompts")

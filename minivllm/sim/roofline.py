@@ -8,7 +8,7 @@ the swaps at the host link's bandwidth.
 - Bytes: every weight read once per step, plus the KV each sequence reads (its context) and
   writes (its new tokens): 2 (K and V) x layers x kv_heads x head_dim x dtype bytes a token.
 - Peak rates are datasheet figures; `compute_efficiency` and `bandwidth_efficiency` are the
-  fractions a serving engine reaches (our assumption, stated in the README), since nothing
+  fractions a serving engine reaches (our assumption, stated in docs/lab.md), since nothing
   runs at a datasheet's peak.
 
 The model's shape comes from a Hugging Face config.json (no weights needed). KV capacity:

@@ -1,4 +1,4 @@
-"""GET /v1/engine/events: the engine, live, as server-sent events (README: "The dashboard").
+"""GET /v1/engine/events: the engine, live, as server-sent events (docs/dashboard.md).
 
 EngineEventHub is a stat logger: it sees every step's SchedulerStats and IterationStats as
 the stats log line and /metrics do (the same record() calls, hence the same numbers), and,

@@ -8,7 +8,7 @@
  * were 4-13% off). Here the weights are the unsigned side: stored as wq + 64, in [1, 127],
  * so 127 * 127 * 2 fits in int16 and every product is exact, and the offset comes back out
  * per row: sum(x * (w + 64)) - 64 * sum(x). That costs the weights their eighth bit, which
- * measured cheaper in accuracy than taking it from the activations (README, Quantization),
+ * measured cheaper in accuracy than taking it from the activations (docs/quantization.md),
  * and saves the sign step an all-8-bit product needs (vpsignb on both operands): the
  * kernel is 1.2-1.3x faster for it (benchmarks/int8_gemm.py). vpmaddwd against ones widens
  * the int16 pairs to int32.
