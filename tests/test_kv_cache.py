@@ -15,7 +15,7 @@ from minivllm.core.request import Request
 
 def request(request_id: str, prompt: list[int], cache_salt: str | None = None,
             **fields) -> Request:
-    return Request(request_id, prompt, max_tokens=8, arrival_time=0.0, cache_salt=cache_salt,
+    return Request.make(request_id, prompt, max_tokens=8, arrival_time=0.0, cache_salt=cache_salt,
                    **fields)
 
 

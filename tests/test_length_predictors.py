@@ -25,7 +25,7 @@ from minivllm.core.scheduler import Scheduler, SchedulerConfig
 
 def req(rid: str, prompt_len: int = 4, max_tokens: int = 100, output: int = 0,
         oracle: int | None = None, hidden=None, arrival: float = 0.0) -> Request:
-    r = Request(rid, list(range(prompt_len)), max_tokens, arrival, oracle_output_len=oracle)
+    r = Request.make(rid, list(range(prompt_len)), max_tokens, arrival, oracle_output_len=oracle)
     for t in range(output):
         r.append_output_token(t)
     r.prompt_hidden = hidden
@@ -185,13 +185,13 @@ def test_sjf_counts_work_left_after_prefix_cache_hits():
                                       max_num_seqs=1),
                       make_policy("sjf", length_predictor="oracle"), clock=lambda: 0.0)
     shared = list(range(100, 132))  # 8 blocks
-    warm = Request("warm", shared + [1], 1, 0.0, oracle_output_len=1)
+    warm = Request.make("warm", shared + [1], 1, 0.0, oracle_output_len=1)
     sched.add_request(warm)
     out = sched.schedule()
     sched.update_from_output(out, {"warm": 7})
     sched.finish_request(warm, warm.status.FINISHED_LENGTH)  # its blocks stay cached
-    cold = Request("cold", list(range(500, 532)) + [2], 5, 1.0, oracle_output_len=5)
-    hit = Request("hit", shared + [3], 5, 2.0, oracle_output_len=5)
+    cold = Request.make("cold", list(range(500, 532)) + [2], 5, 1.0, oracle_output_len=5)
+    hit = Request.make("hit", shared + [3], 5, 2.0, oracle_output_len=5)
     sched.add_request(cold)
     sched.add_request(hit)
     policy = sched.policy
@@ -205,7 +205,7 @@ def test_scheduler_records_predictions_at_arrival_admission_and_after_prefill():
     np = pytest.importorskip("numpy")
     sched = Scheduler(SchedulerConfig(num_blocks=32, block_size=4),
                       make_policy("sjf", length_predictor="probe"), clock=lambda: 0.0)
-    r = Request("r", [1, 2, 3, 4, 5], 50, 0.0)
+    r = Request.make("r", [1, 2, 3, 4, 5], 50, 0.0)
     sched.add_request(r)
     assert r.predicted_output_len == 50  # bucket fallback: max_tokens before any finish
     for i in range(10):  # requests finish before r is admitted; feature 0 is their length

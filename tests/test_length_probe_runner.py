@@ -86,7 +86,8 @@ def test_oracle_field_only_with_the_oracle_predictor(tiny_llama, tmp_path):
               scheduling_policy="sjf", length_predictor="oracle",
               length_prediction_log=str(log))
     engine = lab.llm_engine
-    engine.add_request("y", None, params, PROMPTS[1], oracle_output_len=4)
+    engine.add_request("y", make_core_request("y", PROMPTS[1], params, oracle_output_len=4),
+                       params)
     while engine.has_unfinished_requests():
         engine.step()
     (row,) = [json.loads(line) for line in log.read_text().splitlines()]

@@ -73,8 +73,8 @@ def test_preemption_by_recompute_and_by_swap_show_in_order():
 
 def test_a_tracer_started_mid_run_sees_present_states_and_aborts():
     sched = Scheduler(config(), make_policy("priority"), clock=lambda: 5.0)
-    running = Request("a", [1, 2, 3], 4, arrival_time=1.0, priority=2)
-    waiting = Request("b", [4, 5, 6], 4, arrival_time=2.0, priority=1)
+    running = Request.make("a", [1, 2, 3], 4, arrival_time=1.0, priority=2)
+    waiting = Request.make("b", [4, 5, 6], 4, arrival_time=2.0, priority=1)
     sched.add_request(running)
     out = sched.schedule()
     sched.update_from_output(out, {"a": 9})
@@ -93,12 +93,12 @@ def test_a_tracer_started_mid_run_sees_present_states_and_aborts():
 def test_block_map_counts_and_folds():
     sched = Scheduler(config(num_blocks=10, num_swap_blocks=4), make_policy("fcfs"))
     kv = sched.kv
-    a = Request("a", list(range(9)), 4, arrival_time=0.0)
+    a = Request.make("a", list(range(9)), 4, arrival_time=0.0)
     kv.allocate_slots(a, 9)  # 3 blocks in use
     a.num_computed_tokens = 9
     kv.cache_full_blocks(a)  # the 2 full ones registered in the prefix cache
     kv.free(a)  # ... and now free but cached (evictable); the partial one plain free
-    b = Request("b", list(range(100, 105)), 4, arrival_time=0.0)
+    b = Request.make("b", list(range(100, 105)), 4, arrival_time=0.0)
     kv.allocate_slots(b, 5)
     kv.swap_out(b)
     m = block_map(kv, max_cells=5)

@@ -23,11 +23,11 @@ def test_earliest_deadline_first():
 
 def test_after_the_first_token_the_e2e_deadline_counts():
     policy = make_policy("edf", ttft_slo_ms=1000.0, e2e_slo_ms=9000.0)  # server defaults
-    request = Request("r", [1, 2], 4, arrival_time=10.0)
+    request = Request.make("r", [1, 2], 4, arrival_time=10.0)
     assert policy.deadline(request) == 11.0
     request.output_token_ids = [5]
     assert policy.deadline(request) == 19.0
-    request.e2e_slo_ms = 4000.0  # the request's own beats the default
+    request.core_request.e2e_slo_ms = 4000.0  # the request's own beats the default
     assert policy.deadline(request) == 14.0
 
 

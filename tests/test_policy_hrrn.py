@@ -18,7 +18,7 @@ def test_response_ratio_from_step_time_and_predicted_service():
     for now in (0.0, 0.5, 1.0, 1.5):  # steps every 0.5 s
         policy.on_step([], now)
     assert policy.step_time == 0.5
-    request = Request("r", [1] * 40, max_tokens=6, arrival_time=0.0)
+    request = Request.make("r", [1] * 40, max_tokens=6, arrival_time=0.0)
     # ceil(40 / 16) = 3 prefill steps + 6 predicted output tokens (max_tokens: none finished)
     assert policy.steps_left(request) == 9
     assert policy.response_ratio(request, 9.0) == pytest.approx((9.0 + 4.5) / 4.5)

@@ -11,7 +11,8 @@ from tests.test_scheduler_policies import Sim, run_with_stream
 def test_skip_join_enters_the_level_whose_quantum_covers_the_prefill():
     policy = make_policy("mlfq", mlfq_base_quantum=2)
     policy.token_budget = 16  # a prefill of P tokens takes ceil(P / 16) iterations
-    levels = {p: policy.level(Request(str(p), [1] * p, 4, 0.0)) for p in (4, 16, 40, 100, 10**5)}
+    levels = {p: policy.level(Request.make(str(p), [1] * p, 4, 0.0))
+              for p in (4, 16, 40, 100, 10**5)}
     # quanta 2, 4, 8, ...: 1 and 1 iterations -> 0; 3 -> 1 (4); 7 -> 2 (8); 6250 -> 12 levels' last
     assert levels == {4: 0, 16: 0, 40: 1, 100: 2, 10**5: 11}
 
@@ -46,7 +47,7 @@ def test_preemption_across_levels_only_and_a_preempted_request_keeps_its_level()
     assert len(sim.preemptions) == 1
     sim.assert_all_free()
     # One level: an older waiting request ranks first but does not preempt a running one.
-    older, running = Request("a", [1] * 4, 10, 0.0), Request("b", [1] * 4, 10, 5.0)
+    older, running = Request.make("a", [1] * 4, 10, 0.0), Request.make("b", [1] * 4, 10, 5.0)
     assert policy.sort_key(older, 6.0) < policy.sort_key(running, 6.0)
     assert not policy.outranks(older, running, 6.0)
 

@@ -13,6 +13,7 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.engine.messages import EngineCoreRequest
 from minivllm.entrypoints.openai.api_server import build_app
 from tests.server_utils import CHAT_TEMPLATE
 
@@ -24,7 +25,8 @@ def test_offline_user_and_slos_reach_the_scheduler(tiny_llama, monkeypatch):
     seen = []
     add = llm.llm_engine.core.scheduler.add_request
     monkeypatch.setattr(llm.llm_engine.core.scheduler, "add_request",
-                        lambda r: (seen.append((r.user, r.ttft_slo_ms, r.e2e_slo_ms)), add(r)))
+                        lambda r: (seen.append((r.core_request.user, r.core_request.ttft_slo_ms,
+                                              r.core_request.e2e_slo_ms)), add(r)))
     outs = llm.generate(["a b", "c d", "e f"], GREEDY, use_tqdm=False,
                         user=["alice", "bob", "alice"], ttft_slo_ms=500.0)
     assert [len(o.outputs[0].token_ids) for o in outs] == [6, 6, 6]
@@ -32,6 +34,31 @@ def test_offline_user_and_slos_reach_the_scheduler(tiny_llama, monkeypatch):
     assert set(llm.llm_engine.core.scheduler.policy.counters) == {"alice", "bob"}
     with pytest.raises(ValueError, match="got 2 user values for 3 prompts"):
         llm.generate(["a", "b", "c"], GREEDY, use_tqdm=False, user=["x", "y"])
+
+
+def test_a_new_request_field_reaches_the_policy_as_sent(tiny_llama, monkeypatch):
+    """Adding a per-request field is one edit to EngineCoreRequest plus its use: the engine
+    passes the object itself down to the scheduler's Requests, copying no field on the way.
+    Here the field (`tier`) is a subclass's and its use a policy rule patched in."""
+
+    class Tiered(EngineCoreRequest, tag="add"):
+        tier: int = 0
+
+    llm = LLM(str(tiny_llama), num_kv_blocks=64, block_size=4, max_num_seqs=1)
+    policy = llm.llm_engine.core.scheduler.policy
+    monkeypatch.setattr(policy, "sort_key", lambda request, now: (
+        -request.core_request.tier, request.arrival_time, request.request_id))
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    sent = {tier: Tiered(str(tier), [1, 2, 3], params, arrival_time=float(tier), tier=tier)
+            for tier in (1, 3, 2)}
+    for request in sent.values():
+        llm.llm_engine.add_request(request.request_id, request, params)
+    assert [id(r.core_request) for r in llm.llm_engine.core.scheduler.waiting] == [
+        id(r) for r in sent.values()]
+    finished = []
+    while llm.llm_engine.has_unfinished_requests():
+        finished += [o.request_id for o in llm.llm_engine.step() if o.finished]
+    assert finished == ["3", "2", "1"]  # one seat: the highest tier first
 
 
 def test_offline_edf_sheds_what_cannot_make_its_deadline(tiny_llama):

@@ -18,7 +18,7 @@ def served(sim: Sim, user: str, weights=(1.0, 2.0)) -> float:
     """w_p * prompt tokens of admitted requests + w_q * output tokens, for one tenant."""
     return sum(weights[0] * r.num_prompt_tokens * (r.first_scheduled_step is not None)
                + weights[1] * r.num_output_tokens
-               for r in sim.requests.values() if r.user == user)
+               for r in sim.requests.values() if r.core_request.user == user)
 
 
 def two_tenants(policy: str, steps: int, heavy_per_step: int, light_every: int,
@@ -37,7 +37,7 @@ def two_tenants(policy: str, steps: int, heavy_per_step: int, light_every: int,
                 sim.add(f"l{n}", PROMPT, OUTPUT, user="light")
                 n += 1
         sim.step()
-        waiting = {r.user for r in sim.scheduler.waiting}
+        waiting = {r.core_request.user for r in sim.scheduler.waiting}
         yield sim, waiting == {"heavy", "light"}
 
 
@@ -61,7 +61,7 @@ def test_a_light_tenant_is_served_as_if_alone():
         ttfts = []
         *_, (sim, _) = two_tenants(policy, 80, heavy_per_step, light_every=8, **config)
         for r in sim.requests.values():
-            if r.user == "light" and r.first_scheduled_step is not None:
+            if r.core_request.user == "light" and r.first_scheduled_step is not None:
                 ttfts.append(r.first_scheduled_step - r.arrival_time)
         return sum(ttfts) / len(ttfts)
 
@@ -77,17 +77,17 @@ def test_a_light_tenant_is_served_as_if_alone():
 
 def test_a_joining_tenant_is_lifted_to_the_least_served_active_tenant():
     policy = make_policy("vtc")
-    a = Request("a", [1] * 10, 5, 0.0, user="alice")
+    a = Request.make("a", [1] * 10, 5, 0.0, user="alice")
     policy.on_arrival(a, 0.0)
     a.first_scheduled_step, a.output_token_ids = 1, [7, 7]
     policy.on_step([a], 1.0)
     assert policy.counters["alice"] == 10 + 2 * 2
-    b = Request("b", [1] * 3, 5, 1.0, user="bob")
+    b = Request.make("b", [1] * 3, 5, 1.0, user="bob")
     policy.on_arrival(b, 1.0)
     assert policy.counters["bob"] == 14  # no credit for the time before it joined
     policy.on_removed(a)
     policy.on_removed(b)
-    c = Request("c", [1] * 3, 5, 2.0, user="carol")
+    c = Request.make("c", [1] * 3, 5, 2.0, user="carol")
     policy.on_arrival(c, 2.0)  # nobody active: nothing to lift to
     assert policy.counters["carol"] == 0
 
@@ -97,9 +97,9 @@ def test_order_charges_each_prompt_before_picking_the_next():
     next pick, so bob (counter 50) goes next, not alice's second request."""
     policy = make_policy("vtc")
     policy.counters.update({"alice": 0.0, "bob": 50.0})
-    reqs = [Request("a1", [1] * 100, 5, 0.0, user="alice"),
-            Request("a2", [1] * 100, 5, 1.0, user="alice"),
-            Request("b1", [1] * 10, 5, 2.0, user="bob")]
+    reqs = [Request.make("a1", [1] * 100, 5, 0.0, user="alice"),
+            Request.make("a2", [1] * 100, 5, 1.0, user="alice"),
+            Request.make("b1", [1] * 10, 5, 2.0, user="bob")]
     assert [r.request_id for r in policy.order(reqs, 3.0)] == ["a1", "b1", "a2"]
 
 

@@ -80,7 +80,7 @@ def test_system_prompt_hit_rate_is_the_expected_fraction(tiny_llama):
 
 
 def _request(rid, tokens, salt=None):
-    return Request(rid, tokens, max_tokens=4, arrival_time=0.0, cache_salt=salt)
+    return Request.make(rid, tokens, max_tokens=4, arrival_time=0.0, cache_salt=salt)
 
 
 def _compute(kv, request):
@@ -159,9 +159,9 @@ def test_block_accounting_over_random_mixes(specs, num_blocks, block_size):
         prompt = [1 + (j % 5) for j in range(prompt_len)]  # heavily shared prefixes
         if (prompt_len + max_tokens) > num_blocks * block_size:
             continue
-        head = Request(f"r{i}", prompt, max_tokens, arrival_time=float(i))
+        head = Request.make(f"r{i}", prompt, max_tokens, arrival_time=float(i))
         for k in range(1, n):
-            child = Request(f"r{i}#{k}", prompt, max_tokens, arrival_time=float(i))
+            child = Request.make(f"r{i}#{k}", prompt, max_tokens, arrival_time=float(i))
             child.group = head.group
             head.group.append(child)
             head.pending_forks.append(child)

@@ -118,7 +118,7 @@ def test_the_router_hashes_blocks_as_the_kv_manager_does():
     tokens = prompt(3, 9)
     kv = KVCacheManager(num_blocks=8, block_size=BLOCK)
     for salt in (None, "tenant"):
-        request = Request("r", tokens, 4, 0.0, cache_salt=salt)
+        request = Request.make("r", tokens, 4, 0.0, cache_salt=salt)
         router = make_router("cache_aware", 1, BLOCK)
         router.route(tokens, cache_salt=salt)
         assert router.prefixes[0].match(kv.block_hashes(request)) == len(tokens) // BLOCK

@@ -73,10 +73,11 @@ class Sim:
         `fields`: more Request fields (user, ttft_slo_ms, ...)."""
         if prompt is None:
             prompt = [next(self._token_ids) for _ in range(prompt_len)]
-        request = Request(request_id, prompt, max_tokens, self.clock.now, priority, **fields)
+        request = Request.make(request_id, prompt, max_tokens, self.clock.now, priority=priority,
+                               **fields)
         for k in range(1, n):
-            sibling = Request(f"{request_id}#{k}", prompt, max_tokens, self.clock.now, priority,
-                              **fields)
+            sibling = Request.make(f"{request_id}#{k}", prompt, max_tokens, self.clock.now,
+                                   priority=priority, **fields)
             sibling.group = request.group
             request.group.append(sibling)
             request.pending_forks.append(sibling)
@@ -254,13 +255,13 @@ def test_sjf_counts_prefix_cached_prompt_tokens_as_done():
 
 def test_sjf_predictor_caps_max_tokens_by_the_mean_output_length():
     policy = make_policy("sjf")
-    finished = Request("done", [1, 2], max_tokens=3, arrival_time=0.0)
+    finished = Request.make("done", [1, 2], max_tokens=3, arrival_time=0.0)
     finished.output_token_ids = [5, 6, 7]
-    fresh = Request("new", [1, 2], max_tokens=100, arrival_time=0.0)
+    fresh = Request.make("new", [1, 2], max_tokens=100, arrival_time=0.0)
     assert policy.predictor.predict(fresh) == 100  # nothing seen yet
     policy.on_finished(finished)
     assert policy.predictor.predict(fresh) == 3
-    assert policy.predictor.predict(Request("tiny", [1], max_tokens=1, arrival_time=0.0)) == 1
+    assert policy.predictor.predict(Request.make("tiny", [1], max_tokens=1, arrival_time=0.0)) == 1
 
 
 # ---- budgets ------------------------------------------------------------------------------
@@ -330,7 +331,7 @@ def test_swap_or_recompute(mode, num_swap_blocks, siblings, expected):
     sim = crowded("fcfs", [("a", 8, 0), ("b", 8, 0), ("c", 8, 0)],
                   preemption_mode=mode, num_swap_blocks=num_swap_blocks)
     victim = sim.requests["c"]
-    victim.group += [Request(f"c-sibling{i}", [1], 1, 0.0) for i in range(siblings)]
+    victim.group += [Request.make(f"c-sibling{i}", [1], 1, 0.0) for i in range(siblings)]
     device_blocks = list(victim.block_ids)
     out = sim.step()
     assert out.preempted_req_ids == [victim.request_id] and victim.status is expected

@@ -68,7 +68,7 @@ EOS = 2
 def after(tokens: list[int], max_tokens: int = 10, prompt_len: int = 3, **params) -> Request:
     """A request that has sampled `tokens`."""
     sampling = SamplingParams(max_tokens=max_tokens, **params)
-    request = Request("r", list(range(100, 100 + prompt_len)), max_tokens, 0.0,
+    request = Request.make("r", list(range(100, 100 + prompt_len)), max_tokens, 0.0,
                       sampling_params=sampling)
     for token in tokens:
         request.append_output_token(token)
@@ -100,7 +100,7 @@ def test_check_stop_at_the_context_length():
 
 
 def test_without_sampling_params_only_eos_and_length_stop():
-    request = Request("r", [1, 2], 3, 0.0)
+    request = Request.make("r", [1, 2], 3, 0.0)
     request.append_output_token(9)
     assert check_stop(request, 100, {EOS}) is None
     request.append_output_token(EOS)

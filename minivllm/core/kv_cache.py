@@ -91,7 +91,7 @@ class KVCacheManager:
     def block_hashes(self, request: Request) -> list[int]:
         """The chained hashes of the request's full blocks, each computed once, as it fills."""
         return extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
-                                   request.cache_salt)
+                                   request.core_request.cache_salt)
 
     def _max_hit_blocks(self, request: Request) -> int:
         """A hit leaves at least one token to compute; prompt logprobs need every position."""

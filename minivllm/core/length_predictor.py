@@ -6,7 +6,7 @@ clamped to [1, max_tokens]; `observe(request)` is the feedback when a request fi
 (not when it is aborted), with its true output length in `request.num_output_tokens`.
 
 - `mean`: max_tokens until one request has finished, then the running mean of finished ones.
-- `oracle`: the true output length, from `request.oracle_output_len` — a field only the lab
+- `oracle`: the true output length, from the request's `oracle_output_len` — a field only the lab
   sets (bench replaying a trace, the simulator). An upper bound to compare against; without
   the field it falls back to `mean`.
 - `bucket`: per prompt-length bucket (powers of two), a running quantile (the median by
@@ -98,14 +98,15 @@ class MeanPredictor(LengthPredictor):
 
 @register_predictor("oracle")
 class OraclePredictor(LengthPredictor):
-    """The true output length, where the lab knows it (request.oracle_output_len)."""
+    """The true output length, where the lab knows it (its oracle_output_len)."""
 
     def __init__(self) -> None:
         self.fallback = MeanPredictor()
 
     def _predict(self, request: Request) -> float:
-        if request.oracle_output_len is not None:
-            return request.oracle_output_len
+        oracle_output_len = request.core_request.oracle_output_len
+        if oracle_output_len is not None:
+            return oracle_output_len
         return self.fallback._predict(request)
 
     def observe(self, request: Request) -> None:

@@ -60,7 +60,8 @@ class TraceSample:
 
 class LifecycleTracer:
     def __init__(self, scheduler: Scheduler, now: float,
-                 user_of: Callable[[Request], str | None] = lambda request: request.user
+                 user_of: Callable[[Request], str | None] = (
+                     lambda request: request.core_request.user)
                  ) -> None:
         """Starts with what the scheduler holds now: a request already running shows as
         queued since its arrival, then in its present state from `now`. `user_of`: the name
@@ -117,7 +118,8 @@ class LifecycleTracer:
         rid = request.request_id
         self._events.append(LifecycleEvent(
             request.arrival_time, rid, "queued", tokens=request.num_prompt_tokens,
-            priority=request.priority, user=self.user_of(request), rank=self._rank(rid, now)))
+            priority=request.core_request.priority, user=self.user_of(request),
+            rank=self._rank(rid, now)))
         self._seen[rid] = (request, "queued")
 
     @staticmethod

@@ -1,4 +1,6 @@
-"""Request: the scheduler's view of one sequence — token ids, progress and status.
+"""EngineCoreRequest: one request as its caller sent it (every per-request field, built once
+at the API edge). Request: the scheduler's view of one of its sequences — token ids,
+progress and status — over that EngineCoreRequest.
 
 There is no prefill or decode phase: `num_computed_tokens` catches up with `num_tokens`
 one step at a time, which covers prefill, chunked prefill, decode and recompute alike.
@@ -11,6 +13,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from typing import Any
+
+import msgspec
+
+from minivllm.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -30,53 +36,67 @@ class RequestStatus(enum.Enum):
         )
 
 
+class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
+    """One request, as the API edge built it: everything the engine knows about it, every
+    per-request field in one place. It crosses to the engine core as is (msgpack, tag "add");
+    the scheduler's Requests hold it, and the policies read their fields from it. A new
+    per-request field is one line here, plus the edge that sets it and the code that reads it.
+    """
+
+    request_id: str  # the caller's id; a request of n > 1 sequences is one message
+    prompt_token_ids: list[int]
+    # Resolved by the edge (engine/messages.make_core_request: generation defaults,
+    # max_tokens, best_of's logprobs); max_tokens None (vLLM's call form, a prompt): the core
+    # gives it the rest of the context. None only in a request built without an edge
+    # (Request.make): EOS and length stops alone.
+    sampling_params: SamplingParams
+    arrival_time: float
+    priority: int = 0  # the priority policy's (lower first)
+    cache_salt: str | None = None  # the prefix cache shares blocks only within one salt
+    # The true output length, known only in the lab (bench replaying a trace): read by the
+    # `oracle` length predictor alone, and refused by a core running any other.
+    oracle_output_len: int | None = None
+    # For the scheduling policies: the tenant (OpenAI's `user`, vtc's unit of fairness) and
+    # latency deadlines in ms after arrival (edf; None: the server's defaults).
+    user: str | None = None
+    ttft_slo_ms: float | None = None
+    e2e_slo_ms: float | None = None
+
+
 class Request:
+    """One sequence: a request of n > 1 sequences is n Requests over one EngineCoreRequest."""
+
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        core_request: EngineCoreRequest,
         max_tokens: int,
-        arrival_time: float,
-        priority: int = 0,
-        cache_salt: str | None = None,
         needs_prompt_logits: bool = False,
-        sampling_params: Any = None,
         seed: int | None = None,
         banned_until_min_tokens: Iterable[int] = (),
-        user: str | None = None,
-        ttft_slo_ms: float | None = None,
-        e2e_slo_ms: float | None = None,
-        oracle_output_len: int | None = None,
     ) -> None:
-        self.request_id = request_id
-        self.prompt_token_ids = list(prompt_token_ids)
+        self.request_id = request_id  # the sequence's id (engine/messages.seq_id)
+        # The request's fields as its caller gave them (priority, user, deadlines, ...): the
+        # policies read them here.
+        self.core_request = core_request
+        self.prompt_token_ids = list(core_request.prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.all_token_ids = list(prompt_token_ids)  # prompt, then outputs as they come
+        self.all_token_ids = list(self.prompt_token_ids)  # prompt, then outputs as they come
         self.max_tokens = max_tokens
-        self.arrival_time = arrival_time
-        self.priority = priority
-        self.cache_salt = cache_salt
+        self.arrival_time = core_request.arrival_time
         # Prompt logprobs need logits at every prompt position, so such a request
         # never skips prompt tokens through the prefix cache.
         self.needs_prompt_logits = needs_prompt_logits
         # What the model side needs to sample for it; opaque to the scheduler, which only
         # hands it over once, when the request first reaches the runner.
-        self.sampling_params = sampling_params
+        self.sampling_params = core_request.sampling_params
         self.seed = seed
         self.banned_until_min_tokens = tuple(banned_until_min_tokens)
-        # For the policies: the tenant (OpenAI's `user`; vtc shares service across them)
-        # and latency deadlines in ms after arrival (edf; None: the server's default).
-        self.user = user
-        self.ttft_slo_ms = ttft_slo_ms
-        self.e2e_slo_ms = e2e_slo_ms
-        # Output-length prediction (core/length_predictor.py). The true output length, where
-        # the lab knows it (bench replaying a trace, the simulator): only the `oracle`
-        # predictor reads it. The final-norm hidden state of the last prompt token (a numpy
-        # row), handed over by the runner when the prefill completes, for `probe`. And the
-        # prediction the ranking quality is measured with: made at arrival, again at
-        # admission (first scheduled), and again when the hidden state arrives (for
-        # predictors that read it).
-        self.oracle_output_len = oracle_output_len
+        # Output-length prediction (core/length_predictor.py): the final-norm hidden state
+        # of the last prompt token (a numpy row), handed over by the runner when the prefill
+        # completes, for `probe`. And the prediction the ranking quality is measured with:
+        # made at arrival, again at admission (first scheduled), and again when the hidden
+        # state arrives (for predictors that read it).
         self.prompt_hidden: Any = None
         self.predicted_output_len: float | None = None
         self.status = RequestStatus.WAITING
@@ -94,6 +114,16 @@ class Request:
         # the last prompt token, so each samples its own first token.
         self.group: list[Request] = [self]
         self.pending_forks: list[Request] = []
+
+    @classmethod
+    def make(cls, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+             arrival_time: float = 0.0, *, sampling_params: SamplingParams | None = None,
+             needs_prompt_logits: bool = False, **fields: Any) -> Request:
+        """A request built without an API edge (the simulator, tests); `fields` are
+        EngineCoreRequest's (priority, user, cache_salt, ...)."""
+        core_request = EngineCoreRequest(request_id, list(prompt_token_ids), sampling_params,
+                                         arrival_time, **fields)
+        return cls(request_id, core_request, max_tokens, needs_prompt_logits)
 
     @property
     def num_prompt_tokens(self) -> int:

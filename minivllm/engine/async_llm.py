@@ -26,23 +26,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from minivllm.config import EngineConfig
-from minivllm.engine.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
-from minivllm.engine.frontend import (
-    TURNED_AWAY,
-    process_outputs,
-    request_error,
-    turned_away_error,
-)
-from minivllm.engine.messages import make_core_request
-from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.request_stream import RequestStream
-from minivllm.engine.stat_loggers import StatLoggerBase
-from minivllm.model.loader import resolve_model_path
-from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from transformers import AutoTokenizer
 
+from minivllm.config import EngineConfig
 from minivllm.engine.core_client import (
     STARTUP_TIMEOUT_S,
     EngineCoreClient,
@@ -50,7 +36,22 @@ from minivllm.engine.core_client import (
     RequestsLost,
     make_core_client,
 )
+from minivllm.engine.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
+from minivllm.engine.frontend import (
+    TURNED_AWAY,
+    build_request,
+    process_outputs,
+    request_error,
+    turned_away_error,
+)
+from minivllm.engine.messages import EngineCoreRequest
+from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.request_stream import RequestStream
+from minivllm.engine.stat_loggers import StatLoggerBase
 from minivllm.engine.stats import SchedulerStats
+from minivllm.model.loader import resolve_model_path
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -142,13 +143,17 @@ class AsyncLLM:
 
     # ---- requests -----------------------------------------------------------------------
 
-    async def generate(self, prompt: str | None, params: SamplingParams, request_id: str,
-                       prompt_token_ids: list[int] | None = None, priority: int = 0,
-                       cache_salt: str | None = None, oracle_output_len: int | None = None,
-                       user: str | None = None, ttft_slo_ms: float | None = None,
-                       e2e_slo_ms: float | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: str | EngineCoreRequest | None, params: SamplingParams,
+                       request_id: str, prompt_token_ids: list[int] | None = None,
+                       priority: int = 0, prompt_text: str | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs, of its params.output_kind; the last one has
         finished=True.
+
+        As vLLM's: `prompt` is the text (or None with prompt_token_ids), or an
+        EngineCoreRequest an edge built (make_core_request: the server's, or a caller that
+        sets more per-request fields: user, deadlines, cache_salt, ...), whose text, if any,
+        is `prompt_text`. `params` are the caller's sampling parameters either way.
 
         Raises ValueError for input the engine rejects, EngineOverloadedError when a queue
         bound is reached or the engine is draining, RequestFailedError (RequestTimeoutError)
@@ -159,10 +164,8 @@ class AsyncLLM:
         """
         self._ensure_started()
         self._check_engine()
-        stream = self._open_request(
-            prompt, params, request_id, prompt_token_ids, priority=priority,
-            cache_salt=cache_salt, oracle_output_len=oracle_output_len, user=user,
-            ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms)
+        stream = self._open_request(prompt, params, request_id, prompt_token_ids, priority,
+                                    prompt_text)
         self._num_in_flight += 1
         finished = False
         try:
@@ -175,10 +178,11 @@ class AsyncLLM:
             if not finished:
                 self._abort(request_id)
 
-    def _open_request(self, prompt: str | None, params: SamplingParams, request_id: str,
-                      prompt_token_ids: list[int] | None, **core_fields) -> RequestStream:
+    def _open_request(self, prompt: str | EngineCoreRequest | None, params: SamplingParams,
+                      request_id: str, prompt_token_ids: list[int] | None, priority: int,
+                      prompt_text: str | None) -> RequestStream:
         """A new request, if it may come in: sent to the core, its stream registered here
-        and with the OutputProcessor. `core_fields` are EngineCoreRequest's other fields."""
+        and with the OutputProcessor."""
         if self.errored:
             raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
         if self.draining:
@@ -186,11 +190,8 @@ class AsyncLLM:
             raise EngineOverloadedError("the server is shutting down", "shutdown")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is in use")
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise ValueError("either prompt or prompt_token_ids is required")
-            prompt_token_ids = self.tokenizer(prompt).input_ids
-        request = make_core_request(request_id, prompt_token_ids, params, **core_fields)
+        request, prompt = build_request(prompt, params, request_id, prompt_token_ids,
+                                        priority, prompt_text, self.tokenizer)
         self._client.add_request(request)  # nothing is answered before the loop reads it
         stream = RequestStream(params.output_kind is RequestOutputKind.DELTA)
         self._processor.add_request(request, prompt, params)

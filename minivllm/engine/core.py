@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from minivllm.config import EngineConfig
 from minivllm.core.lifecycle import LifecycleTracer, TraceSample
+from minivllm.core.policies.edf import own_deadlines
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.step import EngineStep
@@ -28,6 +29,7 @@ from minivllm.engine.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     pack_logprobs,
+    resolve_max_tokens,
     seq_id,
 )
 from minivllm.engine.stats import SchedulerStats
@@ -132,21 +134,17 @@ class EngineCore:
             raise ValueError("oracle_output_len is a lab field, read only by a server run with "
                              "--length-predictor oracle")
         check_context_length(len(prompt), params.max_tokens, self.max_model_len)
-        max_tokens = params.max_tokens
-        if max_tokens is None:  # the rest of the context
-            max_tokens = self.max_model_len - len(prompt)
+        # An edge has resolved it (make_core_request); a request built without one may not.
+        max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), self.max_model_len)
         num_seqs = params.best_of or params.n
         self.scheduler.check_fits(len(prompt), max_tokens, num_seqs)
         self._check_queue_bounds(len(prompt))
         banned = self._stop_ids(params)  # until min_tokens
         requests = [
-            Request(seq_id(request_id, index, num_seqs), prompt, max_tokens, req.arrival_time,
-                    req.priority, req.cache_salt,
+            Request(seq_id(request_id, index, num_seqs), req, max_tokens,
                     needs_prompt_logits=params.prompt_logprobs is not None and index == 0,
-                    sampling_params=params, banned_until_min_tokens=banned,
-                    user=req.user, ttft_slo_ms=req.ttft_slo_ms, e2e_slo_ms=req.e2e_slo_ms,
                     seed=None if params.seed is None else params.seed + index,
-                    oracle_output_len=req.oracle_output_len)
+                    banned_until_min_tokens=banned)
             for index in range(num_seqs)]
         head = requests[0]
         for request in requests[1:]:
@@ -295,9 +293,7 @@ class EngineCore:
                 continue
             for r in group.requests:
                 self._finish(r, RequestStatus.FINISHED_ABORTED)
-            slos = ", ".join(f"{name}={value:g}" for name, value in
-                             (("ttft_slo_ms", request.ttft_slo_ms),
-                              ("e2e_slo_ms", request.e2e_slo_ms)) if value is not None)
+            slos = own_deadlines(request)
             self._failed.append(EngineCoreOutput(
                 group_id, finish_reason="abort", error_kind="deadline", error=(
                     "request shed: it could no longer meet its deadline "

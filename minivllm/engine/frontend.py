@@ -5,6 +5,8 @@ server, over any EngineCoreClient) and LLMEngine (offline, the core in the same 
   core is told to stop the sequences a stop string ended (they count as finished) and to
   abort the requests that failed on this side (a detokenizer error, say).
 - The errors a request raises when the core turned it away (TURNED_AWAY) or failed it.
+- build_request: vLLM's call form (a prompt, or an EngineCoreRequest an edge built) to the
+  EngineCoreRequest sent to the core.
 """
 
 from __future__ import annotations
@@ -13,9 +15,15 @@ from collections.abc import Callable
 from typing import Protocol
 
 from minivllm.engine.errors import EngineOverloadedError, RequestFailedError, RequestTimeoutError
-from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
+from minivllm.engine.messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    make_core_request,
+)
 from minivllm.engine.output_processor import OutputProcessor, ProcessedOutputs
 from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
 
 # An EngineCoreOutput's error_kind for a request the core turned away or failed.
 TURNED_AWAY = ("invalid", "overloaded", "failed")
@@ -56,3 +64,25 @@ def request_error(output: RequestOutput, count_rejected: Callable[[str], None]
         count_rejected("request_timeout")
         return RequestTimeoutError(output.error)
     return RequestFailedError(output.error)
+
+
+def build_request(prompt: str | EngineCoreRequest | None, params: SamplingParams,
+                  request_id: str, prompt_token_ids: list[int] | None, priority: int,
+                  prompt_text: str | None, tokenizer, arrival_time: float | None = None
+                  ) -> tuple[EngineCoreRequest, str | None]:
+    """The request to send and its prompt text, from vLLM's add_request arguments: an
+    EngineCoreRequest as an edge built it (its request_id must be `request_id`), else one made
+    here from the prompt (tokenized unless prompt_token_ids are given), priority and arrival
+    time, whose max_tokens None the core resolves (the rest of the context) as it checks the
+    prompt against the context."""
+    if isinstance(prompt, EngineCoreRequest):
+        if prompt.request_id != request_id:
+            raise ValueError(f"request_id {request_id!r} is not the EngineCoreRequest's "
+                             f"({prompt.request_id!r})")
+        return prompt, prompt_text
+    if prompt_token_ids is None:
+        if prompt is None:
+            raise ValueError("either prompt or prompt_token_ids is required")
+        prompt_token_ids = tokenizer(prompt).input_ids
+    return (make_core_request(request_id, prompt_token_ids, params, priority=priority,
+                              arrival_time=arrival_time), prompt)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from minivllm.config import EngineConfig
 from minivllm.engine.core import EngineCore
-from minivllm.engine.frontend import process_outputs
-from minivllm.engine.messages import make_core_request
+from minivllm.engine.frontend import build_request, process_outputs
+from minivllm.engine.messages import EngineCoreRequest
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import RequestOutput
@@ -35,20 +35,17 @@ class LLMEngine:
     def runner(self):
         return self.core.runner
 
-    def add_request(self, request_id: str, prompt: str | None, params: SamplingParams,
-                    prompt_token_ids: list[int] | None = None, priority: int = 0,
-                    arrival_time: float | None = None, cache_salt: str | None = None,
-                    oracle_output_len: int | None = None, user: str | None = None,
-                    ttft_slo_ms: float | None = None, e2e_slo_ms: float | None = None) -> None:
+    def add_request(self, request_id: str, prompt: str | EngineCoreRequest | None,
+                    params: SamplingParams, prompt_token_ids: list[int] | None = None,
+                    priority: int = 0, arrival_time: float | None = None,
+                    prompt_text: str | None = None) -> None:
+        """As AsyncLLM.generate: `prompt` is the text (or None with prompt_token_ids), or an
+        EngineCoreRequest an edge built, whose text, if any, is `prompt_text`; `params` are
+        the caller's. `arrival_time` (default: now) is for a prompt only."""
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise ValueError("either prompt or prompt_token_ids is required")
-            prompt_token_ids = self.tokenizer(prompt).input_ids
-        request = make_core_request(request_id, prompt_token_ids, params, arrival_time,
-                                    priority, cache_salt, oracle_output_len, user,
-                                    ttft_slo_ms, e2e_slo_ms)
+        request, prompt = build_request(prompt, params, request_id, prompt_token_ids, priority,
+                                        prompt_text, self.tokenizer, arrival_time)
         self.core.add_request(request)  # raises for input it rejects, leaving nothing behind
         self.output_processor.add_request(request, prompt, params)
 

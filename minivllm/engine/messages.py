@@ -2,7 +2,8 @@
 msgpack on the wire. Plain data only — ids, token ids, numbers, strings — never a live
 object; the frontend keeps text, detokenizers and RequestOutputs on its side.
 
-Into the core: EngineCoreRequest, EngineCoreAbort, EngineCoreUtility, EngineCoreTracing,
+Into the core: EngineCoreRequest (defined in core/request.py, which the scheduler's Requests
+hold; re-exported here), EngineCoreAbort, EngineCoreUtility, EngineCoreTracing,
 EngineCoreShutdown. Out of it: EngineCoreReady once, then one EngineCoreOutputs per step (and
 one after a batch of inputs that changed something without a step), UtilityResult, and
 EngineCoreDead last. While tracing is on (someone watches the dashboard), an EngineCoreOutputs
@@ -17,29 +18,13 @@ import time
 import msgspec
 
 from minivllm.core.lifecycle import TraceSample
+from minivllm.core.request import EngineCoreRequest, check_context_length
 from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import SamplingParams
 
 # One position's logprobs, compact: (token ids, logprobs, ranks), the chosen token first.
 LogprobsLists = tuple[list[int], list[float], list[int | None]]
-
-
-class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
-    request_id: str  # the caller's id; a request of n > 1 sequences is one message
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    arrival_time: float
-    priority: int = 0
-    cache_salt: str | None = None
-    # The true output length, known only in the lab (bench replaying a trace): read by the
-    # `oracle` length predictor alone, and refused by a core running any other.
-    oracle_output_len: int | None = None
-    # For the scheduling policies: the tenant (OpenAI's `user`, vtc's unit of fairness) and
-    # latency deadlines in ms after arrival (edf; None: the server's defaults).
-    user: str | None = None
-    ttft_slo_ms: float | None = None
-    e2e_slo_ms: float | None = None
 
 
 class EngineCoreAbort(msgspec.Struct, tag="abort", omit_defaults=True):
@@ -117,20 +102,42 @@ def seq_id(request_id: str, index: int, num_seqs: int) -> str:
     return request_id if num_seqs == 1 else f"{request_id}#{index}"
 
 
+def resolve_max_tokens(max_tokens: int | None, num_prompt_tokens: int, max_model_len: int,
+                       cap: int | None = None) -> int:
+    """The one rule for a request's max_tokens, once its prompt fits (check_context_length).
+    `cap`: the model's max_new_tokens (its generation config), which the server applies (vLLM
+    does): it caps a given max_tokens, and is what None asks for while the prompt leaves room.
+    Otherwise None asks for the rest of the context."""
+    room = max_model_len - num_prompt_tokens
+    if max_tokens is not None:
+        return max_tokens if cap is None else min(max_tokens, cap)
+    if cap is not None and room >= 1:
+        return min(cap, room)
+    return room
+
+
 def make_core_request(request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                      arrival_time: float | None = None, priority: int = 0,
-                      cache_salt: str | None = None,
-                      oracle_output_len: int | None = None, user: str | None = None,
-                      ttft_slo_ms: float | None = None,
-                      e2e_slo_ms: float | None = None) -> EngineCoreRequest:
+                      max_model_len: int | None = None, *, max_tokens_cap: int | None = None,
+                      arrival_time: float | None = None, **fields) -> EngineCoreRequest:
+    """The request an edge (the server, the offline LLM, AsyncLLM / LLMEngine given a prompt)
+    sends: sampling resolved once — max_tokens (resolve_max_tokens; max_model_len None: left
+    to the core, for requests built without one), best_of's logprobs — and every other field
+    (`fields`: priority, user, ...) as given."""
+    prompt_token_ids = list(prompt_token_ids)
+    changes = {}
+    if max_model_len is not None:
+        check_context_length(len(prompt_token_ids), params.max_tokens, max_model_len)
+        max_tokens = resolve_max_tokens(params.max_tokens, len(prompt_token_ids),
+                                        max_model_len, max_tokens_cap)
+        if max_tokens != params.max_tokens:
+            changes["max_tokens"] = max_tokens
     if (params.best_of or params.n) > params.n and params.logprobs is None:
-        params = dataclasses.replace(params, logprobs=0)  # best_of ranks by logprob
+        changes["logprobs"] = 0  # best_of ranks by logprob
+    if changes:
+        params = dataclasses.replace(params, **changes)
     return EngineCoreRequest(
-        request_id=request_id, prompt_token_ids=list(prompt_token_ids),
-        sampling_params=params,
-        arrival_time=arrival_time if arrival_time is not None else time.time(),
-        priority=priority, cache_salt=cache_salt, oracle_output_len=oracle_output_len,
-        user=user, ttft_slo_ms=ttft_slo_ms, e2e_slo_ms=e2e_slo_ms)
+        request_id=request_id, prompt_token_ids=prompt_token_ids, sampling_params=params,
+        arrival_time=arrival_time if arrival_time is not None else time.time(), **fields)
 
 
 def pack_logprobs(entry: dict[int, Logprob]) -> LogprobsLists:

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from minivllm.config import EngineConfig
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.messages import make_core_request
 from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -85,9 +86,13 @@ class LLM:
                 params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                 request_id = str(next(self._counter))
                 text, token_ids = self._split_prompt(prompt)
-                self.llm_engine.add_request(request_id, text, params, token_ids,
-                                            priority=priority[i] if priority else 0,
-                                            **{k: v[i] for k, v in scheduling.items()})
+                if token_ids is None:
+                    token_ids = self.llm_engine.tokenizer(text).input_ids
+                request = make_core_request(
+                    request_id, token_ids, params, self.llm_engine.max_model_len,
+                    priority=priority[i] if priority else 0,
+                    **{k: v[i] for k, v in scheduling.items()})
+                self.llm_engine.add_request(request_id, request, params, prompt_text=text)
                 ids.append(request_id)
         except Exception:
             self.llm_engine.abort_request(ids)

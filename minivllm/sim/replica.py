@@ -7,7 +7,7 @@ steps.
 
 The stand-in model samples like a greedy one, its outputs depending only on the prompt: a
 request's k-th token is -1-k (distinct from prompt ids), and EOS once the request reaches
-its trace output length (Request.oracle_output_len).
+its trace output length (EngineCoreRequest.oracle_output_len).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class SimReplica:
             r = self.scheduler.requests[req_id]
             if r.num_computed_tokens + n == r.num_tokens:
                 k = r.num_output_tokens  # the index of the token it samples
-                eos = r.oracle_output_len is not None and r.oracle_output_len <= k + 1 \
-                    < r.max_tokens
+                length = r.core_request.oracle_output_len
+                eos = length is not None and length <= k + 1 < r.max_tokens
                 sampled[req_id] = EOS_TOKEN_ID if eos else -1 - k
         return sampled
 

@@ -244,8 +244,8 @@ class Simulator:
         except ValueError as e:
             result.error = f"HTTP 400: {e}"
             return None
-        return Request(str(index), ids, max_tokens, result.start, priority,
-                       oracle_output_len=entry.output_tokens, user=str(entry.user))
+        return Request.make(str(index), ids, max_tokens, result.start, priority=priority,
+                            oracle_output_len=entry.output_tokens, user=str(entry.user))
 
     def _start(self, replica: SimReplica) -> None:
         """The replica schedules its next step now; it stays idle if nothing can run."""

@@ -47,8 +47,9 @@ class EarliestDeadlineFirstPolicy(SchedulingPolicy):
 
     def deadline(self, request: Request) -> float:
         """The clock time by which the request's next SLO must be met (inf: none)."""
-        ttft = request.ttft_slo_ms if request.ttft_slo_ms is not None else self.default_ttft_slo_ms
-        e2e = request.e2e_slo_ms if request.e2e_slo_ms is not None else self.default_e2e_slo_ms
+        own = request.core_request
+        ttft = own.ttft_slo_ms if own.ttft_slo_ms is not None else self.default_ttft_slo_ms
+        e2e = own.e2e_slo_ms if own.e2e_slo_ms is not None else self.default_e2e_slo_ms
         budgets = [e2e] if e2e is not None else []
         if ttft is not None and request.num_output_tokens == 0:
             budgets.append(ttft)
@@ -63,3 +64,11 @@ class EarliestDeadlineFirstPolicy(SchedulingPolicy):
     def sort_key(self, request: Request, now: float) -> tuple:
         return (self.is_late(request, now), self.deadline(request), request.arrival_time,
                 request.request_id)
+
+
+def own_deadlines(request: Request) -> str:
+    """The deadlines the request gave itself, as a shed request's error names them."""
+    own = request.core_request
+    return ", ".join(f"{name}={value:g}" for name, value in
+                     (("ttft_slo_ms", own.ttft_slo_ms), ("e2e_slo_ms", own.e2e_slo_ms))
+                     if value is not None)

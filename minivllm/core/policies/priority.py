@@ -12,5 +12,5 @@ class PriorityPolicy(SchedulingPolicy):
     uses_length_predictor = False
 
     def sort_key(self, request: Request, now: float) -> tuple:
-        effective = request.priority - self.age(request, now) / self.aging_s
+        effective = request.core_request.priority - self.age(request, now) / self.aging_s
         return (effective, request.arrival_time, request.request_id)

@@ -39,7 +39,7 @@ def parse_vtc_weights(value) -> tuple[float, float]:
 
 
 def tenant(request: Request) -> str:
-    return request.user or ""
+    return request.core_request.user or ""
 
 
 class VirtualTokenCounterPolicy(SchedulingPolicy):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import aclosing
@@ -15,6 +14,7 @@ from starlette.responses import StreamingResponse
 
 from minivllm.core.request import check_context_length
 from minivllm.engine.generation_defaults import load_sampling_defaults
+from minivllm.engine.messages import make_core_request
 from minivllm.entrypoints.openai.errors import (
     OpenAIError,
     error_body,
@@ -107,9 +107,6 @@ class OpenAIServing:
             return defaults.get(name, fallback) if value is None else value
 
         top_k = unset_default(req.top_k, "top_k", -1)
-        cap = defaults.get("max_tokens")  # vLLM: the config's max_new_tokens caps max_tokens
-        if cap is not None and max_tokens is not None:  # None: capped in generate()
-            max_tokens = min(max_tokens, cap)
         structured_outputs = request_constraint(req)  # a bad schema: 400 naming its field
         try:
             return SamplingParams(
@@ -127,7 +124,7 @@ class OpenAIServing:
                 stop=req.stop,
                 stop_token_ids=req.stop_token_ids,
                 ignore_eos=req.ignore_eos,
-                max_tokens=max_tokens,
+                max_tokens=max_tokens,  # the model's cap applies in generate()
                 min_tokens=req.min_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
@@ -172,15 +169,16 @@ class OpenAIServing:
 
     def generate(self, request_id: str, prompt: str | None, token_ids: list[int],
                  params: SamplingParams, req: SamplingRequest) -> AsyncIterator[RequestOutput]:
-        cap = self.default_sampling.get("max_tokens")
-        room = self.max_model_len - len(token_ids)
-        if params.max_tokens is None and cap is not None and room >= 1:
-            params = dataclasses.replace(params, max_tokens=min(cap, room))  # vLLM's rule
-        return self.engine.generate(prompt, params, request_id, prompt_token_ids=token_ids,
-                                    user=req.user, ttft_slo_ms=req.ttft_slo_ms,
-                                    e2e_slo_ms=req.e2e_slo_ms,
-                                    priority=req.priority, cache_salt=req.cache_salt,
-                                    oracle_output_len=req.oracle_output_len)
+        """One engine request, built here once: its sampling resolved (max_tokens under the
+        model's max_new_tokens, as vLLM's server does) and the API request's per-request
+        fields. A prompt that does not fit was turned away before (check_context)."""
+        request = make_core_request(
+            request_id, token_ids, params, self.max_model_len,
+            max_tokens_cap=self.default_sampling.get("max_tokens"),
+            priority=req.priority, cache_salt=req.cache_salt, user=req.user,
+            ttft_slo_ms=req.ttft_slo_ms, e2e_slo_ms=req.e2e_slo_ms,
+            oracle_output_len=req.oracle_output_len)
+        return self.engine.generate(request, params, request_id, prompt_text=prompt)
 
 
 def _template_message(m: ChatMessage) -> dict:
