@@ -11,7 +11,10 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
+
 from minivllm.config import EngineConfig
+from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.errors import (
     EngineDeadError,
     EngineOverloadedError,
@@ -21,12 +24,9 @@ from minivllm.engine.errors import (
 from minivllm.engine.inproc_client import InprocClient
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, token_buckets
-from minivllm.sampling_params import SamplingParams
-from prometheus_client import generate_latest
-
-from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from minivllm.entrypoints.openai.api_server import build_app
+from minivllm.sampling_params import SamplingParams
 
 
 class FakeTokenizer:

@@ -28,9 +28,18 @@ import time
 import msgspec
 import zmq
 import zmq.asyncio
+
 from minivllm.config import EngineConfig
 from minivllm.core.router import make_router
+from minivllm.distributed.dp_metrics import DataParallelMetrics, sum_stats
 from minivllm.distributed.ray_replica import ReplicaClient, import_ray, make_actor_class
+from minivllm.engine.core_client import (
+    STARTUP_TIMEOUT_S,
+    ClientEvent,
+    EngineOutputs,
+    RequestsLost,
+    log_format,
+)
 from minivllm.engine.errors import EngineDeadError
 from minivllm.engine.inbox import call_soon
 from minivllm.engine.messages import (
@@ -43,15 +52,6 @@ from minivllm.engine.messages import (
     EngineCoreTracing,
 )
 from minivllm.engine.stat_loggers import StatLoggerBase
-
-from minivllm.distributed.dp_metrics import DataParallelMetrics, sum_stats
-from minivllm.engine.core_client import (
-    STARTUP_TIMEOUT_S,
-    ClientEvent,
-    EngineOutputs,
-    RequestsLost,
-    log_format,
-)
 from minivllm.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)

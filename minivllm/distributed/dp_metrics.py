@@ -4,9 +4,9 @@ beside the router's own counters."""
 
 from __future__ import annotations
 
-from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
 from minivllm.engine.stats import IterationStats, SchedulerStats
 
 # Prefix-hit length at routing, in tokens.

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
+
 from minivllm.config import EngineConfig
 from minivllm.engine.core_proc import run_engine_core
 from minivllm.engine.core_sockets import CoreSockets
@@ -43,7 +44,6 @@ from minivllm.engine.messages import (
     UtilityResult,
 )
 from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
-
 from minivllm.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)

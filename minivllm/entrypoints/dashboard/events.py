@@ -23,9 +23,8 @@ import time
 from collections.abc import AsyncIterator
 
 from minivllm.core.lifecycle import TraceSample
-from minivllm.engine.stat_loggers import StatLoggerBase
-
 from minivllm.distributed.dp_metrics import sum_stats
+from minivllm.engine.stat_loggers import StatLoggerBase
 from minivllm.engine.stats import IterationStats, SchedulerStats
 
 _MAX_QUEUED_EVENTS = 64  # per client; more means it stopped reading

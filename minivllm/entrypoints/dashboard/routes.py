@@ -9,10 +9,10 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from minivllm.engine.stat_loggers import PrometheusStatLogger
 from prometheus_client import Gauge
 
 from minivllm.distributed.dp_metrics import DataParallelMetrics
+from minivllm.engine.stat_loggers import PrometheusStatLogger
 from minivllm.entrypoints.dashboard.events import EngineEventHub
 
 STATIC_DIR = Path(__file__).parent / "static"

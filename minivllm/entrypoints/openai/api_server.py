@@ -12,8 +12,12 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from minivllm.distributed.dp_metrics import DataParallelMetrics
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.stat_loggers import PrometheusStatLogger
+from minivllm.entrypoints.dashboard.routes import BROWSER_PATHS, add_dashboard_routes
 from minivllm.entrypoints.openai.cli_tools import parsers_from_args
 from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from minivllm.entrypoints.openai.limits import RequestLimits
@@ -32,10 +36,6 @@ from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconn
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from minivllm.distributed.dp_metrics import DataParallelMetrics
-from minivllm.entrypoints.dashboard.routes import BROWSER_PATHS, add_dashboard_routes
 
 if TYPE_CHECKING:
     from minivllm.engine.async_llm import AsyncLLM
