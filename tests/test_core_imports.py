@@ -30,10 +30,6 @@ def test_package_names_still_import_lazily():
 
 
 PACKAGE = Path(minivllm.__file__).parent
-# Circles that other parts of issue 30 are still breaking; a new circle fails the test.
-PENDING_CIRCLES = [
-    {"minivllm.engine.core_client", "minivllm.engine.inproc_client"},
-]
 
 
 def _module_name(path: Path) -> str:
@@ -99,8 +95,8 @@ def import_circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_no_import_circle_in_the_package():
-    new = [c for c in import_circles(import_graph()) if c not in PENDING_CIRCLES]
-    assert new == [], f"modules that import each other: {new}"
+    circles = import_circles(import_graph())
+    assert circles == [], f"modules that import each other: {circles}"
 
 
 def test_the_circle_finder_finds_a_deferred_import_back():

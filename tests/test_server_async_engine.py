@@ -282,7 +282,8 @@ def test_step_exception_fails_requests_and_marks_the_engine_dead(fake, caplog):
 
 def test_every_client_has_the_protocols_methods():
     from minivllm.distributed.data_parallel import DataParallelClient
-    from minivllm.engine.core_client import EngineCoreClient, MPClient
+    from minivllm.engine.core_client import EngineCoreClient
+    from minivllm.engine.mp_client import MPClient
 
     methods = [name for name in vars(EngineCoreClient) if not name.startswith("_")]
     assert "get_outputs" in methods and "replica_states" in methods

@@ -34,7 +34,6 @@ from minivllm.engine.core_client import (
     EngineCoreClient,
     EngineOutputs,
     RequestsLost,
-    make_core_client,
 )
 from minivllm.engine.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
 from minivllm.engine.frontend import (
@@ -44,7 +43,9 @@ from minivllm.engine.frontend import (
     request_error,
     turned_away_error,
 )
+from minivllm.engine.inproc_client import InprocClient
 from minivllm.engine.messages import EngineCoreRequest
+from minivllm.engine.mp_client import MPClient
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.request_stream import RequestStream
 from minivllm.engine.stat_loggers import StatLoggerBase
@@ -69,6 +70,17 @@ def load_tokenizer(config: EngineConfig):
     path = resolve_model_path(config.model, config.revision)
     return AutoTokenizer.from_pretrained(resolve_model_path(config.tokenizer)
                                          if config.tokenizer else path)
+
+
+
+def make_core_client(config: EngineConfig, engine_mode: str = "process",
+                     engine_threads: int | None = None) -> EngineCoreClient:
+    """The single-core client --engine-mode names: "process" or "thread"."""
+    if engine_mode == "thread":
+        return InprocClient(config, engine_threads)
+    if engine_mode == "process":
+        return MPClient(config, engine_threads)
+    raise ValueError(f"unknown engine mode {engine_mode!r}: process or thread")
 
 
 class AsyncLLM:

@@ -1,7 +1,7 @@
 """CoreSockets: the frontend's end of the two ZeroMQ sockets to an engine core — inputs go
 out on a PUSH socket, the core's messages come back on a PULL one, both bound by the
 frontend (the core connects: core_proc.connect_sockets) — and the msgpack encoding of what
-crosses them (engine/messages.py). MPClient (core_client.py: a process on this machine, over
+crosses them (engine/messages.py). MPClient (mp_client.py: a process on this machine, over
 IPC) and each data-parallel replica's client (distributed/ray_replica.py: a Ray actor, over
 TCP) bind them to their own addresses."""
 
