@@ -2,7 +2,8 @@
 and grammar outputs always match, greedy and sampled; an unconstrained request is
 token-identical with and without constrained neighbours; a constrained request preempted
 (recompute) resumes its grammar where it was; SamplingParams with a constraint crosses to the
-engine-core process (msgpack) intact."""
+engine-core process (msgpack) intact; `\\d` and `\\w` are ASCII (ECMA-262) in a regex and a
+JSON Schema pattern."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 from pathlib import Path
 
 import jsonschema
+import llguidance
 import msgspec
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.sampling_params import StructuredOutputsParams
+from minivllm.structured_output.grammar import build_grammar
 from minivllm.structured_output.manager import fill_bitmask
 from tests.conftest import assert_all_blocks_free
 from tests.test_preemption_e2e import record_preemptions
@@ -96,6 +99,41 @@ def test_constraint_crosses_to_the_engine_core_process():
     assert decoded.sampling_params.structured_outputs == params.structured_outputs
     with pytest.raises(ValueError, match="exactly one"):
         StructuredOutputsParams(regex="a", choice=["a"])
+
+
+class ByteTokenizer:
+    """One token per byte, and EOS: any UTF-8 text can be fed to a matcher, byte by byte."""
+    eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+    tokens = [bytes([b]) for b in range(256)] + [b"</s>"]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+def grammar_accepts(params: StructuredOutputsParams, text: str) -> bool:
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteTokenizer()))
+    matcher = llguidance.LLMatcher(tokenizer, build_grammar(params), log_level=0)
+    return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("kind", ["regex", "pattern"])
+@pytest.mark.parametrize("regex, text, accepted", [
+    (r"\d+-\w+", "012-na_mj", True),
+    (r"\d+-\w+", "0\U00010d48\u0662-namj", False),  # Unicode digits are not \d
+    (r"[\d]+", "\u0662", False),
+    (r"\w+", "\u00e9", False),
+    (r"\D", "\u0662", True),
+    (r"\D", "7", False),
+    (r"\s", "\u00a0", True),  # \s stays Unicode whitespace, as in ECMA-262
+    (r"a/\d", "a/1", True),
+])
+def test_backslash_d_and_w_are_ascii_as_in_ecma_262(kind, regex, text, accepted):
+    if kind == "regex":
+        params = StructuredOutputsParams(regex=regex)
+    else:
+        params = StructuredOutputsParams(json={"type": "string", "pattern": f"^{regex}$"})
+        text = f'"{text}"'
+    assert grammar_accepts(params, text) == accepted
 
 
 def test_a_request_added_again_resumes_its_grammar(llm):

@@ -1,10 +1,15 @@
-"""From StructuredOutputsParams to an llguidance grammar, and the checks that make a bad one a
+r"""From StructuredOutputsParams to an llguidance grammar, and the checks that make a bad one a
 400 before it reaches the engine.
 
 JSON is generated compact (no free whitespace, ", " and ": " separators as json.dumps writes
 them): a model may otherwise spend its tokens on whitespace that the grammar allows forever,
 which random weights do. Unknown JSON Schema keywords are errors, not ignored: an output that
 silently ignores a constraint the client asked for is worse than a 400.
+
+A `regex` constraint has ECMA-262's classes, as a JSON Schema `pattern` has (llguidance's JSON
+compiler reads patterns so): `\d` is [0-9] and `\w` is [0-9A-Za-z_], ASCII only, where
+llguidance's own regexes are Rust's and `\d` is any Unicode digit ("٢" would pass for one).
+`\s` is Unicode whitespace in both.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from minivllm.structured_output.params import StructuredOutputsParams
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ECMA_ASCII_CLASSES = "dw"  # llguidance.regex_to_lark: \d and \w as ECMA-262 (and JSON Schema)
 
 
 class GrammarError(ValueError):
@@ -67,8 +73,9 @@ def build_grammar(params: StructuredOutputsParams, field: str | None = None) -> 
         return _json_schema_grammar(params.json, where)
     if kind == "json_object":
         return _json_schema_grammar({"type": "object"}, where)
-    if kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(params.regex)
+    if kind == "regex":  # ECMA-262's \d and \w (see above); "/" escaped for Lark's /.../
+        regex = llguidance.regex_to_lark(params.regex, ECMA_ASCII_CLASSES)
+        return llguidance.LLMatcher.grammar_from_lark(f"start: /{regex}/")
     if kind == "choice":
         lark = "start: " + " | ".join(json.dumps(c) for c in params.choice)
         return llguidance.LLMatcher.grammar_from_lark(lark)
