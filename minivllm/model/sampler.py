@@ -5,7 +5,7 @@ The Sampler keeps each request's state between steps: its RNG key, its output po
 its penalty bookkeeping (the prompt+output tokens, the output tokens' counts), updated as
 tokens are sampled, never rebuilt. Two paths sample a batch, with the same semantics and the
 same arithmetic where it decides a token, so they agree token for token (up to rounding in
-exp and sums, see tests/test_sampler.py): the fused C kernel (kernels/sampler.c) and the
+exp and sums, see tests/model/test_sampler.py): the fused C kernel (kernels/sampler.c) and the
 batched torch path below, its reference and the fallback where the kernels cannot run.
 
 Semantics (vLLM's), per row: repetition penalty over prompt+output tokens (positive logits

@@ -20,7 +20,7 @@ from minivllm.bench.traces import (
     trace_from_file,
 )
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 AZURE = TRACES / "azure-llm-2023-code.csv"
 MOONCAKE = TRACES / "mooncake-synthetic.jsonl"
 

@@ -9,7 +9,7 @@ import pytest
 from minivllm.core.length_predictor import LENGTH_PREDICTORS
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request
-from tests.test_scheduler_policies import Sim, run_with_stream
+from tests.core.test_scheduler_policies import Sim, run_with_stream
 
 
 def test_response_ratio_from_step_time_and_predicted_service():

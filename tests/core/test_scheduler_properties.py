@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from minivllm.core.policy import POLICIES
 from minivllm.core.preemption import VICTIM_RULES
 from minivllm.core.request import RequestStatus
-from tests.test_scheduler_policies import Sim
+from tests.core.test_scheduler_policies import Sim
 
 SHARED_PREFIX = list(range(1, 40))
 

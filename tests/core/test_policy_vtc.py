@@ -9,7 +9,7 @@ import pytest
 from minivllm.core.policies.vtc import parse_vtc_weights
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request
-from tests.test_scheduler_policies import Sim
+from tests.core.test_scheduler_policies import Sim
 
 PROMPT, OUTPUT = 4, 6
 

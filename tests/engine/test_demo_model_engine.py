@@ -13,7 +13,7 @@ from minivllm import LLM, SamplingParams
 from tests.conftest import assert_all_blocks_free
 from tests.model_factory import hf_greedy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

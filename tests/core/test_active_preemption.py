@@ -1,12 +1,12 @@
 """Active preemption evicts running requests for a better-ranked waiting one only when the
 evictions admit it in that very step (in KV blocks and in max_num_seqs seats), and then only
 as many as that takes. Evicting anyway would throw work away for nothing: the waiting request
-would still wait. On the fake model and clock of tests/test_scheduler_policies.py."""
+would still wait. On the fake model and clock of tests/core/test_scheduler_policies.py."""
 
 from __future__ import annotations
 
 from minivllm.core.request import RequestStatus
-from tests.test_scheduler_policies import Sim
+from tests.core.test_scheduler_policies import Sim
 
 
 def preemption_steps(sim: Sim) -> list[int]:

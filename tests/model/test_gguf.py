@@ -2,7 +2,7 @@
 here the way llama.cpp's converter writes it (Q/K rows permuted, tied embeddings left
 out): its weights load back equal to the safetensors original's, the engine's output is
 the original's, and what cannot be loaded fails naming why. The real SmolLM2 file is
-tests/test_real_smollm2.py's."""
+tests/model/test_real_smollm2.py's."""
 
 from __future__ import annotations
 

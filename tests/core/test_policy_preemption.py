@@ -8,7 +8,7 @@ import pytest
 
 from minivllm.core.preemption import VICTIM_RULES, victim_rule
 from minivllm.core.request import RequestStatus
-from tests.test_scheduler_policies import Sim
+from tests.core.test_scheduler_policies import Sim
 
 
 def test_a_full_batch_is_preempted_for_a_better_ranked_request_with_blocks_to_spare():
@@ -30,7 +30,7 @@ def test_a_full_batch_is_preempted_for_a_better_ranked_request_with_blocks_to_sp
 def test_a_preempted_request_keeps_its_place_ahead_of_later_arrivals(policy):
     """A request is preempted for lack of KV blocks; `later`, arriving after it with the same
     shape, must not be admitted before it comes back. (mlfq ranks by level, not arrival: a
-    preempted request keeps its level, tests/test_policy_mlfq.py.)"""
+    preempted request keeps its level, tests/core/test_policy_mlfq.py.)"""
     sim = Sim(policy, num_blocks=6, block_size=4, max_num_seqs=2, preemption_mode="recompute")
     sim.add("first", prompt_len=8, max_tokens=12)
     sim.clock.now += 1.0

@@ -20,7 +20,7 @@ from tests.server_utils import ServerProcess
 pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI), not make test
 
 pytest.importorskip("lm_eval")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:

@@ -7,7 +7,7 @@ import pytest
 
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
-from tests.test_scheduler_policies import Sim
+from tests.core.test_scheduler_policies import Sim
 
 
 def test_earliest_deadline_first():

@@ -9,7 +9,7 @@ from minivllm.bench import report
 from minivllm.bench.workload import Trace, TraceEntry
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.sim.simulator import Simulator
-from tests.test_sim import FakeCost
+from tests.sim.test_sim import FakeCost
 
 
 def config(**kw) -> SchedulerConfig:

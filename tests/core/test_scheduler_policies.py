@@ -2,7 +2,7 @@
 budgets, victim choice, active preemption, swap vs recompute, swap-in precedence and
 starvation freedom, for fcfs, priority and sjf.
 
-`Sim` is also the driver of tests/test_scheduler_properties.py.
+`Sim` is also the driver of tests/core/test_scheduler_properties.py.
 """
 
 from __future__ import annotations

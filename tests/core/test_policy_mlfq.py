@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request
-from tests.test_scheduler_policies import Sim, run_with_stream
+from tests.core.test_scheduler_policies import Sim, run_with_stream
 
 
 def test_skip_join_enters_the_level_whose_quantum_covers_the_prefill():
