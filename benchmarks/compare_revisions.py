@@ -1,0 +1,118 @@
+"""This tree against another checkout of minivllm (a refactor's "performance within noise"),
+same machine, same run, rounds alternating A B A B:
+
+    git worktree add ../baseline <commit>
+    python benchmarks/compare_revisions.py --baseline ../baseline [--rounds 3]
+
+Two measurements per round and tree, on random weights in SmolLM-135M's shape:
+- offline: `minivllm bench throughput` (LLM.generate, --num-prompts prompts of --input-len
+  tokens, --output-len tokens each, greedy, EOS ignored): output tok/s;
+- serving: `minivllm serve` (the default engine mode) under this tree's `bench serve`
+  (--serve-prompts random requests, all sent at once, 8 at a time): output tok/s and mean TTFT.
+Prints every round, and the median ratio this tree / baseline, with the CPU and load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from random_model import save_random_model
+
+from minivllm.bench.server_process import free_port, stop_server, wait_healthy
+
+HERE = Path(__file__).resolve().parents[1]
+# The command module moved (entrypoints/cli.py -> cli.py); run whichever the tree has.
+LAUNCH = ("import sys; sys.argv[0] = 'minivllm'\n"
+          "try:\n    from minivllm.cli import main\n"
+          "except ImportError:\n    from minivllm.entrypoints.cli import main\n"
+          "sys.exit(main())")
+
+
+def minivllm(tree: Path, *args: str) -> list[str]:
+    return [sys.executable, "-c", LAUNCH, *args]
+
+
+def env_for(tree: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": os.environ.get(
+        "OMP_NUM_THREADS", "2")}
+
+
+def offline(tree: Path, model: Path, args) -> float:
+    out = subprocess.run(minivllm(tree, "bench", "throughput", "--model", str(model),
+                                  "--num-prompts", str(args.num_prompts), "--input-len",
+                                  str(args.input_len), "--output-len", str(args.output_len),
+                                  "--temperature", "0"),
+                         env=env_for(tree), capture_output=True, text=True, check=True)
+    return float(re.search(r"([\d.]+) output tok/s", out.stdout).group(1))
+
+
+def serving(tree: Path, model: Path, args) -> tuple[float, float]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        with open(log, "w") as log_file:
+            proc = subprocess.Popen(minivllm(tree, "serve", str(model), "--port", str(port)),
+                                    env=env_for(tree), stdout=log_file,
+                                    stderr=subprocess.STDOUT)
+            try:
+                wait_healthy(url, proc, 600, log)
+                subprocess.run(minivllm(HERE, "bench", "serve", "--base-url", url,
+                                        "--workload", "random", "--num-prompts",
+                                        str(args.serve_prompts), "--input-len",
+                                        str(args.input_len), "--output-len",
+                                        str(args.output_len), "--max-concurrency", "8",
+                                        "--temperature", "0", "--output", tmp,
+                                        "--disable-tqdm"),
+                               env=env_for(HERE), capture_output=True, check=True)
+            finally:
+                stop_server(proc)
+        summary = json.loads((Path(tmp) / "run.json").read_text())["summary"]
+    return summary["output_token_throughput"], summary["ttft_ms"]["mean"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--baseline", required=True, type=Path)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--serve-prompts", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--model-dir", default=str(HERE / "results" / "smollm-135m-random"))
+    args = p.parse_args()
+    model = save_random_model("smollm-135m", Path(args.model_dir))
+    flags = sorted(set(re.findall(r"\b(avx2|avx512f|avx512_bf16|avx512_vnni|amx_\w+)\b",
+                                  Path("/proc/cpuinfo").read_text())))
+    cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu} ({platform.machine()},"
+          f" {os.cpu_count()} cores, {' '.join(flags)}), load {os.getloadavg()[0]:.1f}")
+    trees = {"this": HERE, "baseline": args.baseline.resolve()}
+    rows: dict[str, list] = {name: [] for name in trees}
+    for r in range(args.rounds):
+        for name, tree in trees.items():
+            off = offline(tree, model, args)
+            tok, ttft = serving(tree, model, args)
+            rows[name].append((off, tok, ttft))
+            print(f"round {r + 1} {name:8s}: offline {off:7.1f} tok/s, serving {tok:7.1f} "
+                  f"tok/s, TTFT mean {ttft:7.0f} ms (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
+    for i, what in enumerate(("offline tok/s", "serving tok/s", "TTFT mean")):
+        ratios = [a[i] / b[i] for a, b in zip(rows["this"], rows["baseline"])]
+        print(f"{what}: this / baseline median {statistics.median(ratios):.3f} "
+              f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
