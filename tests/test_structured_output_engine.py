@@ -26,7 +26,7 @@ from minivllm.sampling_params import StructuredOutputsParams
 from minivllm.structured_output.grammar import build_grammar
 from minivllm.structured_output.manager import fill_bitmask
 from tests.conftest import assert_all_blocks_free
-from tests.test_preemption_e2e import record_preemptions
+from tests.engine.test_preemption_e2e import record_preemptions
 
 DEMO = Path(minivllm.__file__).parent / "demo_model"
 SCHEMA = {
