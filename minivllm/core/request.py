@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from minivllm.core.sequence_group import SequenceGroup
 from minivllm.sampling_params import SamplingParams
 
 
@@ -109,11 +110,9 @@ class Request:
         self.num_preemptions = 0
         self.first_scheduled_step: int | None = None
         self.last_admitted_step = 0  # step at which it (re)entered running; for run quanta
-        # Parallel sampling (n > 1): the sequences of one prompt form a group. The first
-        # prefills the prompt; the others fork from it, sharing its blocks, just before
-        # the last prompt token, so each samples its own first token.
-        self.group: list[Request] = [self]
-        self.pending_forks: list[Request] = []
+        # Parallel sampling (n > 1): the sequences of one prompt form a group
+        # (core/sequence_group.py); alone, a group of one.
+        self.group = SequenceGroup(self)
 
     @classmethod
     def make(cls, request_id: str, prompt_token_ids: list[int], max_tokens: int,
@@ -144,11 +143,6 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
-
-    @property
-    def num_siblings(self) -> int:
-        """Other unfinished sequences of its group."""
-        return sum(1 for r in self.group if r is not self and not r.is_finished)
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -168,7 +168,7 @@ class Scheduler:
         self.kv.free(request)
         self.kv.free_swapped(request)
         request.status = status
-        request.pending_forks = []
+        request.group.finished(request)
         self.requests.pop(request.request_id, None)
         if self._runner_blocks.pop(request.request_id, None) is not None:
             self._finished_ids.append(request.request_id)
@@ -258,7 +258,7 @@ class Scheduler:
     def _chunk(self, request: Request, computed: int, budget: int) -> int:
         """How many of the request's uncomputed tokens fit this step's token budget."""
         num_new = request.num_tokens - computed
-        if request.pending_forks:  # stop before the last prompt token: the group forks there
+        if request.group.holds_back_last_token(request):
             num_new -= 1
         if self.config.enable_chunked_prefill:
             return min(num_new, budget)
@@ -308,7 +308,7 @@ class Scheduler:
             num_cached = len(cached) * self.config.block_size
             # All but the last prompt token cached (or a one-token prompt): the group forks
             # as soon as the head is admitted, and the head computes that last token.
-            fork_now = bool(request.pending_forks) and num_cached == request.num_tokens - 1
+            fork_now = request.group.ready_to_fork(request, num_cached)
 
             def tokens_for(budget: int, request=request, num_cached=num_cached, fork=fork_now):
                 return 1 if fork else self._chunk(request, num_cached, budget)
@@ -335,11 +335,11 @@ class Scheduler:
 
     def _seats_needed(self, request: Request) -> int:
         """Running seats missing to admit the request with the siblings it will fork."""
-        return self._seats_taken() + 1 + len(request.pending_forks) - self.config.max_num_seqs
+        return self._seats_taken() + request.group.num_seats(request) - self.config.max_num_seqs
 
     def _seats_taken(self) -> int:
         """Running sequences, and the siblings their heads will fork (seats kept for them)."""
-        return len(self.running) + sum(len(r.pending_forks) for r in self.running)
+        return sum(r.group.num_seats(r) for r in self.running)
 
     def _admit(self, request: Request, budget: list[int], num_new: int) -> None:
         request.status = RequestStatus.RUNNING
@@ -393,7 +393,8 @@ class Scheduler:
             budget[0] += given[1]
         self.running.remove(victim)
         # vLLM V0's rule: swap a sequence whose group lives on, recompute a lone one.
-        mode = self.config.preemption_mode or ("swap" if victim.num_siblings else "recompute")
+        mode = self.config.preemption_mode or (
+            "swap" if victim.group.num_siblings(victim) else "recompute")
         mapping = self.kv.swap_out(victim) if mode == "swap" and not out.swap_in else None
         if mapping is not None:
             out.swap_out.extend(mapping)
@@ -445,7 +446,7 @@ class Scheduler:
                 request.append_output_token(token)
                 sampled.append(request)
             self.kv.cache_full_blocks(request)
-            if request.pending_forks and request.num_computed_tokens == request.num_tokens - 1:
+            if request.group.ready_to_fork(request, request.num_computed_tokens):
                 self._fork(request)
         for request in sampled:  # then the stop rule, in the step's order
             status = check_stop(request, self.config.max_model_len, self.eos_token_ids)
@@ -454,15 +455,9 @@ class Scheduler:
         return sampled
 
     def _fork(self, parent: Request) -> None:
-        """Start the parent's pending siblings: they share its blocks and progress."""
-        for child in parent.pending_forks:
-            self.kv.fork(parent, child)
+        """Start the parent's pending siblings (core/sequence_group.py) and run them."""
+        for child in parent.group.fork(parent, self.kv, self.step_count):
             self.recompute_tax.forked(parent, child)
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.num_cached_tokens = parent.num_cached_tokens
-            child.predicted_output_len = parent.predicted_output_len
             child.status = RequestStatus.RUNNING
-            child.last_admitted_step = child.first_scheduled_step = self.step_count
             self.requests[child.request_id] = child
             self.running.append(child)
-        parent.pending_forks = []

@@ -22,6 +22,7 @@ from minivllm.core.lifecycle import LifecycleTracer, TraceSample
 from minivllm.core.policies.edf import own_deadlines
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.sequence_group import SequenceGroup
 from minivllm.core.step import EngineStep
 from minivllm.engine.errors import EngineOverloadedError
 from minivllm.engine.messages import (
@@ -146,11 +147,7 @@ class EngineCore:
                     seed=None if params.seed is None else params.seed + index,
                     banned_until_min_tokens=banned)
             for index in range(num_seqs)]
-        head = requests[0]
-        for request in requests[1:]:
-            request.group = head.group
-            head.group.append(request)
-            head.pending_forks.append(request)
+        head = SequenceGroup.form(requests).head
         if params.structured_outputs is not None:
             self._compiling[request_id] = (self.structured.submit(params.structured_outputs),
                                            head)

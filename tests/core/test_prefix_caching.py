@@ -10,6 +10,7 @@ from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.sequence_group import SequenceGroup
 from tests.conftest import assert_all_blocks_free
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -159,12 +160,10 @@ def test_block_accounting_over_random_mixes(specs, num_blocks, block_size):
         prompt = [1 + (j % 5) for j in range(prompt_len)]  # heavily shared prefixes
         if (prompt_len + max_tokens) > num_blocks * block_size:
             continue
-        head = Request.make(f"r{i}", prompt, max_tokens, arrival_time=float(i))
-        for k in range(1, n):
-            child = Request.make(f"r{i}#{k}", prompt, max_tokens, arrival_time=float(i))
-            child.group = head.group
-            head.group.append(child)
-            head.pending_forks.append(child)
+        sequences = [Request.make(f"r{i}", prompt, max_tokens, arrival_time=float(i))]
+        sequences += [Request.make(f"r{i}#{k}", prompt, max_tokens, arrival_time=float(i))
+                      for k in range(1, n)]
+        head = SequenceGroup.form(sequences).head
         scheduler.add_request(head)
         live.append((head, abort))
     for _ in range(500):
@@ -179,12 +178,12 @@ def test_block_accounting_over_random_mixes(specs, num_blocks, block_size):
                 scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
         for head, abort in live:
             if abort and head.num_output_tokens == 1:
-                for member in head.group:
+                for member in head.group.sequences:
                     scheduler.finish_request(member, RequestStatus.FINISHED_ABORTED)
         assert all(meta.ref_cnt >= 0 for meta in scheduler.kv.blocks)
     assert not scheduler.has_unfinished_requests()
     assert scheduler.kv.num_free_blocks == num_blocks
     for head, _ in live:
-        for member in head.group:
+        for member in head.group.sequences:
             assert member.is_finished
             assert member.num_output_tokens <= member.max_tokens

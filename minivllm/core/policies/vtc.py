@@ -62,7 +62,7 @@ class VirtualTokenCounterPolicy(SchedulingPolicy):
     def cost(self, request: Request) -> float:
         """The service a request has had: its prompt once admitted (the head of a parallel
         sampling group pays for the shared prompt), and its output tokens."""
-        admitted = request.first_scheduled_step is not None and request.group[0] is request
+        admitted = request.first_scheduled_step is not None and request.group.head is request
         return (self.prompt_weight * request.num_prompt_tokens * admitted
                 + self.output_weight * request.num_output_tokens)
 
