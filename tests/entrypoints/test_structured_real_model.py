@@ -23,7 +23,6 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.model.test_real_smollm2 import model_dir, smollm2_gguf  # noqa: F401 (fixtures)
 from tests.server_utils import ServerProcess
 
 pytestmark = pytest.mark.real_model
