@@ -10,7 +10,7 @@ import logging
 import sys
 
 from minivllm.bench import cli as bench_cli
-from minivllm.entrypoints import cli_generate
+from minivllm.entrypoints import cli_check_kernels, cli_generate
 from minivllm.entrypoints.openai import cli_serve
 from minivllm.sim import cli as sim_cli
 
@@ -36,7 +36,7 @@ def _add_log_args(parser: argparse.ArgumentParser, default_level: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minivllm", description="minivllm: a small vLLM")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (cli_generate, cli_serve, bench_cli, sim_cli):
+    for module in (cli_generate, cli_serve, bench_cli, sim_cli, cli_check_kernels):
         module.add_parser(subparsers)
     for name, sub in subparsers.choices.items():
         # The server's log is its output; elsewhere only warnings interrupt the results.
