@@ -16,7 +16,6 @@ from typing import Any
 
 import msgspec
 
-from minivllm.core.sequence_group import SequenceGroup
 from minivllm.sampling_params import SamplingParams
 
 
@@ -110,9 +109,9 @@ class Request:
         self.num_preemptions = 0
         self.first_scheduled_step: int | None = None
         self.last_admitted_step = 0  # step at which it (re)entered running; for run quanta
-        # Parallel sampling (n > 1): the sequences of one prompt form a group
-        # (core/sequence_group.py); alone, a group of one.
-        self.group = SequenceGroup(self)
+        # Parallel sampling (n > 1): the SequenceGroup of the sequences of its prompt
+        # (core/sequence_group.py); None for a request of one sequence.
+        self.group = None
 
     @classmethod
     def make(cls, request_id: str, prompt_token_ids: list[int], max_tokens: int,

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from minivllm.core import sequence_group
 from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.preemption import RecomputeTax, victim_rule
@@ -150,7 +151,8 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
-        self.check_fits(request.num_prompt_tokens, request.max_tokens, len(request.group))
+        self.check_fits(request.num_prompt_tokens, request.max_tokens,
+                        sequence_group.group_size(request))
         request.status = RequestStatus.WAITING
         request.predicted_output_len = self.policy.predictor.predict(request)
         self.requests[request.request_id] = request
@@ -168,7 +170,7 @@ class Scheduler:
         self.kv.free(request)
         self.kv.free_swapped(request)
         request.status = status
-        request.group.finished(request)
+        sequence_group.finished(request)
         self.requests.pop(request.request_id, None)
         if self._runner_blocks.pop(request.request_id, None) is not None:
             self._finished_ids.append(request.request_id)
@@ -258,7 +260,7 @@ class Scheduler:
     def _chunk(self, request: Request, computed: int, budget: int) -> int:
         """How many of the request's uncomputed tokens fit this step's token budget."""
         num_new = request.num_tokens - computed
-        if request.group.holds_back_last_token(request):
+        if sequence_group.holds_back_last_token(request):
             num_new -= 1
         if self.config.enable_chunked_prefill:
             return min(num_new, budget)
@@ -308,7 +310,7 @@ class Scheduler:
             num_cached = len(cached) * self.config.block_size
             # All but the last prompt token cached (or a one-token prompt): the group forks
             # as soon as the head is admitted, and the head computes that last token.
-            fork_now = request.group.ready_to_fork(request, num_cached)
+            fork_now = sequence_group.ready_to_fork(request, num_cached)
 
             def tokens_for(budget: int, request=request, num_cached=num_cached, fork=fork_now):
                 return 1 if fork else self._chunk(request, num_cached, budget)
@@ -335,11 +337,12 @@ class Scheduler:
 
     def _seats_needed(self, request: Request) -> int:
         """Running seats missing to admit the request with the siblings it will fork."""
-        return self._seats_taken() + request.group.num_seats(request) - self.config.max_num_seqs
+        seats = sequence_group.num_seats(request)
+        return self._seats_taken() + seats - self.config.max_num_seqs
 
     def _seats_taken(self) -> int:
         """Running sequences, and the siblings their heads will fork (seats kept for them)."""
-        return sum(r.group.num_seats(r) for r in self.running)
+        return sum(sequence_group.num_seats(r) for r in self.running)
 
     def _admit(self, request: Request, budget: list[int], num_new: int) -> None:
         request.status = RequestStatus.RUNNING
@@ -394,7 +397,7 @@ class Scheduler:
         self.running.remove(victim)
         # vLLM V0's rule: swap a sequence whose group lives on, recompute a lone one.
         mode = self.config.preemption_mode or (
-            "swap" if victim.group.num_siblings(victim) else "recompute")
+            "swap" if sequence_group.num_siblings(victim) else "recompute")
         mapping = self.kv.swap_out(victim) if mode == "swap" and not out.swap_in else None
         if mapping is not None:
             out.swap_out.extend(mapping)
@@ -446,7 +449,7 @@ class Scheduler:
                 request.append_output_token(token)
                 sampled.append(request)
             self.kv.cache_full_blocks(request)
-            if request.group.ready_to_fork(request, request.num_computed_tokens):
+            if sequence_group.ready_to_fork(request, request.num_computed_tokens):
                 self._fork(request)
         for request in sampled:  # then the stop rule, in the step's order
             status = check_stop(request, self.config.max_model_len, self.eos_token_ids)
@@ -456,7 +459,7 @@ class Scheduler:
 
     def _fork(self, parent: Request) -> None:
         """Start the parent's pending siblings (core/sequence_group.py) and run them."""
-        for child in parent.group.fork(parent, self.kv, self.step_count):
+        for child in sequence_group.fork(parent, self.kv, self.step_count):
             self.recompute_tax.forked(parent, child)
             child.status = RequestStatus.RUNNING
             self.requests[child.request_id] = child

@@ -22,7 +22,6 @@ from minivllm.core.lifecycle import LifecycleTracer, TraceSample
 from minivllm.core.policies.edf import own_deadlines
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler
-from minivllm.core.sequence_group import SequenceGroup
 from minivllm.core.step import EngineStep
 from minivllm.engine.errors import EngineOverloadedError
 from minivllm.engine.messages import (
@@ -31,8 +30,8 @@ from minivllm.engine.messages import (
     EngineCoreRequest,
     pack_logprobs,
     resolve_max_tokens,
-    seq_id,
 )
+from minivllm.engine.parallel_sampling import CoreRequests, make_sequences, num_sequences
 from minivllm.engine.stats import SchedulerStats
 from minivllm.model.loader import resolve_model_path
 from minivllm.model.runner import ModelRunner
@@ -52,14 +51,6 @@ def _eos_token_ids(path, tokenizer) -> set[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
-
-
-class _Group:
-    """The core's view of one caller's request: its sequences, when it was first scheduled."""
-
-    def __init__(self, requests: list[Request]) -> None:
-        self.requests = requests
-        self.first_scheduled_time: float | None = None
 
 
 class EngineCore:
@@ -87,8 +78,7 @@ class EngineCore:
         self.scheduler = Scheduler(scheduler_config, config.policy_config.make_policy(),
                                    eos_token_ids=self.eos_token_ids)
         self.engine_step = EngineStep(self.scheduler)
-        self.groups: dict[str, _Group] = {}  # by the caller's request id
-        self._seqs: dict[str, tuple[str, int]] = {}  # sequence id -> (caller's id, index)
+        self.groups = CoreRequests()  # by the caller's request id, and their sequences
         self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step
         # The dashboard's request lifecycles and block map: only while someone listens.
         self.tracer: LifecycleTracer | None = None
@@ -137,25 +127,17 @@ class EngineCore:
         check_context_length(len(prompt), params.max_tokens, self.max_model_len)
         # An edge has resolved it (make_core_request); a request built without one may not.
         max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), self.max_model_len)
-        num_seqs = params.best_of or params.n
-        self.scheduler.check_fits(len(prompt), max_tokens, num_seqs)
+        self.scheduler.check_fits(len(prompt), max_tokens, num_sequences(params))
         self._check_queue_bounds(len(prompt))
         banned = self._stop_ids(params)  # until min_tokens
-        requests = [
-            Request(seq_id(request_id, index, num_seqs), req, max_tokens,
-                    needs_prompt_logits=params.prompt_logprobs is not None and index == 0,
-                    seed=None if params.seed is None else params.seed + index,
-                    banned_until_min_tokens=banned)
-            for index in range(num_seqs)]
-        head = SequenceGroup.form(requests).head
+        requests = make_sequences(req, max_tokens, banned)
+        head = requests[0]
         if params.structured_outputs is not None:
             self._compiling[request_id] = (self.structured.submit(params.structured_outputs),
                                            head)
         else:
             self.scheduler.add_request(head)
-        self.groups[request_id] = _Group(requests)
-        for index, request in enumerate(requests):
-            self._seqs[request.request_id] = (request_id, index)
+        self.groups.add(request_id, requests)
 
     def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if not prompt_token_ids:
@@ -201,16 +183,11 @@ class EngineCore:
         finish. Unknown or finished ids are ignored."""
         status = RequestStatus.FINISHED_STOPPED if stopped else RequestStatus.FINISHED_ABORTED
         for rid in ids:
-            group = self.groups.get(rid)
-            if group is not None:
-                for request in group.requests:
-                    self._finish(request, status)
-            elif rid in self._seqs:
-                group_id, index = self._seqs[rid]
-                self._finish(self.groups[group_id].requests[index], status)
+            for request in self.groups.sequences(rid):
+                self._finish(request, status)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
-        group_id, _ = self._seqs.get(request.request_id, (None, None))
+        group_id, _ = self.groups.locate(request.request_id)
         if group_id in self._compiling:  # never handed to the scheduler
             request.status = status
         else:
@@ -222,10 +199,8 @@ class EngineCore:
         blocks): log its prediction, drop its group when the last sequence ends."""
         if self._prediction_log is not None and status is not RequestStatus.FINISHED_ABORTED:
             self._log_prediction(request, status)
-        group_id, _ = self._seqs.pop(request.request_id, (None, None))
-        group = self.groups.get(group_id)
-        if group is not None and all(r.is_finished for r in group.requests):
-            del self.groups[group_id]
+        group_id = self.groups.forget(request.request_id)
+        if group_id is not None:
             self._compiling.pop(group_id, None)
 
     def _log_prediction(self, request: Request, status: RequestStatus) -> None:
@@ -233,8 +208,7 @@ class EngineCore:
         or after the prefill for predictors that read its hidden state) and the truth."""
         import json
 
-        group_id, _ = self._seqs.get(request.request_id, (None, None))
-        group = self.groups.get(group_id)
+        group = self.groups.of(request.request_id)
         started = group.first_scheduled_time if group is not None else None
         self._prediction_log.write(json.dumps({
             "queue_s": None if started is None else max(0.0, started - request.arrival_time),
@@ -269,7 +243,7 @@ class EngineCore:
         """Fail the requests that waited, never scheduled, longer than request_timeout."""
         timeout = self.config.request_timeout
         for request in [r for r in self.scheduler.waiting if now - r.arrival_time > timeout]:
-            group_id, _ = self._seqs[request.request_id]
+            group_id, _ = self.groups.locate(request.request_id)
             group = self.groups[group_id]
             if group.first_scheduled_time is not None:
                 continue
@@ -284,8 +258,8 @@ class EngineCore:
         """Fail the requests the policy shed for a deadline they can no longer make (edf
         with --edf-action shed), each with its whole group; this step's outputs say so."""
         for request in shed:
-            group_id, _ = self._seqs.get(request.request_id, (None, None))
-            group = self.groups.get(group_id)
+            group_id, _ = self.groups.locate(request.request_id)
+            group = self.groups.of(request.request_id)
             if group is None:
                 continue
             for r in group.requests:
@@ -315,7 +289,7 @@ class EngineCore:
         num_prompt_tokens = 0
         for req_id, num_new in sched_out.num_scheduled_tokens.items():
             request = self.scheduler.requests[req_id]
-            group = self.groups[self._seqs[req_id][0]]
+            group = self.groups.of(req_id)
             if group.first_scheduled_time is None:
                 group.first_scheduled_time = now
             start = request.num_computed_tokens
@@ -352,7 +326,7 @@ class EngineCore:
     def _output(self, outputs: dict[str, EngineCoreOutput], req_id: str) -> EngineCoreOutput:
         out = outputs.get(req_id)
         if out is None:
-            group_id, index = self._seqs[req_id]
+            group_id, index = self.groups.locate(req_id)
             out = outputs[req_id] = EngineCoreOutput(
                 group_id, index,
                 first_scheduled_time=self.groups[group_id].first_scheduled_time)

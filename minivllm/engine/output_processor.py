@@ -24,6 +24,7 @@ from minivllm.engine.messages import (
     seq_id,
     unpack_logprobs,
 )
+from minivllm.engine.parallel_sampling import num_sequences
 from minivllm.engine.request_state import RequestGroup, RequestState
 from minivllm.engine.stats import FinishedRequestStats, IterationStats
 from minivllm.outputs import RequestMetrics, RequestOutput
@@ -57,7 +58,7 @@ class OutputProcessor:
             n=params.n, with_logprobs=params.logprobs is not None,
             metrics=RequestMetrics(arrival_time=req.arrival_time), output_kind=params.output_kind,
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
-        for index in range(params.best_of or params.n):
+        for index in range(num_sequences(params)):
             group.sequences.append(RequestState(
                 params=core_params, group_id=req.request_id, index=index,
                 detokenizer=IncrementalDetokenizer(

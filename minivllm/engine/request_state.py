@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from minivllm.engine.parallel_sampling import best_of
 from minivllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -111,7 +112,7 @@ class RequestGroup:
         if len(sequences) > self.n:  # best_of: the n most likely, known only at the end
             if not finished:
                 return None
-            sequences = sorted(sequences, key=lambda s: -s.cumulative_logprob)[:self.n]
+            sequences = best_of(sequences, self.n)
             kind = RequestOutputKind.CUMULATIVE
         if kind is RequestOutputKind.DELTA:
             outputs = [c for i, s in enumerate(sequences)

@@ -10,7 +10,7 @@ from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
-from minivllm.core.sequence_group import SequenceGroup
+from minivllm.core.sequence_group import form_group
 from tests.conftest import assert_all_blocks_free
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -163,7 +163,7 @@ def test_block_accounting_over_random_mixes(specs, num_blocks, block_size):
         sequences = [Request.make(f"r{i}", prompt, max_tokens, arrival_time=float(i))]
         sequences += [Request.make(f"r{i}#{k}", prompt, max_tokens, arrival_time=float(i))
                       for k in range(1, n)]
-        head = SequenceGroup.form(sequences).head
+        head = form_group(sequences)
         scheduler.add_request(head)
         live.append((head, abort))
     for _ in range(500):

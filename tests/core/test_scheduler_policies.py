@@ -18,7 +18,7 @@ from minivllm.core.policy import POLICIES, make_policy
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.core.sequence_group import SequenceGroup
+from minivllm.core.sequence_group import SequenceGroup, form_group
 
 
 class FakeClock:
@@ -78,7 +78,7 @@ class Sim:
                                **fields)
         siblings = [Request.make(f"{request_id}#{k}", prompt, max_tokens, self.clock.now,
                                  priority=priority, **fields) for k in range(1, n)]
-        SequenceGroup.form([request, *siblings])
+        form_group([request, *siblings])
         for sibling in siblings:
             self.requests[sibling.request_id] = sibling
         self.scheduler.add_request(request)
@@ -330,8 +330,8 @@ def test_swap_or_recompute(mode, num_swap_blocks, siblings, expected):
     sim = crowded("fcfs", [("a", 8, 0), ("b", 8, 0), ("c", 8, 0)],
                   preemption_mode=mode, num_swap_blocks=num_swap_blocks)
     victim = sim.requests["c"]
-    victim.group.sequences += [Request.make(f"c-sibling{i}", [1], 1, 0.0)
-                               for i in range(siblings)]
+    victim.group = SequenceGroup([victim] + [Request.make(f"c-sibling{i}", [1], 1, 0.0)
+                                             for i in range(siblings)])
     device_blocks = list(victim.block_ids)
     out = sim.step()
     assert out.preempted_req_ids == [victim.request_id] and victim.status is expected

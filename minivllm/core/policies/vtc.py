@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 
 from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.request import Request
+from minivllm.core.sequence_group import is_head
 
 
 def parse_vtc_weights(value) -> tuple[float, float]:
@@ -62,7 +63,7 @@ class VirtualTokenCounterPolicy(SchedulingPolicy):
     def cost(self, request: Request) -> float:
         """The service a request has had: its prompt once admitted (the head of a parallel
         sampling group pays for the shared prompt), and its output tokens."""
-        admitted = request.first_scheduled_step is not None and request.group.head is request
+        admitted = request.first_scheduled_step is not None and is_head(request)
         return (self.prompt_weight * request.num_prompt_tokens * admitted
                 + self.output_weight * request.num_output_tokens)
 
