@@ -110,8 +110,15 @@ def hf_greedy_batch(model_dir: Path, prompts: list[list[int]], max_new_tokens: i
                     ) -> list[tuple[list[int], list[float]]]:
     """hf_greedy for every prompt in one left-padded batch: a forward per step, not per
     prompt and step (8x fewer; the references of the architecture tests are most of their
-    time). Padding is masked and positions count real tokens only."""
-    model = _load(model_dir)
+    time)."""
+    return greedy_batch(_load(model_dir), prompts, max_new_tokens)
+
+
+def greedy_batch(model, prompts: list[list[int]], max_new_tokens: int, eos: int | None = None
+                 ) -> list[tuple[list[int], list[float]]]:
+    """A transformers model's greedy continuations of a left-padded batch (padding masked,
+    positions counting real tokens only), each up to max_new_tokens or its first `eos`, and
+    each chosen token's logprob."""
     width = max(map(len, prompts))
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
@@ -126,8 +133,9 @@ def hf_greedy_batch(model_dir: Path, prompts: list[list[int]], max_new_tokens: i
             lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
             ids = lp.argmax(-1, keepdim=True)
             for (tokens, logprobs), row, token in zip(results, lp, ids[:, 0].tolist()):
-                tokens.append(token)
-                logprobs.append(float(row[token]))
+                if eos is None or not tokens or tokens[-1] != eos:
+                    tokens.append(token)
+                    logprobs.append(float(row[token]))
             mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
     return results
 

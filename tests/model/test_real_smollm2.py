@@ -19,6 +19,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.model.loader import load_state_dict
 from tests.conftest import assert_all_blocks_free
+from tests.model_factory import greedy_batch
 
 pytestmark = pytest.mark.real_model
 
@@ -67,27 +68,8 @@ def hf_model(smollm2_gguf):
 
 
 def hf_greedy(model, prompts: list[list[int]], eos: int) -> list[tuple[list[int], list[float]]]:
-    """transformers' greedy continuations, a left-padded batch (one forward per step),
-    each up to MAX_TOKENS or its first EOS, and each chosen token's logprob."""
-    width = max(map(len, prompts))
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    results = [([], []) for _ in prompts]
-    past = None
-    with torch.no_grad():
-        for _ in range(MAX_TOKENS):
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
-            out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=past,
-                        use_cache=True)
-            past = out.past_key_values
-            lp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-            ids = lp.argmax(-1, keepdim=True)
-            for (tokens, logprobs), row, token in zip(results, lp, ids[:, 0].tolist()):
-                if not tokens or tokens[-1] != eos:
-                    tokens.append(token)
-                    logprobs.append(float(row[token]))
-            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
-    return results
+    """transformers' greedy continuations, each up to MAX_TOKENS or its first EOS."""
+    return greedy_batch(model, prompts, MAX_TOKENS, eos)
 
 
 @pytest.fixture(scope="session")
