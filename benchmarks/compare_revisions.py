@@ -8,7 +8,8 @@ Two measurements per round and tree, on random weights in SmolLM-135M's shape:
 - offline: `minivllm bench throughput` (LLM.generate, --num-prompts prompts of --input-len
   tokens, --output-len tokens each, greedy, EOS ignored): output tok/s;
 - serving: `minivllm serve` (the default engine mode) under this tree's `bench serve`
-  (--serve-prompts random requests, all sent at once, 8 at a time): output tok/s and mean TTFT.
+  (--serve-prompts random requests, all sent at once, 8 at a time): output tok/s and mean TTFT;
+- greedy, or --temperature / --top-p for both.
 Prints every round, and the median ratio this tree / baseline, with the CPU and load.
 """
 
@@ -47,11 +48,17 @@ def env_for(tree: Path) -> dict:
         "OMP_NUM_THREADS", "2")}
 
 
+def sampling(args) -> list[str]:
+    """Greedy by default; --temperature / --top-p for what users send."""
+    flags = ["--temperature", str(args.temperature)]
+    return flags + (["--top-p", str(args.top_p)] if args.top_p is not None else [])
+
+
 def offline(tree: Path, model: Path, args) -> float:
     out = subprocess.run(minivllm(tree, "bench", "throughput", "--model", str(model),
                                   "--num-prompts", str(args.num_prompts), "--input-len",
                                   str(args.input_len), "--output-len", str(args.output_len),
-                                  "--temperature", "0"),
+                                  *sampling(args)),
                          env=env_for(tree), capture_output=True, text=True, check=True)
     return float(re.search(r"([\d.]+) output tok/s", out.stdout).group(1))
 
@@ -72,7 +79,7 @@ def serving(tree: Path, model: Path, args) -> tuple[float, float]:
                                         str(args.serve_prompts), "--input-len",
                                         str(args.input_len), "--output-len",
                                         str(args.output_len), "--max-concurrency", "8",
-                                        "--temperature", "0", "--output", tmp,
+                                        *sampling(args), "--output", tmp,
                                         "--disable-tqdm"),
                                env=env_for(HERE), capture_output=True, check=True)
             finally:
@@ -89,6 +96,8 @@ def main() -> int:
     p.add_argument("--serve-prompts", type=int, default=32)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--model-dir", default=str(HERE / "results" / "smollm-135m-random"))
     args = p.parse_args()
     model = save_random_model("smollm-135m", Path(args.model_dir))
