@@ -81,10 +81,7 @@ class ServerProcess:
 
     def __init__(self, model: Path, args: list[str], log_path: Path, prelude: str = "",
                  ready_timeout: float = 90) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self._log = open(log_path, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if prelude:
             hook = log_path.with_name(log_path.stem + "-prelude")
@@ -95,10 +92,23 @@ class ServerProcess:
         if DATA_PARALLEL > 1:
             args = [*args, "--data-parallel-size", str(DATA_PARALLEL)]
             ready_timeout = max(ready_timeout, 300)  # a Ray cluster starts too
-        cmd = [sys.executable, "-c", LAUNCH, "serve", str(model), "--port", str(self.port),
-               *args]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        self._wait_ready(timeout=ready_timeout)
+        # The port is free when chosen, but another process (a Ray worker's, under data
+        # parallel) may bind it before the server does: then start again on another.
+        for attempt in range(3):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self._log = open(log_path, "wb")
+            cmd = [sys.executable, "-c", LAUNCH, "serve", str(model), "--port",
+                   str(self.port), *args]
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                         env=env)
+            try:
+                self._wait_ready(timeout=ready_timeout)
+                return
+            except RuntimeError:
+                if attempt == 2 or "address already in use" not in self.log():
+                    raise
+                self._log.close()
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
