@@ -27,7 +27,8 @@ Constrained decoding: a request with structured_outputs has a grammar matcher he
 anything else, its row's logits get -inf wherever its grammar forbids the next token (as a
 min_tokens ban: greedy and sampled rows alike, rows without a constraint untouched), and
 the matcher then advances with the sampled token. EOS is allowed only where the grammar
-accepts. A preempted request keeps its matcher here (a recompute re-runs the model over its
+accepts. In JSON, a number is ended once it has 20 digits, where the grammar allows it
+(structured_output/number_guard.py). A preempted request keeps its matcher here (a recompute re-runs the model over its
 tokens, not the sampler); a request added again gets a fresh matcher advanced over its
 output so far, so the grammar resumes where it was either way.
 """
@@ -50,6 +51,7 @@ from minivllm.structured_output.manager import (
     apply_bitmask,
     fill_bitmask,
 )
+from minivllm.structured_output.number_guard import JSON_KINDS, JsonNumberGuard
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +159,7 @@ class _RequestState:
                 self._count(token)
         self.banned = valid(banned) if params.min_tokens else _EMPTY_IDS
         self.matcher = None  # the grammar's matcher (llguidance), with structured_outputs
+        self.number_guard: JsonNumberGuard | None = None  # with a JSON constraint
 
     def seen(self) -> np.ndarray:
         return self.seen_ids[:self.num_seen] if self.num_seen else _EMPTY_IDS
@@ -254,6 +257,10 @@ class Sampler:
             if output_token_ids and not state.matcher.consume_tokens(output_token_ids):
                 raise RuntimeError(f"request {req_id}: its output so far does not match its "
                                    f"grammar: {state.matcher.get_error()}")
+            if params.structured_outputs.kind in JSON_KINDS:
+                state.number_guard = JsonNumberGuard(self.structured.number_guard_tables())
+                for token in output_token_ids:
+                    state.number_guard.consume(token)
         self._requests[req_id] = state
 
     def remove_request(self, req_id: str) -> None:
@@ -269,6 +276,9 @@ class Sampler:
         constrained = [i for i, s in enumerate(states) if s.matcher is not None]
         if constrained:
             allowed = fill_bitmask([states[i].matcher for i in constrained], self.vocab_size)
+            for row, i in enumerate(constrained):
+                if states[i].number_guard is not None:
+                    states[i].number_guard.restrict(allowed[row])
             logits = apply_bitmask(logits, constrained, allowed)
         kernel = self.use_kernel and logits.device.type == "cpu" and logits.dtype == torch.float32
         if kernel:
@@ -294,6 +304,8 @@ class Sampler:
                 logprobs[i] = result
         for state, token in zip(states, token_ids):
             state.append(token)
+            if state.number_guard is not None:
+                state.number_guard.consume(token)
             # Only when every allowed token was also banned (min_tokens against a finished
             # grammar): the matcher stays in error and allows EOS alone from then on.
             if state.matcher is not None and not state.matcher.consume_token(token):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from minivllm.structured_output.grammar import GrammarError, build_grammar
+from minivllm.structured_output.number_guard import JSON_KINDS, NumberGuardTables
 from minivllm.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class StructuredOutputManager:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self._compiled: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
+        self._guard_tables: Future | None = None  # JSON number guard's, built on first use
 
     def _tokenizer(self) -> llguidance.LLTokenizer:
         if self._lltokenizer is None:  # only ever on the worker thread
@@ -50,10 +52,26 @@ class StructuredOutputManager:
             raise GrammarError(f"structured_outputs.{params.kind}", matcher.get_error())
         return matcher
 
+    def _build_guard_tables(self) -> NumberGuardTables:
+        tokenizer = self._tokenizer()
+        return NumberGuardTables([tokenizer.decode_bytes([t]) if t < tokenizer.vocab_size
+                                  else b"" for t in range(self.vocab_size)])
+
+    def number_guard_tables(self) -> NumberGuardTables:
+        """The tables of the JSON number guard (number_guard.py). Built on the compile thread
+        (where the tokenizer lives), queued ahead of the first JSON grammar (submit), so a
+        request whose grammar is ready never waits for them."""
+        with self._lock:
+            if self._guard_tables is None:
+                self._guard_tables = self._executor.submit(self._build_guard_tables)
+        return self._guard_tables.result()
+
     def submit(self, params: StructuredOutputsParams) -> Future:
         """The future of the constraint's compiled matcher: cached, or compiling now."""
         key = params.key()
         with self._lock:
+            if params.kind in JSON_KINDS and self._guard_tables is None:
+                self._guard_tables = self._executor.submit(self._build_guard_tables)
             future = self._compiled.get(key)
             if future is None or (future.done() and future.exception() is not None):
                 future = self._compiled[key] = self._executor.submit(self._compile, params)
