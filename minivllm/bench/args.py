@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from minivllm.bench import traces, workload
+from minivllm.bench import prompt_file, traces, workload
 
 BACKENDS = {"openai": "completions", "openai-chat": "chat"}
+CUSTOM_TEMPERATURE = 0.7  # a prompt file's answers are sampled unless --temperature says
 
 
 def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
@@ -16,7 +17,8 @@ def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
     talking to a server."""
     p.add_argument("--workload", type=workload_spec, default="seed-high",
                    help=f"{' | '.join(workload.WORKLOADS)} | azure:PATH (Azure LLM trace CSV) | "
-                        "mooncake:PATH (Mooncake JSONL with hash_ids)")
+                        "mooncake:PATH (Mooncake JSONL with hash_ids) | custom:PATH (JSONL of "
+                        "{\"prompt\": ...}: real prompts, answers the model ends)")
     p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
     if server:
         p.add_argument("--prompt-seed", type=int, default=None,
@@ -25,13 +27,24 @@ def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
     p.add_argument("--num-prompts", type=int, default=None,
                    help="random: number of requests (default 100); seed-*: keep the first N; "
                         "traces: N rows from --start")
-    p.add_argument("--start", type=int, default=0, help="traces: first row of the window")
+    if server:
+        p.add_argument("--dataset-name", choices=("random", "custom"), default=None,
+                       help="vllm bench serve's spelling: --dataset-name custom --dataset-path "
+                            "FILE = --workload custom:FILE")
+        p.add_argument("--dataset-path", default=None, help="with --dataset-name custom")
+    p.add_argument("--start", type=int, default=0,
+                   help="traces, custom: first row of the window")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="traces: multiply the gaps between arrivals (0.5: twice as fast)")
-    p.add_argument("--request-rate", type=float, default=float("inf"), help="random: req/s")
-    p.add_argument("--burstiness", type=float, default=1.0, help="random: gamma shape")
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="random, custom: req/s (Poisson; default inf: all at once)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="random, custom: gamma shape")
     p.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
     p.add_argument("--output-len", type=int, default=64, help="random: output tokens")
+    p.add_argument("--custom-output-len", type=int, default=prompt_file.CUSTOM_OUTPUT_LEN,
+                   help="custom: max_tokens, a cap (the model's EOS ends each answer)")
+    p.add_argument("--disable-shuffle", action="store_true",
+                   help="custom: the file's order (default: shuffled with --seed)")
     p.add_argument("--length-scale", default="auto",
                    help="seed-*: multiply the report's lengths (auto: context / 32768); "
                         "traces: multiply prompt and output lengths (auto: min(1, context / "
@@ -49,11 +62,11 @@ def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
                             "openai-chat = --endpoint chat")
         p.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
                        help="send token ids (exact; default for completions) or text (chat)")
-        p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+        p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                        help="--no-ignore-eos: the trace's output length is only max_tokens, "
                             "a cap, and the model's EOS ends each request: output lengths the "
                             "model decides, as length predictors meet them (default: ignore "
-                            "EOS, exact lengths)")
+                            "EOS, exact lengths; custom:PATH: not)")
         p.add_argument("--stop-token-ids", type=int, nargs="+", default=None, metavar="ID",
                        help="sent with every request (with --no-ignore-eos): e.g. 1 for "
                             "stories260K, which starts a new story with BOS where a story ends")
@@ -108,13 +121,14 @@ def comparison_runs(args) -> list[tuple[str, str, str]]:
 
 
 def workload_spec(value: str) -> str:
-    """argparse type of --workload: a built-in name, or a trace kind and an existing file."""
+    """argparse type of --workload: a built-in name, or a file kind and an existing file."""
     if value in workload.WORKLOADS:
         return value
     try:
         if traces.parse_workload(value) is None:
             raise ValueError(f"unknown workload {value!r}; choose from "
-                             f"{', '.join(workload.WORKLOADS)}, azure:PATH, mooncake:PATH")
+                             f"{', '.join(workload.WORKLOADS)}, azure:PATH, mooncake:PATH, "
+                             "custom:PATH")
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return value
@@ -126,7 +140,8 @@ def trace_args(args) -> dict:
                 output_ratio=args.output_ratio, input_len=args.input_len,
                 output_len=args.output_len, request_rate=args.request_rate,
                 burstiness=args.burstiness, priority=args.priority, start=args.start,
-                time_scale=args.time_scale)
+                time_scale=args.time_scale, custom_output_len=args.custom_output_len,
+                shuffle=not args.disable_shuffle)
 
 
 def describe_trace(trace, length_scale_arg: str) -> str:
@@ -134,7 +149,7 @@ def describe_trace(trace, length_scale_arg: str) -> str:
     e = trace.entries
     span = e[-1].send_time if e else 0.0
     auto = ("context / 32768" if trace.workload.startswith("seed-") else "min(1, context / 32768)")
-    scale = "" if trace.workload == "random" else f"length scale {trace.length_scale:.4g}" + (
+    scale = "" if trace.workload.partition(":")[0] in ("random", "custom") else f"length scale {trace.length_scale:.4g}" + (
         f" (auto: {auto}), " if length_scale_arg == "auto" else ", ")
     shared = (f", prefix blocks of {trace.prefix_block_tokens} tokens"
               if trace.prefix_block_tokens else "")
@@ -144,8 +159,37 @@ def describe_trace(trace, length_scale_arg: str) -> str:
             f"tokens, {trace.num_capped} prompts cut to fit the context{shared}")
 
 
+def is_custom(args) -> bool:
+    return args.workload.startswith("custom:")
+
+
+def resolve_workload(args) -> None:
+    """vLLM's --dataset-name / --dataset-path as --workload, and what a prompt file changes:
+    chat by default, answers the model ends (no ignore_eos) sampled at temperature 0.7."""
+    if args.dataset_name == "custom":
+        if not args.dataset_path:
+            raise SystemExit("--dataset-name custom needs --dataset-path FILE")
+        try:
+            args.workload = workload_spec(f"custom:{args.dataset_path}")
+        except argparse.ArgumentTypeError as e:
+            raise SystemExit(f"--dataset-path: {e}") from None
+    elif args.dataset_name == "random":
+        args.workload = "random"
+    elif args.dataset_path:
+        raise SystemExit("--dataset-path needs --dataset-name custom")
+    if args.ignore_eos is None:
+        args.ignore_eos = not is_custom(args)
+    if is_custom(args):
+        if args.temperature is None:
+            args.temperature = CUSTOM_TEMPERATURE
+        if args.endpoint is None and args.backend is None:
+            args.endpoint = "chat"
+
+
 def resolve_endpoint(args) -> None:
-    """--backend (vllm bench serve's name) and --endpoint: one endpoint, or an error."""
+    """The workload (resolve_workload: every bench command calls this first), then --backend
+    (vllm bench serve's name) and --endpoint: one endpoint, or an error."""
+    resolve_workload(args)
     from_backend = BACKENDS[args.backend] if args.backend else None
     if from_backend and args.endpoint and from_backend != args.endpoint:
         raise SystemExit(f"--backend {args.backend} contradicts --endpoint {args.endpoint}")

@@ -46,6 +46,7 @@ def add_parser(subparsers) -> None:
     pol.add_argument("--server-timeout", type=float, default=600, help="seconds to wait for /health")
     add_workload_args(pol, "length")
     add_sampling_args(pol, greedy=True)  # docs/lab.md's policy table was measured greedy
+    pol.set_defaults(temperature=None)  # run_policies: 0, or 0.7 for a custom:PATH workload
     add_engine_args(pol, skip=SKIPPED_ENGINE_ARGS)
     pol.set_defaults(func=run_policies)
     thr = sub.add_parser("throughput", help="offline engine throughput on random prompts")

@@ -25,7 +25,9 @@ def run_policies(args) -> int:
     combos = comparison_runs(args)
     policies = list(dict.fromkeys(p for _, p, _ in combos))
     metrics.parse_goodput(args.goodput)
-    resolve_endpoint(args)
+    resolve_endpoint(args)  # custom:PATH sets temperature 0.7 where none was given
+    if args.temperature is None:
+        args.temperature = 0.0  # docs/lab.md's policy table was measured greedy
     # Oracle runs send each request's true output length: the trace's under --ignore-eos;
     # else the model decides, so they run last and send what an earlier run generated, with
     # per-request seeds so that sampling repeats (greedy repeats anyway).
@@ -87,6 +89,28 @@ def run_policies(args) -> int:
             "ignore_eos": args.ignore_eos, "request_seed": args.request_seed,
             "sampling": sampling_fields(args)}
     report.write_comparison(out, meta, runs)
+    with open(out / "comparison.md", "a") as f:
+        f.write(held_out_markdown(runs))
     print((out / "comparison.md").read_text())
     print(f"report written to {out}/")
     return 0
+
+
+def held_out_markdown(runs: dict) -> str:
+    """Each run's predictor over every request and over the second half in finish order
+    (prediction.quality_from_log's held_out: past an online predictor's cold start)."""
+    lines = ["", "### Length prediction: all requests and the second half (held out)", "",
+             "| run | n | Kendall tau | MAE (tokens) | held-out n | held-out tau | "
+             "held-out MAE | mean true output |", "|---|---|---|---|---|---|---|---|"]
+
+    def f(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    for name, (summary, _) in runs.items():
+        q = summary.get("length_prediction") or {}
+        late = q.get("held_out") or {}
+        lines.append(f"| {name} | {q.get('n', 0)} | {f(q.get('kendall_tau'), '.3f')} | "
+                     f"{f(q.get('mae'), '.1f')} | {late.get('n', 0)} | "
+                     f"{f(late.get('kendall_tau'), '.3f')} | {f(late.get('mae'), '.1f')} | "
+                     f"{f(q.get('mean_true'), '.1f')} |")
+    return "\n".join(lines) + "\n"

@@ -125,6 +125,8 @@ async def build_prompts(trace: Trace, tokenizer, mode: str = "ids",
     """One prompt per trace entry, and each prompt's real token count."""
     if mode not in ("ids", "text"):
         raise ValueError(f"prompt mode must be ids or text, got {mode!r}")
+    if all(e.prompt_text is not None for e in trace.entries):  # a prompt file (custom:PATH)
+        return [e.prompt_text for e in trace.entries], [e.prompt_tokens for e in trace.entries]
     pool = await token_pool(tokenizer)
     prompts: list[list[int] | str] = []
     counts: list[int] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
-from minivllm.bench import client, metrics, prediction, prompts, report, traces
+from minivllm.bench import client, metrics, prediction, prompt_file, prompts, report, traces
 from minivllm.bench.args import describe_trace, trace_args
 from minivllm.bench.sampling import describe, sampling_fields
 from minivllm.bench.timeline_html import record_engine_events, write_run_timeline
@@ -32,12 +32,18 @@ async def prepare(args, base_url: str, model: str | None, max_model_len: int | N
             await tok.encode("hi")
             ctx = tok.max_model_len
         ctx = max_model_len or ctx
-        trace = traces.build_trace(args.workload, max_model_len=ctx, **trace_args(args))
+        counts = None
+        if args.workload.startswith("custom:"):  # real prompts: their lengths, tokenized
+            rows = prompt_file.read_custom(args.workload.partition(":")[2])
+            counts = [len(await tok.encode(text)) for text in rows]
+        trace = traces.build_trace(args.workload, max_model_len=ctx, prompt_tokens=counts,
+                                   **trace_args(args))
         mode = args.prompt_mode or ("text" if args.endpoint == "chat" else "ids")
         prompt_seed = args.seed if args.prompt_seed is None else args.prompt_seed
         texts, counts = await prompts.build_prompts(trace, tok, mode, prompt_seed)
+    source = "from the file" if args.workload.startswith("custom:") else f"as {mode}"
     print(f"{describe_trace(trace, args.length_scale)}, model {model}, "
-          f"context {ctx or 'unknown (2048 assumed)'}, prompts as {mode}, "
+          f"context {ctx or 'unknown (2048 assumed)'}, prompts {source}, "
           f"{describe(sampling_fields(args))}")
     return trace, texts, counts, model, ctx
 

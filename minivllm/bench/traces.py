@@ -16,6 +16,8 @@ prompt and output lengths and the 512-token block of a hash id alike. Output len
 trace's (sent with ignore_eos and max_tokens), at least 2 so TPOT exists. A prompt + output
 beyond the context is cut to fit, as for the seed workloads. Every trace entry is its own user.
 A malformed row raises ValueError naming the file, the line and what was wrong.
+
+`--workload custom:PATH`, a file of real prompts, is bench/prompt_file.py's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
+from minivllm.bench.prompt_file import CUSTOM_OUTPUT_LEN, custom_trace
 from minivllm.bench.workload import (
     SEED_BUCKETS,
     WORKLOADS,
@@ -39,6 +42,7 @@ from minivllm.bench.workload import (
 )
 
 TRACE_KINDS = ("azure", "mooncake")
+FILE_KINDS = (*TRACE_KINDS, "custom")  # --workload KIND:PATH
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in Mooncake's traces
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -131,7 +135,7 @@ def read_mooncake(path: str | Path) -> list[tuple[float, int, int, tuple[int, ..
 def parse_workload(workload: str) -> tuple[str, Path] | None:
     """'azure:PATH' -> ('azure', PATH); None for the built-in workloads."""
     kind, sep, path = workload.partition(":")
-    if not sep or kind not in TRACE_KINDS:
+    if not sep or kind not in FILE_KINDS:
         return None
     if not path:
         raise ValueError(f"--workload {kind}: needs a file, e.g. {kind}:path/to/trace")
@@ -155,7 +159,7 @@ def trace_from_file(workload: str, *, start: int = 0, num_prompts: int | None = 
                     time_scale: float = 1.0, length_scale: str | float = "auto",
                     max_model_len: int | None = None, priority: str = "none") -> Trace:
     parsed = parse_workload(workload)
-    if parsed is None:
+    if parsed is None or parsed[0] not in TRACE_KINDS:
         raise ValueError(f"not a trace workload: {workload!r} (azure:PATH or mooncake:PATH)")
     kind, path = parsed
     if not time_scale > 0:
@@ -203,8 +207,17 @@ def build_trace(spec: str, *, seed: int = 0, num_prompts: int | None = None,
                 length_scale: str | float = "auto", max_model_len: int | None = None,
                 output_ratio: float = 0.25, input_len: int = 256, output_len: int = 64,
                 request_rate: float = float("inf"), burstiness: float = 1.0,
-                priority: str = "none", start: int = 0, time_scale: float = 1.0) -> Trace:
-    """One entry point for the CLI; `start` and `time_scale` apply to real traces."""
+                priority: str = "none", start: int = 0, time_scale: float = 1.0,
+                custom_output_len: int = CUSTOM_OUTPUT_LEN, shuffle: bool = True,
+                prompt_tokens: list[int] | None = None) -> Trace:
+    """One entry point for the CLI; `start` and `time_scale` apply to real traces;
+    `custom_output_len`, `shuffle` and `prompt_tokens` (each row's token count) to custom:PATH."""
+    if spec.startswith("custom:"):
+        _, path = parse_workload(spec)
+        return custom_trace(path, prompt_tokens, seed=seed, num_prompts=num_prompts,
+                            start=start, request_rate=request_rate, burstiness=burstiness,
+                            output_len=custom_output_len, max_model_len=max_model_len,
+                            priority=priority, shuffle=shuffle)
     if spec.partition(":")[0] in ("azure", "mooncake"):
         return trace_from_file(spec, start=start, num_prompts=num_prompts,
                                time_scale=time_scale, length_scale=length_scale,
@@ -214,7 +227,7 @@ def build_trace(spec: str, *, seed: int = 0, num_prompts: int | None = None,
                             seed, max_model_len, priority)
     if spec not in WORKLOADS:
         raise ValueError(f"unknown workload {spec!r}; choose from {', '.join(WORKLOADS)}, "
-                         "azure:PATH, mooncake:PATH")
+                         "azure:PATH, mooncake:PATH, custom:PATH")
     scale = resolve_length_scale(length_scale, max_model_len)
     return seed_trace(spec.removeprefix("seed-"), seed, scale, max_model_len, output_ratio,
                       priority, num_prompts)

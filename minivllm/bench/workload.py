@@ -41,7 +41,7 @@ SCENARIOS = {
     "medium": Scenario(12, 10, 0.2, (0.2, 0.3, 0.35, 0.15), (20, 100, 2000, 20000)),
     "high": Scenario(24, 20, 0.5, (0.1, 0.2, 0.35, 0.35), (100, 1500, 5000, 30000)),
 }
-WORKLOADS = ("seed-low", "seed-medium", "seed-high", "random")  # and azure:PATH, mooncake:PATH
+WORKLOADS = ("seed-low", "seed-medium", "seed-high", "random")  # and FILE_KINDS' KIND:PATH
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class TraceEntry:
     output_tokens: int
     priority: int | None = None
     hash_ids: tuple[int, ...] = ()  # real traces (Mooncake): ids of the prompt's prefix blocks
+    prompt_text: str | None = None  # prompt files (custom:PATH): the prompt itself
 
 
 @dataclass
@@ -121,6 +122,18 @@ def seed_trace(scenario: str, seed: int = 0, length_scale: float = 1.0,
     return trace
 
 
+def arrival_times(n: int, request_rate: float, burstiness: float,
+                  rng: np.random.Generator) -> np.ndarray:
+    """n send times, the first at 0, gaps ~ Gamma(shape=burstiness, mean=1/request_rate):
+    a Poisson process at burstiness 1; all at 0 for an infinite rate (vllm bench serve's)."""
+    if burstiness <= 0:
+        raise ValueError(f"burstiness must be > 0, got {burstiness}")
+    if np.isinf(request_rate):
+        return np.zeros(n)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+
+
 def random_trace(num_prompts: int, input_len: int, output_len: int, request_rate: float = float("inf"),
                  burstiness: float = 1.0, seed: int = 0, max_model_len: int | None = None,
                  priority: str = "none") -> Trace:
@@ -129,14 +142,7 @@ def random_trace(num_prompts: int, input_len: int, output_len: int, request_rate
     burstiness 1 is a Poisson process; < 1 burstier, > 1 more regular (as in `vllm bench serve`).
     Each request is its own user.
     """
-    if burstiness <= 0:
-        raise ValueError(f"burstiness must be > 0, got {burstiness}")
-    rng = np.random.default_rng(seed)
-    if np.isinf(request_rate):
-        times = np.zeros(num_prompts)
-    else:
-        gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=num_prompts)
-        times = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    times = arrival_times(num_prompts, request_rate, burstiness, np.random.default_rng(seed))
     prompt, output, capped = fit_context(input_len, output_len, max_model_len)
     trace = Trace("random", [], 1.0, SEED_BUCKETS, num_capped=capped * num_prompts)
     for i, t in enumerate(times[:num_prompts]):
