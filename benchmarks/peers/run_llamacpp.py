@@ -139,7 +139,8 @@ def _threads() -> int:
 
 def main() -> None:
     spec = json.loads(sys.stdin.read())
-    gguf = ensure_gguf(Path(spec["model"]), os.environ.get("LLAMACPP_DTYPE", "f32"))
+    gguf = ensure_gguf(Path(spec["model"]),
+                       spec.get("gguf_dtype") or os.environ.get("LLAMACPP_DTYPE", "f32"))
     engine = LlamaCpp(gguf, _threads(), os.environ.get("LLAMACPP_KV", "f32"),
                       os.environ.get("LLAMACPP_FLASH_ATTN", "off"))
     results = {}
@@ -228,7 +229,7 @@ if __name__ == "__main__":
         ap.add_argument("--check", nargs="?", type=Path, metavar="MODEL_DIR", const=False,
                         required=True, help="default: a 4-layer sharp-attention model")
         ap.add_argument("--reference-python", type=Path, default=ROOT / ".venv/bin/python")
-        ap.add_argument("--dtype", choices=["f32", "bf16", "q8_0"], default="f32")
+        ap.add_argument("--dtype", choices=["f32", "bf16", "q8_0", "q4_0"], default="f32")
         ap.add_argument("--kv", choices=list(GGML_TYPES), default="f32")
         ap.add_argument("--flash-attn", choices=list(FLASH_ATTN), default="off")
         args = ap.parse_args()

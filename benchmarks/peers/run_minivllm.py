@@ -10,7 +10,7 @@ from minivllm.bench.sampling import offline_params
 
 def main() -> None:
     spec = json.loads(sys.stdin.read())
-    llm = LLM(spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
+    llm = LLM(spec["model"], dtype=spec.get("dtype", "float32"), max_model_len=spec["max_model_len"],
               max_num_seqs=max(spec["batch_sizes"]), kv_cache_space=2.0, swap_space=0.1,
               quantization=spec.get("quantization"),
               kv_cache_dtype=spec.get("kv_cache_dtype", "auto"))

@@ -11,7 +11,7 @@ from vllm.inputs import TokensPrompt
 
 def main() -> None:
     spec = json.loads(sys.stdin.read())
-    llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
+    llm = LLM(model=spec["model"], dtype=spec.get("dtype", "float32"), max_model_len=spec["max_model_len"],
               max_num_seqs=max(spec["batch_sizes"]), seed=0)
     sampling = spec.get("sampling", {"temperature": 0.0})  # vLLM's field names
     params = SamplingParams(**sampling, max_tokens=spec["output_len"], ignore_eos=True)

@@ -1,7 +1,7 @@
 """Convert the random-weight Llama model of benchmarks/random_model.py to a GGUF file that
 llama.cpp loads, with the public writer API of the `gguf` package (GGUFWriter).
 
-    peers/llamacpp/bin/python benchmarks/peers/to_gguf.py results/smollm-135m-random [--dtype bf16|q8_0]
+    peers/llamacpp/bin/python benchmarks/peers/to_gguf.py results/smollm-135m-random [--dtype bf16|q8_0|q4_0]
 
 Runs in the peers/llamacpp venv (gguf, numpy, safetensors; no torch). Input: a Hugging Face
 LlamaForCausalLM directory (config.json, model.safetensors in fp32, tokenizer.json with a
@@ -42,9 +42,10 @@ import numpy as np
 from safetensors.numpy import load_file
 
 DTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-          "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+          "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
 # The 2-D matrices' storage type per file type (norms stay f32 in every one).
-MATRIX_TYPES = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+MATRIX_TYPES = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+                "q4_0": gguf.GGMLQuantizationType.Q4_0}
 
 LAYER_NAMES = {  # HF name inside model.layers.N. -> llama.cpp name inside blk.N.
     "input_layernorm.weight": "attn_norm.weight",
