@@ -84,7 +84,9 @@ def cpu_description() -> str:
                   if line.startswith("model name")), platform.machine())
     flags = next((line.partition(":")[2].split() for line in text.splitlines()
                   if line.startswith("flags")), [])
-    return f"{model} ({' '.join(f for f in ISA_FLAGS if f in flags) or 'no AVX2'})"
+    family = next((line.partition(":")[2].strip() for line in text.splitlines()
+                   if line.startswith("cpu family")), "?")
+    return f"{model}, family {family} ({' '.join(f for f in ISA_FLAGS if f in flags) or 'no AVX2'})"
 
 
 def run_engine(name: str, spec: dict) -> dict | None:
