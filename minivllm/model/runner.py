@@ -7,6 +7,7 @@ The only part of minivllm that touches tensors and devices. What it returns is p
 
 from __future__ import annotations
 
+import logging
 import mmap
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ from minivllm.model.models import build_model, head_dim
 from minivllm.model.sampler import Sampler, top_logprobs
 from minivllm.outputs import Logprob
 from minivllm.structured_output.manager import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
 
@@ -54,17 +57,27 @@ class ModelRunner:
                         if not num_threads and torch.get_num_threads() > 1 else None)
         model_config = config.model_config
         self.device = resolve_device(model_config.device)
-        # int8 quantizes the linears and keeps everything else in float32 (linear_int8.py)
-        self.dtype = (torch.float32 if model_config.quantization
-                      else resolve_dtype(model_config.dtype, hf_config))
+        # int8 quantizes the linears and keeps everything else in float32 (linear_int8.py).
+        # bf16 on the CPU is bf16 linear weights and KV cache, with fp32 activations between
+        # the ops, so that the C kernels (fp32) keep running (kernels/linear.py).
+        dtype = (torch.float32 if model_config.quantization
+                 else resolve_dtype(model_config.dtype, hf_config))
+        cpu_bf16 = self.device.type == "cpu" and dtype == torch.bfloat16
+        self.dtype = torch.float32 if cpu_bf16 else dtype
+        if cpu_bf16:
+            logger.info("bfloat16 on the CPU: bf16 linear weights (%s), fp32 activations, "
+                        "bf16 KV cache", "oneDNN, native bf16 dot products"
+                        if torch.ops.mkldnn._is_mkldnn_bf16_supported() else
+                        "emulated: this CPU has no AVX512-BF16; float32 is faster here")
         weights = {k: v.to(self.device, self.dtype)
                    for k, v in load_state_dict(model_path).items()}
-        self.model = build_model(hf_config, weights, model_config.quantization).to(self.device)
+        self.model = build_model(hf_config, weights, model_config.quantization,
+                                 linear_weights="bf16" if cpu_bf16 else None).to(self.device)
         self.block_size = config.scheduler_config.block_size
         layers, kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
         shape = (layers, self.block_size, kv_heads, head_dim(hf_config))
         cache_config = config.cache_config
-        self.kv_dtype = (self.dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16)
+        self.kv_dtype = dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16
         self.block_bytes = block_bytes = 2 * torch.Size(shape).numel() * self.kv_dtype.itemsize
         self.num_blocks = config.kv_cache_num_blocks(block_bytes, max_model_len)
         self.num_swap_blocks = int(cache_config.swap_space * GiB // block_bytes)

@@ -32,7 +32,12 @@ def onednn_usable(weight: torch.Tensor) -> bool:
 
 
 class Linear:
-    """y = x @ weight.T + bias (+ residual). x: [T, in_features], 2-D."""
+    """y = x @ weight.T + bias (+ residual). x: [T, in_features], 2-D.
+
+    bf16 weights with an fp32 x (the CPU's bf16: fp32 between the ops, so the C kernels run
+    as in fp32): x is converted to bf16 at the product, which runs in bf16 with fp32
+    accumulation (oneDNN's avx512_bf16 kernels), and y comes back in fp32, with the bias
+    and the residual added in fp32."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  onednn: bool = True) -> None:
@@ -42,15 +47,23 @@ class Linear:
                        if self.onednn else weight)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return self._product(x, self.bias, residual)
+        y = self._product(x.to(self.weight.dtype), None, None).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y if residual is None else residual + y
+
+    def _product(self, x: torch.Tensor, bias: torch.Tensor | None,
+                 residual: torch.Tensor | None) -> torch.Tensor:
         if not self.onednn:
-            y = F.linear(x, self.weight, self.bias)
+            y = F.linear(x, self.weight, bias)
             return y if residual is None else residual + y
         rows = x.shape[0]
         if bucket_rows(rows) != rows:  # the runner pads a step's batch once; others here
             pad = (0, 0, 0, bucket_rows(rows) - rows)
             residual = None if residual is None else F.pad(residual, pad)
-            return self(F.pad(x, pad), residual)[:rows]
+            return self._product(F.pad(x, pad), bias, residual)[:rows]
         if residual is None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias,
-                                                         "add")
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, bias, "add")

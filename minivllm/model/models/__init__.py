@@ -57,14 +57,15 @@ def check_config(name: str, arch: Arch, cfg) -> None:
         raise unsupported("num_experts", f"{name} is dense")
 
 
-def build_model(cfg, weights: dict[str, torch.Tensor],
-                quantization: str | None = None) -> torch.nn.Module:
+def build_model(cfg, weights: dict[str, torch.Tensor], quantization: str | None = None,
+                linear_weights: str | None = None) -> torch.nn.Module:
     architectures = getattr(cfg, "architectures", None) or []
     for name in architectures:
         if name in ARCHITECTURES:
             cfg.head_dim = head_dim(cfg)
             check_config(name, ARCHITECTURES[name], cfg)
-            return CausalLM(cfg, ARCHITECTURES[name], weights, quantization=quantization)
+            return CausalLM(cfg, ARCHITECTURES[name], weights, quantization=quantization,
+                            linear_weights=linear_weights)
     raise ValueError(
         f"unsupported architecture {architectures}; supported: {', '.join(ARCHITECTURES)}"
     )

@@ -64,12 +64,12 @@ class Weights:
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, arch: Arch, w: Weights, index: int, fast: bool, fused: bool,
-                 int8: bool) -> None:
+                 linear_weights: str | None) -> None:
         super().__init__()
         eps = cfg.rms_norm_eps
         norm = lambda name: RMSNorm(w(name) + 1 if arch.gemma else w(name), eps,  # noqa: E731
                                     fused)
-        lin = lambda weight, bias=None: linear(weight, bias, fast, int8)  # noqa: E731
+        lin = lambda weight, bias=None: linear(weight, bias, fast, linear_weights)  # noqa: E731
         attn = "self_attn."
         if (qkv := w.maybe(attn + "qkv_proj.weight")) is None:  # Phi-3 ships it fused
             qkv = torch.cat([w(attn + f"{p}_proj.weight") for p in "qkv"])
@@ -140,9 +140,12 @@ def _is_sparse(cfg, index: int) -> bool:
 
 class CausalLM(nn.Module):
     def __init__(self, cfg, arch: Arch, weights: dict[str, torch.Tensor],
-                 fast: bool | None = None, quantization: str | None = None) -> None:
+                 fast: bool | None = None, quantization: str | None = None,
+                 linear_weights: str | None = None) -> None:
         """fast=False keeps every op on plain torch (the reference for tests). Weights must
-        already be on the target device: oneDNN reorders them here, int8 quantizes them."""
+        already be on the target device: oneDNN reorders them here, int8 quantizes them.
+        linear_weights="bf16": fp32 weights everywhere but in the linears, which hold bf16
+        (the CPU's bf16: model/runner.py)."""
         super().__init__()
         fast = kernels.enabled() if fast is None else fast
         self.embed = nn.Parameter(weights.pop("model.embed_tokens.weight"), requires_grad=False)
@@ -151,16 +154,16 @@ class CausalLM(nn.Module):
                             if arch.gemma else None)
         self.fused = fast and cpu.available(self.embed.device, self.embed.dtype)
         self.fused_rope = self.fused and _whole_head_rope(cfg)
-        int8 = quantization == "int8"
+        linear_weights = "int8" if quantization == "int8" else linear_weights
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, arch, Weights(weights, f"model.layers.{i}."), i, fast, self.fused,
-                         int8) for i in range(cfg.num_hidden_layers))
+                         linear_weights) for i in range(cfg.num_hidden_layers))
         norm = weights.pop("model.norm.weight")
         self.norm = RMSNorm(norm + 1 if arch.gemma else norm, cfg.rms_norm_eps, self.fused)
         lm_head = weights.pop("lm_head.weight", None)
         if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
             lm_head = self.embed
-        self.lm_head = linear(lm_head, None, fast, int8)
+        self.lm_head = linear(lm_head, None, fast, linear_weights)
         # A tensor nothing here reads is a part of the model we do not implement (Qwen2-MoE's
         # shared expert, a bias we do not add...): refuse it rather than run without it.
         unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]

@@ -1,4 +1,4 @@
-"""The parts every decoder here is built from: RMSNorm, linears (oneDNN, int8), the
+"""The parts every decoder here is built from: RMSNorm, linears (oneDNN, int8, bf16), the
 attention block over the paged KV cache and the gated MLP. On the CPU in fp32 the small
 per-token ops (RMSNorm, RoPE + KV write, SiLU-and-mul) run as fused C kernels; everywhere
 else, and with fast=False, they are the plain torch ops."""
@@ -42,8 +42,14 @@ class RMSNorm(nn.Module):
 
 
 def linear(weight: torch.Tensor, bias: torch.Tensor | None, fast: bool,
-           int8: bool) -> Linear | Int8Linear:
-    return Int8Linear(weight, bias, use_kernel=fast) if int8 else Linear(weight, bias, fast)
+           weights: str | None) -> Linear | Int8Linear:
+    """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
+    weights, fp32 inputs converted at the product: the CPU's bf16, see CausalLM)."""
+    if weights == "int8":
+        return Int8Linear(weight, bias, use_kernel=fast)
+    if weights == "bf16":
+        return Linear(weight.to(torch.bfloat16), bias, fast)
+    return Linear(weight, bias, fast)
 
 
 class Attention(nn.Module):

@@ -1,0 +1,64 @@
+"""bf16 on the CPU: bf16 linear weights and KV cache, fp32 activations between the ops (so
+the C kernels run as in fp32). The mixed linear against its definition (x rounded to bf16,
+the product accumulated in fp32, bias and residual added in fp32), through oneDNN where the
+CPU has native bf16 and through F.linear elsewhere; an engine with dtype="bfloat16" holds
+bf16 linears and a bf16 KV cache, runs the kernels, and decodes the same greedy tokens
+with the kernels on and off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm import LLM, SamplingParams
+from minivllm.model.kernels import cpu
+from minivllm.model.kernels.linear import Linear
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("onednn", [True, False])
+def test_bf16_weights_with_fp32_inputs(rows, onednn):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 80, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(96, generator=gen)
+    x = torch.randn(rows, 80, generator=gen)
+    residual = torch.randn(rows, 96, generator=gen)
+    linear = Linear(weight, bias, onednn=onednn)
+    expected = F.linear(x.to(torch.bfloat16).float(), weight.float()) + bias
+    y = linear(x)
+    assert y.dtype == torch.float32 and y.shape == (rows, 96)
+    # The product's own output is rounded to bf16 (oneDNN's and F.linear's alike).
+    torch.testing.assert_close(y, expected, rtol=1e-2, atol=5e-2)
+    torch.testing.assert_close(linear(x, residual=residual), residual + y)
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tiny_llama):
+    prompts = [{"prompt_token_ids": [1] + [(i * 11 + n) % 500 + 3 for i in range(n)]}
+               for n in (1, 6, 19, 33)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    runs, engines = [], []
+    with pytest.MonkeyPatch.context() as patch:
+        for disabled in ("", "1"):
+            patch.setenv("MINIVLLM_DISABLE_KERNELS", disabled)
+            llm = LLM(str(tiny_llama), dtype="bfloat16", block_size=4, num_kv_blocks=96)
+            runs.append(llm.generate(prompts, params, use_tqdm=False))
+            engines.append(llm.llm_engine.runner)
+    return runs, engines
+
+
+def test_a_bf16_engine_holds_bf16_linears_and_kv_with_fp32_activations(bf16_runs):
+    _, (runner, _) = bf16_runs
+    assert runner.dtype == torch.float32 and runner.kv_dtype == torch.bfloat16
+    assert runner.k_cache.dtype == torch.bfloat16
+    assert runner.model.lm_head.weight.dtype == torch.bfloat16
+    assert runner.model.layers[0].mlp.gate_up.weight.dtype == torch.bfloat16
+    assert runner.model.embed.dtype == torch.float32
+    assert runner.use_kernels == cpu.available(torch.device("cpu"), torch.float32)
+
+
+def test_bf16_greedy_is_the_same_with_kernels_on_and_off(bf16_runs):
+    (fast, slow), _ = bf16_runs
+    for a, b in zip(fast, slow):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
