@@ -149,13 +149,21 @@ def describe_trace(trace, length_scale_arg: str) -> str:
     e = trace.entries
     span = e[-1].send_time if e else 0.0
     auto = ("context / 32768" if trace.workload.startswith("seed-") else "min(1, context / 32768)")
-    scale = "" if trace.workload.partition(":")[0] in ("random", "custom") else f"length scale {trace.length_scale:.4g}" + (
+    kind = trace.workload.partition(":")[0]
+    scale = "" if kind in ("random", "custom") else f"length scale {trace.length_scale:.4g}" + (
         f" (auto: {auto}), " if length_scale_arg == "auto" else ", ")
     shared = (f", prefix blocks of {trace.prefix_block_tokens} tokens"
               if trace.prefix_block_tokens else "")
+    outputs = sum(x.output_tokens for x in e)
+    if kind == "custom":  # the model ends each answer; the trace only caps it
+        return (f"workload {trace.workload}: {len(e)} requests over {span:.1f} s, buckets "
+                f"(prompt-length terciles) short < {trace.buckets[0]:.0f} <= medium <= "
+                f"{trace.buckets[1]:.0f} < long, {sum(x.prompt_tokens for x in e)} prompt "
+                f"tokens, answers capped at {max(x.output_tokens for x in e)} tokens "
+                f"({trace.num_capped} capped lower to fit the context)")
     return (f"workload {trace.workload}: {len(e)} requests over {span:.1f} s, {scale}"
             f"buckets short < {trace.buckets[0]:.0f} <= medium <= {trace.buckets[1]:.0f} < long, "
-            f"{sum(x.prompt_tokens for x in e)} prompt + {sum(x.output_tokens for x in e)} output "
+            f"{sum(x.prompt_tokens for x in e)} prompt + {outputs} output "
             f"tokens, {trace.num_capped} prompts cut to fit the context{shared}")
 
 

@@ -11,6 +11,9 @@ says prompts share blocks (Mooncake's hash_ids): each id becomes one seeded bloc
   re-tokenized and the ids trimmed or extended until the text tokenizes to N tokens (BOS
   included, as the server will count it). In chat the count covers the message, not the template.
 
+A prompt file's entries (`custom:PATH`, bench/prompt_file.py) carry their own text, sent as
+it is in either mode.
+
 Server shapes (vLLM's): POST /tokenize {"model","prompt"} -> {"tokens","count","max_model_len"},
 POST /detokenize {"model","tokens"} -> {"prompt"}. The local tokenizer needs only `tokenizers`.
 """

@@ -232,7 +232,8 @@ def test_bench_policies_replays_the_same_trace_per_server(tmp_path, monkeypatch)
     assert all("priority" not in b for b in fcfs) and all("priority" in b for b in prio)
     assert all(b["temperature"] == 0.0 for b in fcfs + prio)  # policies: greedy by default
     md = (tmp_path / "comparison.md").read_text()
-    assert md.count("| fcfs |") == 4 and md.count("| priority |") == 4  # + the policy table
+    # a row per bucket, + the policy table and the held-out length prediction table
+    assert md.count("| fcfs |") == 5 and md.count("| priority |") == 5
     assert "priority vs fcfs" in md
     for name in ("comparison.json", "comparison_ttft_cdf.png", "comparison_buckets.png",
                  "fcfs/run.json", "priority/run.json", "server-fcfs.log"):
