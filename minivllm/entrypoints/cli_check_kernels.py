@@ -4,9 +4,11 @@ torch, and print the largest difference per decoder layer and of the logits.
 Both builds take the same weights, loaded once; "torch" is what MINIVLLM_DISABLE_KERNELS=1
 gives (no C kernels, no oneDNN linears). The prompt runs as a serving step would: a prefill
 through the paged KV cache (in chunks with --chunk-size), then greedy decode steps fed the
-torch path's tokens, so that both see the same inputs at every step. A layer agrees when its
-largest absolute difference is within rtol of its largest absolute value, or of 1 if that
-is smaller (the residual stream grows layer by layer: one absolute bound fits no model).
+torch path's tokens, so that both see the same inputs at every step. A layer agrees when
+its largest absolute difference is within rtol of its largest absolute value, or of 1 if
+that is smaller (the residual stream grows layer by layer: one absolute bound fits no
+model). The first line says which ISA level's kernels run (MINIVLLM_ISA=<level> checks a
+lower one).
 """
 
 from __future__ import annotations
@@ -186,11 +188,13 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoConfig, AutoTokenizer
 
+    from minivllm.model.kernels import cpu
     from minivllm.model.loader import load_state_dict, resolve_dtype, resolve_model_path
 
     reason = kernels_unavailable_reason()
     if reason:
         raise SystemExit(f"cannot check the kernels: {reason}")
+    print(f"C kernels: {cpu.isa_summary()}")  # MINIVLLM_ISA=<level> checks another level
     path = resolve_model_path(args.model)
     hf_config = AutoConfig.from_pretrained(path)
     ids = args.prompt_token_ids or AutoTokenizer.from_pretrained(path)(args.prompt).input_ids

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.model.kernels import build, cpu, header
+from minivllm.model.kernels import build, cpu, header, isa
 
 needs_compiler = pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
 CPU = torch.device("cpu")
@@ -52,7 +52,7 @@ def test_header_declares_every_kernel_as_its_source_defines_it():
     prototypes = header.read(build.SOURCE_DIR, build.SOURCES)
     assert {"paged_decode_attention_f32", "paged_prefill_attention_f32", "rms_norm_f32",
             "silu_and_mul_f32", "rope_write_kv_f32", "argmax_rows_f32", "sample_rows_f32",
-            "sampler_uniforms_f64", "int8_linear_f32"} == set(prototypes)
+            "sampler_uniforms_f64", "int8_linear_f32", "kernels_isa_features"} == set(prototypes)
     assert [name for _, name in prototypes["rms_norm_f32"].params] == [
         "x", "weight", "out", "rows", "cols", "eps", "num_threads"]
 
@@ -133,17 +133,7 @@ def test_kernels_build_where_a_compiler_is_found(kernel_cache):
     """Else every kernel test would skip, unnoticed, on a machine whose build broke."""
     assert build.load() is not None
     assert [p.name for p in kernel_cache.iterdir()] == [build.library_path(
-        build.find_compiler()).name]
-
-
-def test_cache_key_has_the_cpu_flags_and_the_compiler(monkeypatch, kernel_cache):
-    path = build.library_path("/usr/bin/cc")
-    assert path.parent == kernel_cache
-    assert build.library_path("/usr/bin/clang") != path
-    monkeypatch.setattr(build, "cpu_flags", lambda: "avx2 fma")  # another CPU, same cache
-    avx2 = build.library_path("/usr/bin/cc")
-    monkeypatch.setattr(build, "cpu_flags", lambda: "avx2 avx512f fma")
-    assert len({path, avx2, build.library_path("/usr/bin/cc")}) == 3
+        build.find_compiler(), isa.select()[0]).name]  # one library: this CPU's level
 
 
 def test_no_compiler_falls_back_to_torch_with_a_warning(tmp_path, monkeypatch, caplog):
@@ -163,7 +153,8 @@ def test_a_failed_build_falls_back_to_torch_with_a_warning(failing_compiler, ker
 @pytest.mark.parametrize("library", ["garbage", "without the kernels"])
 def test_a_library_that_does_not_load_falls_back_to_torch(library, failing_compiler,
                                                           kernel_cache, caplog):
-    target = build.library_path(failing_compiler)  # not run: the library is in the cache
+    # not run: the library is in the cache
+    target = build.library_path(failing_compiler, isa.select()[0])
     target.parent.mkdir(parents=True)
     if library == "garbage":
         target.write_bytes(b"not a shared library")

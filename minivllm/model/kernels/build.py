@@ -1,10 +1,13 @@
 """Builds the C kernels with the machine's C compiler and loads them with ctypes: no torch
-headers, so the build takes about a second. The library is cached under
+headers, so a build takes about a second. One library per instruction-set level (isa.py),
+compiled with exactly that level's flags (never -march=native) and cached under
 ~/.cache/minivllm/kernels (or $MINIVLLM_CACHE/kernels), keyed by the sources, the compiler,
-its flags and the CPU's feature flags: -march=native builds for this CPU's instruction set,
-so a cache shared with another machine must not hand its library to a CPU that lacks some
-of it. Without a compiler, or when the build, the header check or the load fails, `load`
-logs a warning and returns None, and the callers keep their pure-torch paths."""
+its flags and the level: a cache shared between machines hands each CPU a library of a
+level it has, and the library's own report of what it was compiled for is checked against
+the CPU before it is used. The CPU runs its highest level, or MINIVLLM_ISA's (a level it
+lacks is an error). Without a compiler, or when the build, the header check or the load
+fails, `load` logs a warning and returns None, and the callers keep their pure-torch
+paths."""
 
 from __future__ import annotations
 
@@ -19,16 +22,15 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from minivllm.model.kernels import header
+from minivllm.model.kernels import header, isa
 
 logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ["paged_attention.c", "ops.c", "sampler.c", "int8_gemm.c"]
+SOURCES = ["paged_attention.c", "ops.c", "sampler.c", "int8_gemm.c", "isa_info.c"]
 # Compile with -ffast-math (vectorized expf), but link without it: linking with it adds
 # crtfastmath.o, which turns on flush-to-zero for the whole process at load time. An
 # exported function must be declared in kernels.h (missing-prototypes).
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC",
-          "-Werror=missing-prototypes"]
+_FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-Werror=missing-prototypes"]
 _LINK = ["-shared", "-fopenmp", "-lm"]
 
 
@@ -36,17 +38,8 @@ def find_compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def cpu_flags() -> str:
-    """The CPU's feature flags from /proc/cpuinfo (x86 "flags", ARM "Features"), or, where
-    there is none, the platform's processor name."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return " ".join(sorted(line.partition(":")[2].split()))
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()}"
+def compile_flags(level: str) -> list[str]:
+    return [*_FLAGS, *isa.compiler_flags(level)]
 
 
 def cache_dir() -> Path:
@@ -54,13 +47,38 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def library_path(compiler: str, source_dir: Path = SOURCE_DIR) -> Path:
-    """Where the library built from these sources, by this compiler, for this CPU lives."""
+def library_path(compiler: str, level: str, source_dir: Path = SOURCE_DIR) -> Path:
+    """Where the library of this ISA level, built from these sources by this compiler,
+    lives."""
     key = hashlib.sha256()
     for name in [header.HEADER, *SOURCES]:
         key.update((source_dir / name).read_bytes())
-    key.update(" ".join([compiler, *_FLAGS, *_LINK, platform.machine(), cpu_flags()]).encode())
-    return cache_dir() / f"minivllm-kernels-{key.hexdigest()[:16]}.so"
+    key.update(" ".join([compiler, *compile_flags(level), *_LINK, platform.machine(),
+                         level]).encode())
+    return cache_dir() / f"minivllm-kernels-{level}-{key.hexdigest()[:16]}.so"
+
+
+def _compiler_accepts(compiler: str, level: str) -> bool:
+    """Whether the compiler knows the level's flags (-mavxvnni and -mamx-* need GCC 11)."""
+    try:
+        return subprocess.run([compiler, *compile_flags(level), "-x", "c", "-c", os.devnull,
+                               "-o", os.devnull], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def _buildable_level(compiler: str, level: str, source_dir: Path) -> str:
+    """The CPU's highest level, or the highest lower one whose library is cached or that
+    the compiler can build (a compiler older than the CPU)."""
+    have = isa.supported(isa.cpu_features())
+    for candidate in reversed(have[:have.index(level) + 1]):
+        if (library_path(compiler, candidate, source_dir).exists()
+                or _compiler_accepts(compiler, candidate)):
+            if candidate != level:
+                logger.warning("%s cannot build the %s kernels (%s): using the %s ones",
+                               compiler, level, " ".join(isa.LEVELS[level].flags), candidate)
+            return candidate
+    return level  # nothing builds: the build fails and says why
 
 
 def _run(cmd: list[str]) -> bool:
@@ -71,14 +89,14 @@ def _run(cmd: list[str]) -> bool:
     return result.returncode == 0
 
 
-def _build(compiler: str, source_dir: Path, target: Path) -> bool:
+def _build(compiler: str, level: str, source_dir: Path, target: Path) -> bool:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             objects = [str(Path(tmp) / f"{Path(source).stem}.o") for source in SOURCES]
             built = Path(tmp) / target.name
-            if not all(_run([compiler, *_FLAGS, "-c", str(source_dir / source), "-o", obj])
-                       for source, obj in zip(SOURCES, objects)):
+            if not all(_run([compiler, *compile_flags(level), "-c", str(source_dir / source),
+                             "-o", obj]) for source, obj in zip(SOURCES, objects)):
                 return False
             if not _run([compiler, *objects, *_LINK, "-o", str(built)]):
                 return False
@@ -90,8 +108,11 @@ def _build(compiler: str, source_dir: Path, target: Path) -> bool:
 
 
 def load(source_dir: Path = SOURCE_DIR) -> SimpleNamespace | None:
-    """The kernels as keyword-only functions named as in kernels.h (built if needed), or
-    None, with a warning saying why, when they cannot be had."""
+    """The kernels of this CPU's highest ISA level (or MINIVLLM_ISA's) as keyword-only
+    functions named as in kernels.h, built if needed, with isa_level, isa_features (what
+    the library was compiled for) and isa_summary; or None, with a warning saying why, when
+    they cannot be had. Raises isa.IsaError when MINIVLLM_ISA is not a level of this CPU."""
+    level, forced = isa.select()
     compiler = find_compiler()
     if compiler is None:
         logger.warning("no C compiler found: using the pure-torch paths")
@@ -101,11 +122,33 @@ def load(source_dir: Path = SOURCE_DIR) -> SimpleNamespace | None:
     except header.HeaderError as exc:
         logger.warning("the C kernels do not match %s, using torch: %s", header.HEADER, exc)
         return None
-    target = library_path(compiler, source_dir)
-    if not target.exists() and not _build(compiler, source_dir, target):
+    target = library_path(compiler, level, source_dir)
+    if not target.exists() and not forced:
+        level = _buildable_level(compiler, level, source_dir)
+        target = library_path(compiler, level, source_dir)
+    if not target.exists() and not _build(compiler, level, source_dir, target):
         return None
     try:
-        return header.bind(ctypes.CDLL(str(target)), prototypes)
+        lib = header.bind(ctypes.CDLL(str(target)), prototypes)
     except (OSError, AttributeError) as exc:  # not a library, or one that lacks a function
         logger.warning("cannot load the C kernels from %s, using torch: %s", target, exc)
         return None
+    built = isa.decode(lib.kernels_isa_features())
+    lacking = [f for f in built if f not in isa.cpu_features()] if isa.is_x86() else []
+    if lacking:  # not what this build makes: another file under the library's name
+        logger.warning("%s was compiled for %s, which this CPU lacks: using torch", target,
+                       " ".join(lacking))
+        return None
+    lib.isa_level, lib.isa_features = level, tuple(built)
+    lib.isa_summary = summary(level, built, forced)
+    logger.info("C kernels: %s", lib.isa_summary)
+    return lib
+
+
+def summary(level: str, built: list[str], forced: bool) -> str:
+    """The start-up line's words: the level, the instruction sets the library was compiled
+    for (they select the kernels' variants), and whether MINIVLLM_ISA chose it."""
+    text = f"{level} ({' '.join(built) or 'baseline instructions only'})"
+    if forced:
+        text += f", forced by {isa.ENV} (this CPU's highest: {isa.select('')[0]})"
+    return text

@@ -1,8 +1,8 @@
 """The C kernels (paged_attention.c, ops.c, sampler.c, int8_gemm.c) behind torch-facing
-wrappers: built and loaded by build.py on first use, called with keyword arguments named as
-in kernels.h. Without a compiler, or when the build or the load fails, `available()` is
-False and the callers keep their pure-torch paths, which stay the tested references. fp32
-CPU tensors only."""
+wrappers: built and loaded by build.py on first use, for this CPU's ISA level (isa.py),
+called with keyword arguments named as in kernels.h. Without a compiler, or when the build
+or the load fails, `available()` is False and the callers keep their pure-torch paths,
+which stay the tested references. fp32 CPU tensors only."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels can run on this device and dtype (building them if needed)."""
     return (device.type == "cpu" and dtype == torch.float32 and kernels.enabled()
             and _library() is not None)
+
+
+def isa_summary() -> str | None:
+    """Which ISA level's kernels run and what they were compiled for (the start-up line's
+    words), or None when the torch paths run."""
+    lib = _library() if kernels.enabled() else None
+    return lib.isa_summary if lib is not None else None
 
 
 KV_CACHE_DTYPES = (torch.float32, torch.bfloat16)  # what the attention kernels read

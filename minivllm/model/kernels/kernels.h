@@ -54,4 +54,8 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
                      int8_t *scratch, float *x_scales, int32_t *x_sums, int64_t rows, int k,
                      int kp, int n, int num_threads);
 
+/* isa_info.c: the instruction sets the library was compiled for, bits in the order of
+ * isa.py's FEATURES */
+int kernels_isa_features(void);
+
 #endif
