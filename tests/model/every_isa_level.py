@@ -36,11 +36,11 @@ def _library(level: str):
 
 
 def pytest_generate_tests(metafunc):
-    # scope="session": the tests run level by level, each library loaded once
-    metafunc.parametrize("kernel_isa_level", _levels(), indirect=True, scope="session")
+    # scope="module": a module's tests run level by level, its fixtures built once
+    metafunc.parametrize("kernel_isa_level", _levels(), indirect=True, scope="module")
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def kernel_isa_level(request):
     lib = _library(request.param)
     with pytest.MonkeyPatch.context() as patch:
