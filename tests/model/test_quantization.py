@@ -1,6 +1,9 @@
-"""quantization="int8" (W8A8): the C kernel against its torch reference, the quantized
-product against the fp32 one, and the whole engine against the fp32 engine on real
-weights (stories260K), with the tolerances stated here. Plus the flag's validation."""
+"""quantization="int8" (W8A8): the C kernel (the variant this machine's library runs)
+against its torch reference, on tiny shapes and SmolLM2-135M's, the quantized product
+against the fp32 one, and the whole engine against the fp32 engine on real weights
+(stories260K), with the tolerances stated here. Plus the flag's validation. Every variant
+this machine can run, compiled on its own: test_int8_gemm_variants.py; SmolLM2's
+perplexity: test_int8_real_model.py."""
 
 import argparse
 import math
@@ -14,10 +17,11 @@ from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear_int8 import (
+    GROUP,
     Int8Linear,
     pack_weight,
     quantize_per_channel,
-    quantize_per_token,
+    quantize_per_group,
 )
 
 needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
@@ -30,20 +34,26 @@ def _case(rows, n, k, seed=0):
             torch.randn(rows, k, generator=gen), torch.randn(rows, n, generator=gen))
 
 
+# SmolLM2-135M's linears: qkv, o, gate_up, down, the LM head (hidden 576, intermediate
+# 1536, vocabulary 49152).
+SMOLLM2_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
+
+
 @needs_kernels
-@pytest.mark.parametrize("rows, n, k", [(1, 3072, 576), (2, 8, 32), (5, 37, 100),
-                                        (64, 96, 1536), (3, 5, 7), (97, 24, 2048),
-                                        (100, 13, 64)])
+@pytest.mark.parametrize("rows, n, k", [(2, 8, 32), (5, 37, 100), (64, 96, 1536), (3, 5, 7),
+                                        (97, 24, 2048), (100, 13, 64), (11, 17, 33)]
+                         + [(rows, n, k) for n, k in SMOLLM2_SHAPES for rows in (1, 9)]
+                         + [(64, 3072, 576), (100, 576, 1536)])
 def test_kernel_matches_torch_reference(rows, n, k):
-    """Odd K (zero-padded chunks), N not a multiple of the panel width, 1, 2, 3 and more
-    rows (tiles of 3 and the 1- and 2-row tails), more rows than a row block (96), and K
-    past where the reference is exact in fp32."""
+    """Odd K (zero-padded groups), N not a multiple of the panel width (16), every row
+    count of a tile's tail (tiles of 3 or 8 rows by variant), more rows than a row block
+    (96), and SmolLM2's shapes."""
     weight, bias, x, residual = _case(rows, n, k)
     fast, reference = Int8Linear(weight, bias), Int8Linear(weight, bias, use_kernel=False)
     assert fast.use_kernel and not reference.use_kernel
-    # The integer products agree exactly (in the reference while K * 127 * 63 < 2^24); the
-    # scaling and adds may round differently (the C compiler fuses them into FMAs). One
-    # quantization step off anywhere would be ~1e-2.
+    # Each group's integer product agrees exactly; the scaling and adds may round
+    # differently (the C compiler fuses them into FMAs). One quantization step off
+    # anywhere would be ~1e-3 (a weight step times an x value).
     tol = dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fast(x), reference(x), **tol)
     torch.testing.assert_close(fast(x, residual), reference(x, residual), **tol)
@@ -76,27 +86,38 @@ def test_w8a8_close_to_fp32_product(use_kernel):
     assert error <= 0.03 * exact.abs().max()
 
 
-def test_weights_use_seven_bits_packed_unsigned():
-    """Weights in [-63, 63], one scale per output channel, each within half a step; packed
-    as q + 64 (the kernel's unsigned operand), so every packed weight byte is in [1, 127]
-    and padding is 0."""
-    weight = torch.randn(10, 40) * torch.arange(1, 11)[:, None]
+def test_weights_use_eight_bits_packed_unsigned():
+    """Weights in [-127, 127] (all 8 bits: the 7-bit range cost SmolLM2 +1.2% perplexity),
+    one scale per output channel, each within half a step; packed as q + 128 (VNNI's
+    unsigned operand) in panels of 16 columns x 4 input values, padding q = 0 (128)."""
+    weight = torch.randn(20, 40) * torch.arange(1, 21)[:, None]
     q, scales = quantize_per_channel(weight)
-    assert q.dtype == torch.int8 and q.abs().max() == 63
+    assert q.dtype == torch.int8 and q.abs().max() == 127 and q.min() == -127
+    assert (q.abs().amax(dim=1) == 127).all()  # every channel's largest reaches 127
     assert ((q.float() * scales[:, None] - weight).abs() <= scales[:, None] / 2 + 1e-5).all()
-    packed = pack_weight(q)  # [3 panels of 4 columns, 2 chunks of 32 bytes, 4, 32]
-    assert packed.dtype == torch.uint8 and packed.shape == (3, 2, 4, 32)
-    assert packed[0, 0, 3, :32].tolist() == (q[3, :32] + 64).tolist()
-    assert packed[2, 1, 1, 7].item() == q[9, 39].item() + 64
-    assert packed[2, :, 2:].eq(0).all() and packed[:, 1, :, 8:].eq(0).all()
+    packed = pack_weight(q)  # [2 panels of 16 columns, 64 / 4 quads, 16, 4]
+    assert packed.dtype == torch.uint8 and packed.shape == (2, 16, 16, 4)
+    assert packed[0, 0, 3].tolist() == (q[3, :4].int() + 128).tolist()
+    assert packed[1, 9, 3, 2].item() == q[19, 38].item() + 128
+    assert packed[1, :, 4:].eq(128).all() and packed[:, 10:].eq(128).all()
+    assert packed.min() >= 1  # q = -127 -> 1: no byte is 0 but q = -128, never produced
 
 
-def test_per_token_quantization_round_trips():
-    x = torch.randn(6, 50) * torch.arange(1, 7)[:, None]  # rows of different ranges
-    q, scales = quantize_per_token(x)
+def test_per_group_quantization_round_trips():
+    """Each group of 16 values of a row its own scale: a group of small values keeps its
+    precision beside a group holding an outlier (which one per-token scale would not). K is
+    padded with zeros to a multiple of 32, as the kernel's rows."""
+    assert GROUP == 16
+    x = torch.randn(6, 70) * torch.arange(1, 7)[:, None]
+    x[:, 5] = 1000.0  # an outlier channel in the first group
+    q, scales = quantize_per_group(x)
+    assert q.shape == (6, 96) and scales.shape == (6, 6) and q[:, 70:].eq(0).all()
     assert q.dtype == torch.int8 and q.abs().max() == 127
-    # Each value within half a step of its row's scale.
-    assert ((q.float() * scales[:, None] - x).abs() <= scales[:, None] / 2 + 1e-6).all()
+    assert (q.abs().view(6, 6, GROUP)[:, :5].amax(dim=2) == 127).all()
+    assert (scales[:, 5] == 1).all()  # the all-padding group
+    step = scales.repeat_interleave(GROUP, dim=1)[:, :70]
+    assert ((q[:, :70].float() * step - x).abs() <= step / 2 + 1e-5).all()
+    assert (scales[:, 1:5] < scales[:, :1] / 50).all()
 
 
 def _greedy(llm, prompts, max_tokens):

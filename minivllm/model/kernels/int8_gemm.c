@@ -1,202 +1,244 @@
-/* W8A8 linear layer for AVX2 CPUs without VNNI: y = (xq . wq) * sx[row] * sw[col]
- * (+ bias) (+ residual), with x quantized here, per row, symmetric, to int8 in [-127, 127],
- * and w quantized once at load, per output channel, to [-63, 63] (linear_int8.py packs it).
+/* W8A8 linear layer: y[r][c] = sw[c] * sum_g sx[r][g] * (xq[r, g] . wq[c, g]) (+ bias)
+ * (+ residual), where
+ *   - wq is quantized once at load (linear_int8.py), per output channel, symmetric, to
+ *     [-127, 127] with scale sw[c];
+ *   - x is quantized here, per row and per group of GROUP = 16 consecutive values,
+ *     symmetric, to [-127, 127] with scale sx[r][g].
+ * Why these scales (docs/quantization.md, benchmarks/int8_error_sources.py): on
+ * SmolLM2-135M the activations are what int8 loses on (per-token scales cost +4.9%
+ * perplexity, per group of 32 +0.8%, of 16 +0.3%: a few channels are 10-40 times the
+ * row's rms), and 7-bit weights another +1.2% (8-bit: +0.1%).
  *
- * AVX2's only int8 multiply, vpmaddubsw, takes one unsigned and one signed operand and
- * adds adjacent products into int16 with saturation. oneDNN and fbgemm feed it u8
- * activations with a zero point, where 255 * 127 * 2 overflows int16 (their outputs here
- * were 4-13% off). Here the weights are the unsigned side: stored as wq + 64, in [1, 127],
- * so 127 * 127 * 2 fits in int16 and every product is exact, and the offset comes back out
- * per row: sum(x * (w + 64)) - 64 * sum(x). That costs the weights their eighth bit, which
- * measured cheaper in accuracy than taking it from the activations (docs/quantization.md),
- * and saves the sign step an all-8-bit product needs (vpsignb on both operands): the
- * kernel is 1.2-1.3x faster for it (benchmarks/int8_gemm.py). vpmaddwd against ones widens
- * the int16 pairs to int32.
+ * Each group's dot product is exact in int32 (16 * 255 * 127 < 2^31), converted to fp32 and
+ * accumulated with its activation scale; the weight scale, bias and residual come last.
  *
- * A tile is 3 rows x 4 columns: 12 accumulators, the weight vector, the product and the
- * ones fill AVX2's 16 registers, and each x row is the multiply's memory operand. GCC spilled
- * accumulators of every tile shape tried (1x8 .. 8x2) to the stack inside the loop, so the
- * loop is written in assembly (tile3x4): 1.11-1.15x the compiled 2 x 8 tile, the same sums.
- *
- * Packed weights: NR output columns at a time ("panels"), K in chunks of 32 bytes,
- *   w[((panel * chunks + c) * NR + j) * 32 + b] = wq[panel * NR + j][c * 32 + b] + 64,
- * zero-padded (x is zero there) to whole panels and chunks, so one chunk of a panel is NR
- * contiguous vectors. */
+ * Packed weights: NC = 16 output columns at a time ("panels"), K in quads of 4 bytes,
+ *   w[(panel * kp / 4 + k / 4) * NC * 4 + j * 4 + k % 4] = wq[panel * NC + j][k] + 128,
+ * as uint8 (in [1, 255]; K padded with wq = 0, i.e. 128, to kp, a multiple of 32, and N to
+ * whole panels). One quad of a panel is 64 bytes: one AVX-512 vector holds 16 columns x
+ * 4 k, and the 4 k of a row's x are broadcast against it (the layout of oneDNN's and
+ * llama.cpp's VNNI kernels). The variants, picked by the compiler's macros (build.py builds
+ * one library per ISA level):
+ *   - AVX512-VNNI: vpdpbusd multiplies the unsigned weights by signed x and adds each 4
+ *     products into int32, exactly; the + 128 comes back out per group: 128 * sum(xq).
+ *   - AVX-VNNI: the same on 256-bit registers (8 columns each).
+ *   - AVX2: vpmaddubsw (u8 x s8, pairs added into int16 with saturation) would overflow on
+ *     (w + 128) * x, so it takes llama.cpp's sign trick: |wq| (<= 127) times x carrying wq's
+ *     sign (vpsignb), 127 * 127 * 2 fits in int16; vpmaddwd widens the pairs.
+ *   - otherwise: the same sums in plain C.
+ * All produce the same int32 group sums, so the same fp32 results. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
-#define NR 4         /* output columns per panel */
-#define MR 3         /* rows per tile */
+#define GROUP 16     /* activation values per scale */
+#define NC 16        /* output columns per panel */
 #define ROW_BLOCK 96 /* rows whose quantized x (96 x K bytes) stays in L2 across panels */
-#define W_OFFSET 64
+#define W_OFFSET 128
 
-/* Per-row symmetric int8: q = round(x * 127 / max|x|), scale = max|x| / 127 (1 for a zero
- * row), padded with zeros to kp bytes, and the row's sum of q for the offset. Same fp32
- * operations as linear_int8.py's reference. */
-static void quantize_rows(const float *x, int64_t ldx, int8_t *xq, float *scales,
-                          int32_t *sums, int64_t rows, int k, int kp, int num_threads) {
+/* Per-row, per-group symmetric int8: q = round(x * (127 / max|x|)), scale = max|x| / 127 (1
+ * for an all-zero group), padded with zeros to kp; gsums: each group's sum of q (the VNNI
+ * variants' offset). The same fp32 operations as linear_int8.py's reference, so compiled
+ * without -ffast-math, which may turn a division into a multiplication by the reciprocal
+ * (one ulp off, and a value at a tie then rounds the other way). */
+__attribute__((optimize("no-fast-math"))) static void quantize_rows(const float *x, int64_t ldx, int8_t *xq, float *gscales,
+                          int32_t *gsums, int64_t rows, int k, int kp, int num_threads) {
+    const int groups = kp / GROUP;
 #pragma omp parallel for num_threads(num_threads) if (rows * k > 65536)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ldx;
         int8_t *q = xq + r * kp;
-        float amax = 0.f;
+        for (int g = 0; g < groups; g++) {
+            const int start = g * GROUP, end = start + GROUP < k ? start + GROUP : k;
+            float amax = 0.f;
 #pragma omp simd reduction(max : amax)
-        for (int i = 0; i < k; i++) amax = fmaxf(amax, fabsf(xr[i]));
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        scales[r] = amax > 0.f ? amax / 127.f : 1.f;
-        int32_t sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int i = 0; i < k; i++) {
-            q[i] = (int8_t)nearbyintf(xr[i] * inv);
-            sum += q[i];
-        }
-        for (int i = k; i < kp; i++) q[i] = 0;
-        sums[r] = sum;
-    }
-}
-
-#ifdef __AVX2__
-#include <immintrin.h>
-
-/* The int32 dot products of `rows` (1..MR) consecutive rows of xq with the NR columns of
- * one panel: out[r][j]. Inlined per row count; the full tiles take tile3x4 below. */
-static inline __attribute__((always_inline)) void tile(const int8_t *xq, int kp,
-                                                       const uint8_t *w, int rows,
-                                                       int32_t out[MR][NR]) {
-    __m256i acc[MR][NR];
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < NR; j++) acc[r][j] = _mm256_setzero_si256();
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int c = 0; c < kp / 32; c++) {
-        __m256i xv[MR];
-        for (int r = 0; r < rows; r++)
-            xv[r] = _mm256_loadu_si256((const __m256i *)(xq + r * (int64_t)kp + c * 32));
-        for (int j = 0; j < NR; j++) {
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (c * NR + j) * 32));
-            for (int r = 0; r < rows; r++)
-                acc[r][j] = _mm256_add_epi32(
-                    acc[r][j], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv[r]), ones));
-        }
-    }
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < NR; j += 4) { /* the 8 lanes of each accumulator, 4 sums at once */
-            const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[r][j], acc[r][j + 1]),
-                                                _mm256_hadd_epi32(acc[r][j + 2], acc[r][j + 3]));
-            _mm_storeu_si128((__m128i *)(out[r] + j),
-                             _mm_add_epi32(_mm256_castsi256_si128(s),
-                                           _mm256_extracti128_si256(s, 1)));
-        }
-}
-
-#if defined(__x86_64__)
-#define FULL_TILE_ASM 1
-/* tile() for MR = 3 rows, NR = 4 columns, with the accumulators pinned in registers. ymm13
- * holds the ones, ymm14 a chunk of one column's weights, ymm15 the product; the rows are
- * kp bytes apart. (30 operands is asm's limit: the 12 accumulators count twice.) */
-static void tile3x4(const int8_t *xq, int64_t kp, const uint8_t *w, int32_t out[MR][NR]) {
-    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a02 = a00, a03 = a00;
-    __m256i a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-    __m256i a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-    const int8_t *x = xq, *end = xq + kp;
-    __asm__ volatile(
-        "vpcmpeqw %%ymm13, %%ymm13, %%ymm13\n\t"
-        "vpsrlw $15, %%ymm13, %%ymm13\n\t" /* 1 in every int16 */
-        "1:\n\t"
-#define COLUMN(OFFSET, ROW0, ROW1, ROW2)                                  \
-        "vmovdqu " #OFFSET "(%[w]), %%ymm14\n\t"                         \
-        "vpmaddubsw (%[x]), %%ymm14, %%ymm15\n\t"                        \
-        "vpmaddwd %%ymm13, %%ymm15, %%ymm15\n\t"                         \
-        "vpaddd %%ymm15, %[" #ROW0 "], %[" #ROW0 "]\n\t"                 \
-        "vpmaddubsw (%[x],%[kp]), %%ymm14, %%ymm15\n\t"                  \
-        "vpmaddwd %%ymm13, %%ymm15, %%ymm15\n\t"                         \
-        "vpaddd %%ymm15, %[" #ROW1 "], %[" #ROW1 "]\n\t"                 \
-        "vpmaddubsw (%[x],%[kp],2), %%ymm14, %%ymm15\n\t"                \
-        "vpmaddwd %%ymm13, %%ymm15, %%ymm15\n\t"                         \
-        "vpaddd %%ymm15, %[" #ROW2 "], %[" #ROW2 "]\n\t"
-        COLUMN(0, a00, a10, a20)
-        COLUMN(32, a01, a11, a21)
-        COLUMN(64, a02, a12, a22)
-        COLUMN(96, a03, a13, a23)
-#undef COLUMN
-        "addq $32, %[x]\n\t"
-        "subq $-128, %[w]\n\t"
-        "cmpq %[end], %[x]\n\t"
-        "jb 1b\n\t"
-        : [a00] "+x"(a00), [a01] "+x"(a01), [a02] "+x"(a02), [a03] "+x"(a03),
-          [a10] "+x"(a10), [a11] "+x"(a11), [a12] "+x"(a12), [a13] "+x"(a13),
-          [a20] "+x"(a20), [a21] "+x"(a21), [a22] "+x"(a22), [a23] "+x"(a23),
-          [x] "+r"(x), [w] "+r"(w)
-        : [kp] "r"(kp), [end] "r"(end)
-        : "xmm13", "xmm14", "xmm15", "memory", "cc");
-    const __m256i acc[MR][NR] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
-                                 {a20, a21, a22, a23}};
-    for (int r = 0; r < MR; r++) {
-        const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[r][0], acc[r][1]),
-                                            _mm256_hadd_epi32(acc[r][2], acc[r][3]));
-        _mm_storeu_si128((__m128i *)out[r], _mm_add_epi32(_mm256_castsi256_si128(s),
-                                                          _mm256_extracti128_si256(s, 1)));
-    }
-}
-#endif
-#else /* no AVX2 (another architecture): the same sums, one product at a time */
-static void tile(const int8_t *xq, int kp, const uint8_t *w, int rows, int32_t out[MR][NR]) {
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < NR; j++) {
+            for (int i = start; i < end; i++) amax = fmaxf(amax, fabsf(xr[i]));
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            gscales[r * groups + g] = amax > 0.f ? amax / 127.f : 1.f;
             int32_t sum = 0;
-            for (int c = 0; c < kp / 32; c++)
-                for (int b = 0; b < 32; b++)
-                    sum += xq[r * (int64_t)kp + c * 32 + b] * w[(c * NR + j) * 32 + b];
-            out[r][j] = sum;
+#pragma omp simd reduction(+ : sum)
+            for (int i = start; i < end; i++) {
+                q[i] = (int8_t)nearbyintf(xr[i] * inv);
+                sum += q[i];
+            }
+            for (int i = end; i < start + GROUP; i++) q[i] = 0;
+            gsums[r * groups + g] = sum;
         }
+    }
+}
+
+static inline int32_t load_quad(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define MR 8 /* rows per tile: 8 int32 + 8 fp32 accumulators of 16 columns, 1 weight vector */
+
+/* out[r][j] = sum_g sx[r][g] * dot_g for `rows` (1..MR) rows starting at xq and the NC
+ * columns of one panel. Inlined per row count. */
+static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
+                                                       const float *gs, const int32_t *gsum,
+                                                       int groups, const uint8_t *w,
+                                                       int rows, float out[MR][NC]) {
+    __m512 facc[MR];
+    for (int r = 0; r < rows; r++) facc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512i acc[MR];
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_si512();
+        for (int q = 0; q < GROUP / 4; q++) {
+            const __m512i wv = _mm512_loadu_si512(w + ((int64_t)g * GROUP / 4 + q) * 64);
+            for (int r = 0; r < rows; r++)
+                acc[r] = _mm512_dpbusd_epi32(
+                    acc[r], wv, _mm512_set1_epi32(load_quad(xq + r * kp + g * GROUP + q * 4)));
+        }
+        for (int r = 0; r < rows; r++) {
+            const __m512i dot = _mm512_sub_epi32(
+                acc[r], _mm512_set1_epi32(W_OFFSET * gsum[r * groups + g]));
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                      _mm512_set1_ps(gs[r * groups + g]), facc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(out[r], facc[r]);
+}
+
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define MR 3 /* rows per tile: 6 int32 + 6 fp32 accumulators of 8 columns, 2 weight vectors */
+
+#if defined(__AVXVNNI__)
+/* acc += (w + 128) . x per 4 bytes, exact in int32. */
+#define DOT_PREPARE(wv) (wv)
+#define DOT(acc, wv, xv) _mm256_dpbusd_avx_epi32(acc, wv, xv)
+#define OFFSET_BACK 1
+#else
+/* acc += wq . x per 4 bytes: |wq| (unsigned) times x with wq's sign, pairs in int16 (at most
+ * 2 * 127 * 127), then widened. DOT_PREPARE turns the stored w + 128 into wq. */
+#define DOT_PREPARE(wv) _mm256_xor_si256(wv, _mm256_set1_epi8((char)0x80))
+#define DOT(acc, wv, xv)                                                                   \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv),      \
+                                                                 _mm256_sign_epi8(xv, wv)), \
+                                            _mm256_set1_epi16(1)))
+#define OFFSET_BACK 0
+#endif
+
+static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
+                                                       const float *gs, const int32_t *gsum,
+                                                       int groups, const uint8_t *w,
+                                                       int rows, float out[MR][NC]) {
+    __m256 facc[MR][2];
+    for (int r = 0; r < rows; r++) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m256i acc[MR][2];
+        for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+        for (int q = 0; q < GROUP / 4; q++) {
+            const uint8_t *wq = w + ((int64_t)g * GROUP / 4 + q) * 64;
+            const __m256i w0 = DOT_PREPARE(_mm256_loadu_si256((const __m256i *)wq));
+            const __m256i w1 = DOT_PREPARE(_mm256_loadu_si256((const __m256i *)(wq + 32)));
+            for (int r = 0; r < rows; r++) {
+                const __m256i xv = _mm256_set1_epi32(load_quad(xq + r * kp + g * GROUP + q * 4));
+                acc[r][0] = DOT(acc[r][0], w0, xv);
+                acc[r][1] = DOT(acc[r][1], w1, xv);
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            const __m256 sx = _mm256_set1_ps(gs[r * groups + g]);
+            const __m256i offset = _mm256_set1_epi32(OFFSET_BACK * W_OFFSET * gsum[r * groups + g]);
+            for (int h = 0; h < 2; h++)
+                facc[r][h] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], offset)), sx, facc[r][h]);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        _mm256_storeu_ps(out[r], facc[r][0]);
+        _mm256_storeu_ps(out[r] + 8, facc[r][1]);
+    }
+}
+
+#else /* another architecture, or x86 below AVX2: the same sums, one product at a time */
+#define MR 4
+
+static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *gsum,
+                 int groups, const uint8_t *w, int rows, float out[MR][NC]) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < NC; j++) out[r][j] = 0.f;
+    for (int g = 0; g < groups; g++)
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < NC; j++) {
+                int32_t dot = 0;
+                for (int b = 0; b < GROUP; b++) {
+                    const int k = g * GROUP + b;
+                    dot += xq[r * kp + k] * (w[(k / 4) * NC * 4 + j * 4 + k % 4] - W_OFFSET);
+                }
+                out[r][j] = fmaf((float)dot, gs[r * groups + g], out[r][j]);
+            }
 }
 #endif
 
 /* x [rows, k] fp32 (row stride ldx); w packed as above for n columns; w_scales [n];
  * bias [n] or NULL; residual [rows, n] (row stride ldr) or NULL; y [rows, n] contiguous.
- * scratch: rows * kp bytes for the quantized rows; x_scales, x_sums: rows each. */
+ * scratch: rows * kp bytes for the quantized rows. x_scales and x_sums (rows each) are
+ * not read: the group scales and sums (rows * kp / GROUP each) are allocated here. */
 void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float *w_scales,
                      const float *bias, const float *residual, int64_t ldr, float *y,
                      int8_t *scratch, float *x_scales, int32_t *x_sums, int64_t rows, int k,
                      int kp, int n, int num_threads) {
-    quantize_rows(x, ldx, scratch, x_scales, x_sums, rows, k, kp, num_threads);
-    const int panels = (n + NR - 1) / NR;
-    const int64_t panel_bytes = (int64_t)kp * NR;
+    (void)x_scales, (void)x_sums;
+    const int groups = kp / GROUP;
+    float *gscales = malloc(sizeof(float) * rows * groups);
+    int32_t *gsums = malloc(sizeof(int32_t) * rows * groups);
+    if (!gscales || !gsums) abort();
+    quantize_rows(x, ldx, scratch, gscales, gsums, rows, k, kp, num_threads);
+    const int panels = (n + NC - 1) / NC;
+    const int64_t panel_bytes = (int64_t)kp * NC;
     /* Each thread takes a contiguous share of the panels for a block of rows; a panel
-     * (NR x K bytes) stays in L1 while the block's rows pass over it. */
+     * (NC x K bytes) stays in L1/L2 while the block's rows pass over it. */
 #pragma omp parallel num_threads(num_threads) if (rows * (int64_t)n * kp > 1 << 18)
     for (int64_t first = 0; first < rows; first += ROW_BLOCK) {
         const int64_t end = rows < first + ROW_BLOCK ? rows : first + ROW_BLOCK;
 #pragma omp for schedule(static) nowait
         for (int p = 0; p < panels; p++) {
             for (int64_t r = first; r < end; r += MR) {
-                int32_t dots[MR][NR];
+                float dots[MR][NC];
                 const int tile_rows = end - r < MR ? (int)(end - r) : MR;
                 const int8_t *xr = scratch + r * kp;
+                const float *gs = gscales + r * groups;
+                const int32_t *gsum = gsums + r * groups;
                 const uint8_t *wp = w + p * panel_bytes;
-                if (tile_rows == MR)
-#ifdef FULL_TILE_ASM
-                    tile3x4(xr, kp, wp, dots);
-#else
-                    tile(xr, kp, wp, MR, dots);
+                switch (tile_rows) { /* one inlined copy per row count */
+#define TILE(ROWS) \
+    case ROWS: tile(xr, kp, gs, gsum, groups, wp, ROWS, dots); break;
+                    TILE(1)
+#if MR > 1
+                    TILE(2)
 #endif
-                else if (tile_rows == 2)
-                    tile(xr, kp, wp, 2, dots);
-                else
-                    tile(xr, kp, wp, 1, dots);
-                for (int i = 0; i < tile_rows; i++) {
-                    const float sx = x_scales[r + i];
-                    const int32_t offset = W_OFFSET * x_sums[r + i];
-                    for (int j = 0; j < NR && p * NR + j < n; j++) {
-                        const int col = p * NR + j;
-                        float v = (float)(dots[i][j] - offset) * (sx * w_scales[col]);
+#if MR > 2
+                    TILE(3)
+#endif
+#if MR > 3
+                    TILE(4)
+#endif
+#if MR > 4
+                    TILE(5) TILE(6) TILE(7) TILE(8)
+#endif
+#undef TILE
+                }
+                for (int i = 0; i < tile_rows; i++)
+                    for (int j = 0; j < NC && p * NC + j < n; j++) {
+                        const int col = p * NC + j;
+                        float v = dots[i][j] * w_scales[col];
                         if (bias) v += bias[col];
                         if (residual) v += residual[(r + i) * ldr + col];
                         y[(r + i) * (int64_t)n + col] = v;
                     }
-                }
             }
         }
     }
+    free(gscales);
+    free(gsums);
 }

@@ -1,18 +1,16 @@
 """W8A8 linear layers (`quantization="int8"`): weights quantized once at load to int8,
-symmetric, one scale per output channel, in [-63, 63]; activations quantized per token,
-dynamically, symmetric, to int8 in [-127, 127]. The product runs in int32 and is scaled
-back to fp32. The weights leave their eighth bit to the kernel: stored offset by 64, they
-are the unsigned operand of AVX2's int8 multiply without saturating it (int8_gemm.c).
+symmetric, one scale per output channel, in [-127, 127]; activations quantized dynamically,
+symmetric, to int8 in [-127, 127] with one scale per token and group of GROUP = 16
+consecutive input values. Each group's product runs in int32 and is accumulated in fp32
+with its activation scale; the weight scale comes last. Why per group: on SmolLM2-135M
+per-token activation scales cost +4.9% perplexity, per group of 16 +0.3%
+(docs/quantization.md, benchmarks/int8_error_sources.py).
 
 On the CPU with the C kernels built, int8_gemm.c does all of it in one call (quantize the
-rows, multiply, scale, add bias and residual). This CPU has AVX2 but neither VNNI nor
-AMX, and torch's int8 GEMMs were no help here (measured by benchmarks/int8_gemm.py):
-oneDNN's and fbgemm's u8 x s8 kernels saturate in int16 without VNNI on 8-bit weights
-(outputs 4-13% off; fbgemm's does not on these 7-bit ones, but it quantizes activations per
-tensor, not per token, and torch deprecates it), and torch._int_mm and _weight_int8pack_mm
-run reference loops (20-170x slower than the fp32 linear at 64 rows). Elsewhere the torch reference below
-runs: the same quantization, the integer product computed in fp32 (exact while K * 127 * 63
-stays below 2^24, i.e. K <= 2096; within fp32 rounding beyond).
+rows, multiply, scale, add bias and residual), with VNNI where the CPU has it and AVX2's
+vpmaddubsw with a sign trick where not. Elsewhere the torch reference below runs: the same
+quantization, each group's integer product computed in fp32 (exact: 16 * 127 * 127 < 2^24),
+accumulated group by group.
 """
 
 from __future__ import annotations
@@ -22,13 +20,14 @@ import torch.nn.functional as F
 
 from minivllm.model.kernels import cpu
 
-_NR, _CHUNK = 4, 32  # int8_gemm.c's panel width and K chunk
-WEIGHT_MAX = 63  # the weights' range, [-63, 63]; packed as q + WEIGHT_OFFSET, in [1, 127]
-WEIGHT_OFFSET = 64
+_NC, _KP = 16, 32  # int8_gemm.c's panel width and what K is padded to a multiple of
+GROUP = 16  # activation values per scale (int8_gemm.c's GROUP)
+WEIGHT_MAX = 127  # the weights' range, [-127, 127]
+WEIGHT_OFFSET = 128  # packed as q + 128, unsigned (VNNI's unsigned operand)
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> (int8 [N, K] in [-63, 63], fp32 scales [N]); w ~ q * scale."""
+    """weight [N, K] -> (int8 [N, K] in [-127, 127], fp32 scales [N]); w ~ q * scale."""
     weight = weight.float()
     amax = weight.abs().amax(dim=1)
     scales = torch.where(amax > 0, amax / WEIGHT_MAX, torch.ones_like(amax))
@@ -36,22 +35,43 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q, scales
 
 
-def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] -> (int8 [T, K], fp32 scales [T]), the same fp32 operations as the kernel's."""
+def quantize_per_group(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] -> (int8 [T, Kp], fp32 scales [T, Kp / GROUP]) with K zero-padded to Kp, a
+    multiple of 32: each group of GROUP values its own symmetric scale (1 for an all-zero
+    group). The same fp32 operations as the kernel's."""
     x = x.float()
-    amax = x.abs().amax(dim=1)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    scales = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-    return torch.round(x * inv[:, None]).to(torch.int8), scales
+    rows, k = x.shape
+    groups = F.pad(x, (0, -k % _KP)).view(rows, -1, GROUP)
+    amax = groups.abs().amax(dim=2, keepdim=True)
+    # Divisions by a full tensor: a Python number on either side of `/` makes torch multiply
+    # by a reciprocal, rounded differently from C's division (and a tie then rounds the
+    # other way).
+    full = torch.full_like(amax, 127.0)
+    inv = torch.where(amax > 0, full / amax, torch.zeros_like(amax))
+    scales = torch.where(amax > 0, amax / full, torch.ones_like(amax))
+    return torch.round(groups * inv).to(torch.int8).view(rows, -1), scales.view(rows, -1)
 
 
 def pack_weight(q: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] -> int8_gemm.c's panel layout: uint8 [N/4, K/32, 4, 32] holding
-    q + 64, padded (with 0: x is zero there, and padded columns are never written)."""
+    """int8 [N, K] -> int8_gemm.c's panel layout: uint8 [N/16, K/4, 16, 4] holding q + 128,
+    padded with q = 0 (x is zero there, and padded columns are never written)."""
     n, k = q.shape
-    np_, kp = -(-n // _NR) * _NR, -(-k // _CHUNK) * _CHUNK
-    padded = F.pad(q.to(torch.uint8) + WEIGHT_OFFSET, (0, kp - k, 0, np_ - n))
-    return padded.view(np_ // _NR, _NR, kp // _CHUNK, _CHUNK).transpose(1, 2).contiguous()
+    np_, kp = -(-n // _NC) * _NC, -(-k // _KP) * _KP
+    padded = (F.pad(q, (0, kp - k, 0, np_ - n)).to(torch.int16) + WEIGHT_OFFSET).to(torch.uint8)
+    return padded.view(np_ // _NC, _NC, kp // 4, 4).transpose(1, 2).contiguous()
+
+
+def reference_int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor
+                          ) -> torch.Tensor:
+    """x [T, K] fp32 times int8 weights q [N, K] (per-channel scales [N]) as the kernel
+    computes it, before bias and residual."""
+    xq, x_scales = quantize_per_group(x)
+    wq = F.pad(q, (0, xq.shape[1] - q.shape[1])).float()
+    acc = torch.zeros(x.shape[0], q.shape[0])
+    for g in range(x_scales.shape[1]):
+        part = slice(g * GROUP, (g + 1) * GROUP)
+        acc += F.linear(xq[:, part].float(), wq[:, part]) * x_scales[:, g:g + 1]
+    return acc * scales
 
 
 class Int8Linear:
@@ -71,8 +91,7 @@ class Int8Linear:
         if self.use_kernel:
             return cpu.int8_linear(x, self.packed, self.scales, self.bias, residual,
                                    self.out_features)
-        q, x_scales = quantize_per_token(x)
-        y = F.linear(q.float(), self.qweight.float()) * (x_scales[:, None] * self.scales)
+        y = reference_int8_linear(x, self.qweight, self.scales)
         if self.bias is not None:
             y = y + self.bias
         return y if residual is None else residual + y
