@@ -145,6 +145,9 @@ def main() -> None:
     ap.add_argument("--output", type=Path, default=None, help="write the figures as JSON")
     ap.add_argument("--save", type=Path, default=None, help="keep the generated data (.npz)")
     ap.add_argument("--load", type=Path, default=None, help="analyse saved data instead")
+    ap.add_argument("--score-cap", type=int, default=None,
+                    help="cut every output length to N before the analysis, as a lower "
+                         "max_tokens would have (e.g. bench's --custom-output-len 256)")
     args = ap.parse_args()
     if args.load:
         rows = load(args.load)
@@ -158,6 +161,11 @@ def main() -> None:
                         args.max_tokens, args.seed)
         if args.save:
             save(args.save, rows)
+    if args.score_cap:
+        args.max_tokens = min(args.max_tokens, args.score_cap)
+        rows = [[Finished(x.prompt_hidden, x.num_prompt_tokens,
+                          min(x.num_output_tokens, args.max_tokens), args.max_tokens)
+                 for x in r] for r in rows]
     order = np.random.default_rng(args.seed).permutation(len(rows))
     n_test = round(len(rows) * args.test_fraction)
     test_idx, train_idx = order[:n_test], order[n_test:]
