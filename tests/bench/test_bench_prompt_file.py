@@ -125,9 +125,19 @@ def test_explicit_flags_win_over_the_custom_defaults(tmp_path):
                      "--output", str(tmp_path / "out"), "--disable-tqdm") == 0
         with pytest.raises(SystemExit, match="needs --dataset-path"):
             bench("serve", "--base-url", url, "--dataset-name", "custom", "--disable-tqdm")
-    for body in server.record:
+        with pytest.raises(SystemExit, match="needs --dataset-name custom"):
+            bench("serve", "--base-url", url, "--dataset-path", str(path), "--disable-tqdm")
+        bodies, server.record[:] = list(server.record), []
+        assert bench("serve", "--base-url", url, "--dataset-name", "random", "--num-prompts",
+                     "2", "--input-len", "6", "--output-len", "3",
+                     "--output", str(tmp_path / "random"), "--disable-tqdm") == 0
+    for body in bodies:
         assert body["prompt"] == "one two three" and body["ignore_eos"]
         assert body["temperature"] == 0
+    # vLLM's random dataset: ids of the given length, exact output lengths, no sampling sent
+    assert [len(b["prompt"]) for b in server.record] == [6, 6]
+    assert all(b["ignore_eos"] and b["max_tokens"] == 3 and "temperature" not in b
+               for b in server.record)
 
 
 def test_the_committed_chat_prompts_are_what_the_script_writes(tmp_path):
