@@ -79,7 +79,7 @@ def every(w_spec, x_spec, kinds=ALL, **others) -> dict:
     return {**{k: (w_spec, x_spec) for k in kinds}, **others}
 
 
-A8G16 = (127, 16)  # what int8_gemm.c runs, with W8
+A8G16 = (127, 16)  # what int8_gemm.c runs, with W8G
 SCHEMES = {
     "fp32": {},
     "before: W7 per-channel, A8 per-token": every(W7, A8),
@@ -94,11 +94,13 @@ SCHEMES = {
     "W8 per-channel, A8 per-group-64": every(W8, (127, 64)),
     "W8 per-channel, A8 per-group-32": every(W8, A8G),
     "W8 per-group-32, A8 per-group-32 (Q8_0)": every(W8G, A8G),
-    "W8 per-channel, A8 per-group-16 (now)": every(W8, A8G16),
+    "W8 per-channel, A8 per-group-16": every(W8, A8G16),
+    "W8 per-group-32, A8 per-group-16 (now)": every(W8G, A8G16),
     "now, as the engine runs it (int8_gemm.c)": "kernel",
+    "now, as the engine runs it, lm_head fp32": "kernel, lm_head fp32",
     **{f"before, {k} only": every(W7, A8, {k}) for k in KINDS},
-    **{f"now, {k} only": every(W8, A8G16, {k}) for k in KINDS},
-    "now, lm_head fp32": every(W8, A8G16, ALL - {"lm_head"}),
+    **{f"now, {k} only": every(W8G, A8G16, {k}) for k in KINDS},
+    "now, lm_head fp32": every(W8G, A8G16, ALL - {"lm_head"}),
 }
 
 
@@ -106,17 +108,19 @@ def patched_linear(scheme: dict | str, stats: dict | None):
     """A stand-in for decoder.linear that names each linear by its order of creation (each
     dense layer makes qkv, o, gate_up, down) or, for the LM head, by its shape (a vocabulary
     over ten times the hidden size; gate_up's ratio is 5-8) and quantizes it as `scheme`
-    says ("kernel": minivllm's Int8Linear, every linear)."""
+    says ("kernel": minivllm's Int8Linear, every linear, or all but the LM head)."""
     calls = [0]
 
     def make(weight, bias, fast, weights):
-        if scheme == "kernel":
-            return Int8Linear(weight, bias)
         if weight.shape[0] > 10 * weight.shape[1]:
             kind = "lm_head"
         else:
             kind = KINDS[calls[0] % 4]
             calls[0] += 1
+        if scheme == "kernel" or scheme == "kernel, lm_head fp32" and kind != "lm_head":
+            return Int8Linear(weight, bias)
+        if isinstance(scheme, str):
+            return FakeQuantLinear(weight, bias, None, None)
         bucket = None if stats is None else stats.setdefault(kind, [])
         return FakeQuantLinear(weight, bias, *scheme.get(kind, (None, None)), bucket)
     return make

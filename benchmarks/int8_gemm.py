@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from minivllm.model.kernels.linear import Linear
-from minivllm.model.kernels.linear_int8 import Int8Linear, quantize_per_channel
+from minivllm.model.kernels.linear_int8 import Int8Linear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
           "lm_head": (49152, 576)}
@@ -102,6 +102,13 @@ def per_call_ms(fn, min_time: float = 0.3) -> float:
         fn()
         calls += 1
     return (time.perf_counter() - start) / calls * 1e3
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (int8 [N, K], fp32 scales [N]): one symmetric scale per output
+    channel, what torch's int8 GEMMs take (minivllm's kernel scales groups of 32)."""
+    scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127
+    return torch.round(weight / scales[:, None]).to(torch.int8), scales
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from minivllm.model.kernels.linear_int8 import (
+    pack_scales,
     pack_weight,
-    quantize_per_channel,
+    quantize_weight,
     reference_int8_linear,
 )
 
@@ -98,9 +99,11 @@ def test_variant_matches_torch_reference(variant, rows, n, k, threads):
     x = torch.randn(rows, k, generator=gen)
     x[0, 3] = 40.0  # an outlier channel
     bias, residual = torch.randn(n, generator=gen), torch.randn(rows, n, generator=gen)
-    q, scales = quantize_per_channel(weight)
-    expected = reference_int8_linear(x, q, scales) + bias + residual
-    got = _run(variant, x, pack_weight(q), scales, bias, residual, n, threads)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(_run(variant, x, pack_weight(q), scales, None, None, n, threads),
-                               expected - bias - residual, rtol=1e-5, atol=1e-5)
+    weight[:, 64:96] *= 10  # a group of larger weights
+    q, scales = quantize_weight(weight)
+    packed, packed_scales = pack_weight(q), pack_scales(scales)
+    expected = reference_int8_linear(x, q, scales)
+    got = _run(variant, x, packed, packed_scales, bias, residual, n, threads)
+    torch.testing.assert_close(got, expected + bias + residual, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_run(variant, x, packed, packed_scales, None, None, n, threads),
+                               expected, rtol=1e-5, atol=1e-5)

