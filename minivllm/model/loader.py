@@ -16,9 +16,11 @@ from safetensors.torch import load_file
 
 from minivllm.config import DEMO_MODEL_NAME
 from minivllm.model import gguf
+from minivllm.model.kernels.isa import cpu_features
 
 logger = logging.getLogger(__name__)
 
+NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags
 _DTYPES = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
@@ -48,13 +50,27 @@ def resolve_model_path(model: str, revision: str | None = None) -> Path:
         ) from exc
 
 
-def resolve_dtype(dtype: str, hf_config) -> torch.dtype:
-    if dtype == "auto":
-        configured = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-        if isinstance(configured, str):
-            configured = _DTYPES.get(configured)
+def resolve_dtype(dtype: str, hf_config, device: torch.device | None = None) -> torch.dtype:
+    """An explicit dtype as named. "auto": the checkpoint's dtype (float32 if it names none),
+    except on the CPU (`device`), where a float32 checkpoint stays float32 (exact, the
+    reference) and any other (bf16, fp16, or none named: a GGUF file) runs in bfloat16 where
+    the CPU has native bf16 dot products (AVX512-BF16, AMX-BF16) and in float32 where bf16
+    would be emulated (slower than float32 there)."""
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    configured = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(configured, str):
+        configured = _DTYPES.get(configured)
+    if device is None or device.type != "cpu":
         return configured if isinstance(configured, torch.dtype) else torch.float32
-    return _DTYPES[dtype]
+    if configured == torch.float32:
+        return torch.float32
+    native = bool(cpu_features() & NATIVE_BF16)
+    logger.info("dtype auto on this CPU: %s (the checkpoint: %s; %s)",
+                "bfloat16" if native else "float32", configured or "no dtype named",
+                "native bf16 dot products" if native else "no AVX512-BF16 / AMX-BF16: bf16 "
+                "would be emulated")
+    return torch.bfloat16 if native else torch.float32
 
 
 def resolve_device(device: str) -> torch.device:

@@ -61,7 +61,7 @@ class ModelRunner:
         # bf16 on the CPU is bf16 linear weights and KV cache, with fp32 activations between
         # the ops, so that the C kernels (fp32) keep running (kernels/linear.py).
         dtype = (torch.float32 if model_config.quantization
-                 else resolve_dtype(model_config.dtype, hf_config))
+                 else resolve_dtype(model_config.dtype, hf_config, self.device))
         cpu_bf16 = self.device.type == "cpu" and dtype == torch.bfloat16
         self.dtype = torch.float32 if cpu_bf16 else dtype
         if cpu_bf16:

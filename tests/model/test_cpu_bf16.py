@@ -62,3 +62,25 @@ def test_bf16_greedy_is_the_same_with_kernels_on_and_off(bf16_runs):
     (fast, slow), _ = bf16_runs
     for a, b in zip(fast, slow):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("checkpoint, flags, expected", [
+    ("float32", {"avx2", "avx512_bf16"}, torch.float32),  # an fp32 checkpoint stays exact
+    ("bfloat16", {"avx2", "avx512_bf16"}, torch.bfloat16),
+    ("float16", {"avx2", "amx_bf16"}, torch.bfloat16),
+    (None, {"avx2", "avx512_bf16"}, torch.bfloat16),  # a GGUF file names no dtype
+    ("bfloat16", {"avx2", "avx512f"}, torch.float32),  # bf16 would be emulated
+    (None, {"avx2"}, torch.float32),
+])
+def test_dtype_auto_on_the_cpu(checkpoint, flags, expected, monkeypatch):
+    from types import SimpleNamespace
+
+    from minivllm.model import loader
+
+    monkeypatch.setattr(loader, "cpu_features", lambda: frozenset(flags))
+    config = SimpleNamespace(dtype=checkpoint)
+    assert loader.resolve_dtype("auto", config, torch.device("cpu")) == expected
+    assert loader.resolve_dtype("float32", config, torch.device("cpu")) == torch.float32
+    # Elsewhere (and where no device is given) auto is the checkpoint's dtype.
+    assert loader.resolve_dtype("auto", config) == (
+        getattr(torch, checkpoint) if checkpoint else torch.float32)
