@@ -142,7 +142,8 @@ def test_engine_output_equals_the_original(tiny_llama, tiny_gguf, cache):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
     outputs = {}
     for model in (str(tiny_llama), str(tiny_gguf)):
-        llm = LLM(model, block_size=4, num_kv_blocks=64)
+        # float32: a GGUF file names no dtype, so auto would be bf16 on a bf16-capable CPU
+        llm = LLM(model, dtype="float32", block_size=4, num_kv_blocks=64)
         outputs[model] = [(c.token_ids, [e[t].logprob for e, t in zip(c.logprobs, c.token_ids)])
                           for c in (o.outputs[0] for o in
                                     llm.generate(prompts, params, use_tqdm=False))]
