@@ -78,14 +78,15 @@ def test_kernel_zero_rows_and_extremes():
 
 @pytest.mark.parametrize("use_kernel", [True, False])
 def test_w8a8_close_to_fp32_product(use_kernel):
-    """Per-channel weights and per-token activations at 8 bits: the error of a 576-long dot
-    product stays within 3% of the output's largest value (about 1.1% measured)."""
+    """8-bit weights and activations, each with its group scales: the error of a 576-long
+    dot product stays within 1.5% of the output's largest value (0.6% measured; per-channel
+    7-bit weights with per-token activations: 1.1%)."""
     if use_kernel and not cpu.available(torch.device("cpu"), torch.float32):
         pytest.skip("no kernels built")
     weight, bias, x, _ = _case(16, 256, 576)
     exact = F.linear(x, weight, bias)
     error = (Int8Linear(weight, bias, use_kernel=use_kernel)(x) - exact).abs().max()
-    assert error <= 0.03 * exact.abs().max()
+    assert error <= 0.015 * exact.abs().max()
 
 
 def test_weights_use_eight_bits_packed_unsigned():
