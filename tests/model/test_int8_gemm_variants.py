@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from minivllm.model.kernels.linear_int8 import (
+    GROUP,
     pack_scales,
     pack_weight,
     quantize_weight,
@@ -80,11 +81,12 @@ def _run(fn, x, packed, scales, bias, residual, n, threads):
     kp = -(-k // 32) * 32
     y = torch.empty(rows, n)
     scratch = torch.empty(rows * kp, dtype=torch.int8)
-    unused_scales, unused_sums = torch.empty(rows), torch.empty(rows, dtype=torch.int32)
+    gscales = torch.empty(rows * kp // GROUP)
+    gsums = torch.empty(rows * kp // GROUP, dtype=torch.int32)
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     fn(ptr(x), x.stride(0), ptr(packed), ptr(scales), ptr(bias), ptr(residual),
        0 if residual is None else residual.stride(0), ptr(y), ptr(scratch),
-       ptr(unused_scales), ptr(unused_sums), rows, k, kp, n, threads)
+       ptr(gscales), ptr(gsums), rows, k, kp, n, threads)
     return y
 
 

@@ -161,18 +161,19 @@ def sampler_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
 
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
                 bias: torch.Tensor | None, residual: torch.Tensor | None,
-                out_features: int) -> torch.Tensor:
-    """W8A8: x [T, K] fp32 (rows may be strided) quantized per row inside the call, times
-    int8 weights packed by linear_int8.pack_weight, scaled back to fp32 [T, out_features];
-    bias [N] and residual [T, N] (fp32) added in the same pass. See int8_gemm.c."""
+                out_features: int, group: int) -> torch.Tensor:
+    """W8A8: x [T, K] fp32 (rows may be strided) quantized inside the call, per row and group
+    of `group` values, times int8 weights and their group scales packed by
+    linear_int8.pack_weight, scaled back to fp32 [T, out_features]; bias [N] and residual
+    [T, N] (fp32) added in the same pass. See int8_gemm.c."""
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, k = x.shape
     kp = -(-k // 32) * 32
     y = torch.empty(rows, out_features, dtype=torch.float32)
     scratch = torch.empty(rows * kp, dtype=torch.int8)
-    x_scales = torch.empty(rows, dtype=torch.float32)
-    x_sums = torch.empty(rows, dtype=torch.int32)
+    gscales = torch.empty(rows * (kp // group), dtype=torch.float32)
+    gsums = torch.empty(rows * (kp // group), dtype=torch.int32)
     if residual is not None and residual.stride(1) != 1:
         residual = residual.contiguous()
     _library().int8_linear_f32(
@@ -180,6 +181,6 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
         bias=None if bias is None else bias.data_ptr(),
         residual=None if residual is None else residual.data_ptr(),
         ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
-        scratch=scratch.data_ptr(), x_scales=x_scales.data_ptr(), x_sums=x_sums.data_ptr(),
+        scratch=scratch.data_ptr(), gscales=gscales.data_ptr(), gsums=gsums.data_ptr(),
         rows=rows, k=k, kp=kp, n=out_features, num_threads=torch.get_num_threads())
     return y

@@ -33,7 +33,6 @@
  *   w_scales[(panel * kp / WGROUP + G) * NC + j] = sw[panel * NC + j][G]. */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -196,17 +195,13 @@ static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *g
 
 /* x [rows, k] fp32 (row stride ldx); w and w_scales packed as above for n columns;
  * bias [n] or NULL; residual [rows, n] (row stride ldr) or NULL; y [rows, n] contiguous.
- * scratch: rows * kp bytes for the quantized rows. x_scales and x_sums (rows each) are
- * not read: the group scales and sums (rows * kp / GROUP each) are allocated here. */
+ * scratch: rows * kp bytes for the quantized rows; gscales and gsums: rows * kp / GROUP
+ * each, for each row's group scales and sums of quantized values. */
 void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float *w_scales,
                      const float *bias, const float *residual, int64_t ldr, float *y,
-                     int8_t *scratch, float *x_scales, int32_t *x_sums, int64_t rows, int k,
+                     int8_t *scratch, float *gscales, int32_t *gsums, int64_t rows, int k,
                      int kp, int n, int num_threads) {
-    (void)x_scales, (void)x_sums;
     const int groups = kp / GROUP;
-    float *gscales = malloc(sizeof(float) * rows * groups);
-    int32_t *gsums = malloc(sizeof(int32_t) * rows * groups);
-    if (!gscales || !gsums) abort();
     quantize_rows(x, ldx, scratch, gscales, gsums, rows, k, kp, num_threads);
     const int panels = (n + NC - 1) / NC;
     const int64_t panel_bytes = (int64_t)kp * NC;
@@ -254,6 +249,4 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
             }
         }
     }
-    free(gscales);
-    free(gsums);
 }

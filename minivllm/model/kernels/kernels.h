@@ -51,7 +51,7 @@ void sample_rows_f32(float *logits, int64_t rows, int64_t vocab, const float *fp
 /* int8_gemm.c */
 void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float *w_scales,
                      const float *bias, const float *residual, int64_t ldr, float *y,
-                     int8_t *scratch, float *x_scales, int32_t *x_sums, int64_t rows, int k,
+                     int8_t *scratch, float *gscales, int32_t *gsums, int64_t rows, int k,
                      int kp, int n, int num_threads);
 
 /* isa_info.c: the instruction sets the library was compiled for, bits in the order of

@@ -104,7 +104,7 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.use_kernel:
             return cpu.int8_linear(x, self.packed, self.packed_scales, self.bias, residual,
-                                   self.out_features)
+                                   self.out_features, GROUP)
         y = reference_int8_linear(x, self.qweight, self.scales)
         if self.bias is not None:
             y = y + self.bias
