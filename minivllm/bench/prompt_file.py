@@ -20,12 +20,12 @@ A malformed line raises ValueError naming the file, the line and what was wrong.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from minivllm.bench.jsonl import line_error, read_objects
 from minivllm.bench.workload import Trace, TraceEntry, arrival_times, draw_priority, fit_context
 
 CUSTOM_OUTPUT_LEN = 256  # vllm bench serve's --custom-output-len default
@@ -35,22 +35,12 @@ def read_custom(path: str | Path) -> list[str]:
     """The prompts of a custom dataset file, in the file's order (blank lines skipped)."""
     path = Path(path)
     prompts = []
-    with open(path) as f:
-        for line, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {line}: not a JSON object: {e}") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}, line {line}: expected a JSON object with a "
-                                 f"\"prompt\" field, got {type(obj).__name__}")
-            prompt = obj.get("prompt")
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError(f"{path}, line {line}: \"prompt\" must be a non-empty string, "
-                                 f"got {prompt!r}")
-            prompts.append(prompt)
+    for line, obj in read_objects(path):
+        prompt = obj.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise line_error(path, line, f"\"prompt\" must be a non-empty string, got "
+                                         f"{prompt!r}")
+        prompts.append(prompt)
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts

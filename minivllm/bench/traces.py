@@ -23,11 +23,11 @@ A malformed row raises ValueError naming the file, the line and what was wrong.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from datetime import datetime
 from pathlib import Path
 
+from minivllm.bench.jsonl import line_error, read_objects
 from minivllm.bench.prompt_file import CUSTOM_OUTPUT_LEN, custom_trace
 from minivllm.bench.workload import (
     SEED_BUCKETS,
@@ -47,10 +47,6 @@ MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in Mooncake's traces
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
-def _bad(path: Path, line: int, why: str) -> ValueError:
-    return ValueError(f"{path}, line {line}: {why}")
-
-
 def _count(path: Path, line: int, name: str, value, minimum: int) -> int:
     """A token count field: an integer >= minimum (JSON ints, or CSV text of one)."""
     try:
@@ -58,9 +54,9 @@ def _count(path: Path, line: int, name: str, value, minimum: int) -> int:
             raise ValueError
         number = int(value)
     except (TypeError, ValueError):
-        raise _bad(path, line, f"{name} must be an integer, got {value!r}") from None
+        raise line_error(path, line, f"{name} must be an integer, got {value!r}") from None
     if number < minimum:
-        raise _bad(path, line, f"{name} must be >= {minimum}, got {number}")
+        raise line_error(path, line, f"{name} must be >= {minimum}, got {number}")
     return number
 
 
@@ -76,7 +72,7 @@ def _azure_time(path: Path, line: int, text: str) -> float:
         stamp = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").timestamp()
         return stamp + (float("0." + fraction) if fraction else 0.0)
     except ValueError:
-        raise _bad(path, line, f"TIMESTAMP must be 'YYYY-MM-DD HH:MM:SS[.fraction]' or "
+        raise line_error(path, line, f"TIMESTAMP must be 'YYYY-MM-DD HH:MM:SS[.fraction]' or "
                                f"seconds, got {text!r}") from None
 
 
@@ -88,13 +84,13 @@ def read_azure(path: str | Path) -> list[tuple[float, int, int, tuple[int, ...]]
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None or tuple(h.strip() for h in header) != AZURE_COLUMNS:
-            raise _bad(path, 1, f"expected the header {','.join(AZURE_COLUMNS)}, got {header!r}")
+            raise line_error(path, 1, f"expected the header {','.join(AZURE_COLUMNS)}, got {header!r}")
         for fields in reader:
             line = reader.line_num
             if not fields or fields == [""]:
                 continue
             if len(fields) != 3:
-                raise _bad(path, line, f"expected 3 fields, got {len(fields)}: {fields!r}")
+                raise line_error(path, line, f"expected 3 fields, got {len(fields)}: {fields!r}")
             rows.append((_azure_time(path, line, fields[0]),
                          _count(path, line, "ContextTokens", fields[1].strip(), 1),
                          _count(path, line, "GeneratedTokens", fields[2].strip(), 1), ()))
@@ -105,30 +101,21 @@ def read_mooncake(path: str | Path) -> list[tuple[float, int, int, tuple[int, ..
     """Rows as (arrival seconds, prompt tokens, output tokens, hash ids)."""
     path = Path(path)
     rows = []
-    with open(path) as f:
-        for line, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise _bad(path, line, f"not a JSON object: {e}") from None
-            if not isinstance(obj, dict):
-                raise _bad(path, line, f"expected a JSON object, got {type(obj).__name__}")
-            missing = [k for k in ("timestamp", "input_length", "output_length") if k not in obj]
-            if missing:
-                raise _bad(path, line, f"missing field(s) {', '.join(missing)}")
-            stamp = obj["timestamp"]
-            if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or stamp < 0:
-                raise _bad(path, line, f"timestamp must be milliseconds >= 0, got {stamp!r}")
-            prompt = _count(path, line, "input_length", obj["input_length"], 1)
-            hash_ids = obj.get("hash_ids", [])
-            if (not isinstance(hash_ids, list)
-                    or any(isinstance(h, bool) or not isinstance(h, int) for h in hash_ids)):
-                raise _bad(path, line, f"hash_ids must be a list of integers, got {hash_ids!r}")
-            rows.append((stamp / 1000.0, prompt,
-                         _count(path, line, "output_length", obj["output_length"], 1),
-                         tuple(hash_ids)))
+    for line, obj in read_objects(path):
+        missing = [k for k in ("timestamp", "input_length", "output_length") if k not in obj]
+        if missing:
+            raise line_error(path, line, f"missing field(s) {', '.join(missing)}")
+        stamp = obj["timestamp"]
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or stamp < 0:
+            raise line_error(path, line, f"timestamp must be milliseconds >= 0, got {stamp!r}")
+        prompt = _count(path, line, "input_length", obj["input_length"], 1)
+        hash_ids = obj.get("hash_ids", [])
+        if (not isinstance(hash_ids, list)
+                or any(isinstance(h, bool) or not isinstance(h, int) for h in hash_ids)):
+            raise line_error(path, line, f"hash_ids must be a list of integers, got {hash_ids!r}")
+        rows.append((stamp / 1000.0, prompt,
+                     _count(path, line, "output_length", obj["output_length"], 1),
+                     tuple(hash_ids)))
     return rows
 
 
