@@ -34,7 +34,8 @@ class ModelConfig:
     tokenizer: str | None = None
     served_model_name: str | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    # None | int8: W8A8 linear layers, quantized at load (model/kernels/linear_int8.py)
+    # None | int8: W8A8 linear layers, quantized at load (model/kernels/linear_int8.py) |
+    # gguf: a GGUF file's Q8_0 / Q4_0 linear weights run as stored (linear_gguf.py)
     quantization: str | None = None
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
@@ -48,8 +49,14 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "fp32"):
             raise _bad(self, "dtype", "must be one of auto, float32, bfloat16, float16")
-        if self.quantization not in (None, "int8"):
-            raise _bad(self, "quantization", "must be int8 (or unset for none)")
+        if self.quantization not in (None, "int8", "gguf"):
+            raise _bad(self, "quantization", "must be int8 or gguf (or unset for none)")
+        # model/gguf.py's is_gguf_model, not imported here: that module imports torch.
+        if self.quantization == "gguf" and not (
+                self.model.endswith(".gguf")
+                or (":" in self.model and not Path(self.model).expanduser().exists())):
+            raise ValueError("quantization='gguf' runs a GGUF file's weight blocks: the model "
+                             f"must be a .gguf file (or 'org/repo:file.gguf'), got {self.model!r}")
         if self.quantization and self.dtype not in ("auto", "float32", "float", "fp32"):
             raise ValueError(f"quantization={self.quantization!r} keeps activations in "
                              f"float32: dtype must be auto or float32, got {self.dtype!r}")

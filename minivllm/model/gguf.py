@@ -1,6 +1,7 @@
 """GGUF files (llama.cpp's format) as models: the file's metadata becomes a small model
 directory the engine reads like any other (config.json, generation_config.json, the
-tokenizer with its chat template), and its tensors are dequantized to float32 at load.
+tokenizer with its chat template), and its tensors are dequantized to float32 at load (with
+`quantization="gguf"`, Q8_0 / Q4_0 linear weights stay the file's blocks).
 
 Both halves are transformers' GGUF support (metadata -> config and tokenizer; tensor names
 and llama.cpp's Q/K permutation undone) over the `gguf` package's reader and dequantizers;
@@ -12,15 +13,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
+from minivllm.model.kernels.linear_gguf import BLOCK_BYTES, BlockWeight
+
+logger = logging.getLogger(__name__)
 # The pointer from a cache directory to its GGUF file; load_state_dict looks for it.
 POINTER = "gguf_file.json"
 # What the directory holds; a directory built by an older minivllm is built again.
@@ -200,11 +206,16 @@ def is_gguf_dir(directory: Path) -> bool:
     return (directory / POINTER).exists()
 
 
-def load_gguf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
+                         ) -> dict[str, torch.Tensor | BlockWeight]:
     """The tensors of the GGUF file a model_dir points to, under transformers' checkpoint
     names, dequantized to float32: transformers' load_gguf_checkpoint, less its parsing of
     every metadata field into Python values (the vocabulary and merges: seconds; the
-    directory has them) and its name map (kept in the directory)."""
+    directory has them) and its name map (kept in the directory).
+
+    keep_blocks (`quantization="gguf"`): linear weights stored as Q8_0 or Q4_0 come back as
+    their blocks (BlockWeight, kernels/linear_gguf.py), not dequantized; the rest as
+    above, and one INFO line counts both kinds of linears."""
     import numpy as np
     from gguf import GGMLQuantizationType, dequantize
     from transformers import AutoConfig
@@ -213,20 +224,51 @@ def load_gguf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     names = pointer["tensor_names"]
     processor = _processor(AutoConfig.from_pretrained(directory), pointer["architecture"])
     parsed: dict = {"tensors": {}}  # where the expert processors put what they stack
-    state: dict[str, torch.Tensor] = parsed["tensors"]
+    state: dict[str, torch.Tensor | BlockWeight] = parsed["tensors"]
     mapped = np.memmap(pointer["gguf_file"], mode="r").view(np.ndarray)
+    stored, dequantized = Counter(), Counter()
     for tensor in pointer["tensors"]:
         dtype, shape = np.dtype(tensor["dtype"]), tensor["shape"]
         data = mapped[tensor["offset"]:tensor["offset"] + dtype.itemsize * math.prod(shape)]
-        weights = dequantize(data.view(dtype).reshape(shape),
-                             GGMLQuantizationType(tensor["type"]))
+        qtype = GGMLQuantizationType(tensor["type"])
+        linear = _is_linear(tensor["name"], shape)
+        as_blocks = keep_blocks and linear and _keeps_blocks(qtype, processor)
+        # Blocks run along the input dimension, so a processor's row permutation (llama.cpp's
+        # Q/K order undone) moves whole rows of bytes as it moves rows of values.
+        weights = (data.view(dtype).reshape(shape) if as_blocks else
+                   dequantize(data.view(dtype).reshape(shape), qtype))
         result = processor.process(weights=weights, name=tensor["name"],
                                    tensor_key_mapping=names, parsed_parameters=parsed)
         if result.name in names:  # not e.g. llama.cpp's precomputed rope_freqs
             weights = result.weights  # F32 tensors come back as views of the read-only map
-            state[names[result.name]] = torch.from_numpy(
-                weights if weights.flags.writeable else weights.copy())
+            weights = torch.from_numpy(weights if weights.flags.writeable else weights.copy())
+            state[names[result.name]] = (BlockWeight(int(qtype), weights) if as_blocks
+                                         else weights)
+            if linear:
+                (stored if as_blocks else dequantized)[qtype.name] += 1
+    if keep_blocks:
+        logger.info("quantization=gguf: %d linears run from their stored blocks (%s), %d "
+                    "dequantized to float32 (%s)", stored.total(), _types(stored),
+                    dequantized.total(), _types(dequantized))
     return state
+
+
+def _is_linear(gguf_name: str, shape: list[int]) -> bool:
+    """A linear layer's weight: 2-D and not the token embeddings (which are looked up)."""
+    return len(shape) == 2 and not gguf_name.startswith("token_embd")
+
+
+def _keeps_blocks(qtype, processor) -> bool:
+    """Blocks the kernel reads, under a processor that at most permutes rows (transformers'
+    default, Llama's Q/K un-permutation); other processors change values."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor
+
+    return (int(qtype) in BLOCK_BYTES
+            and type(processor) in (TensorProcessor, LlamaTensorProcessor))
+
+
+def _types(counts: Counter) -> str:
+    return ", ".join(f"{name}: {count}" for name, count in sorted(counts.items())) or "none"
 
 
 def open_gguf(path: Path):

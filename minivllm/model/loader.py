@@ -79,12 +79,13 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def load_state_dict(path: Path, keep_gguf_blocks: bool = False) -> dict[str, torch.Tensor]:
     """All tensors of the model directory, logging how long that took and the process's
-    peak memory so far."""
+    peak memory so far. keep_gguf_blocks: see gguf.load_gguf_state_dict."""
     start = time.perf_counter()
     from_gguf = gguf.is_gguf_dir(path)
-    state = gguf.load_gguf_state_dict(path) if from_gguf else _load_safetensors(path)
+    state = (gguf.load_gguf_state_dict(path, keep_gguf_blocks) if from_gguf
+             else _load_safetensors(path))
     logger.info("Loading weights took %.2f s (%s); peak memory %.0f MiB",
                 time.perf_counter() - start, "GGUF" if from_gguf else "safetensors",
                 peak_rss_mib())

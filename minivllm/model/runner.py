@@ -57,7 +57,8 @@ class ModelRunner:
                         if not num_threads and torch.get_num_threads() > 1 else None)
         model_config = config.model_config
         self.device = resolve_device(model_config.device)
-        # int8 quantizes the linears and keeps everything else in float32 (linear_int8.py).
+        # int8 quantizes the linears and keeps everything else in float32 (linear_int8.py);
+        # gguf keeps a GGUF file's Q8_0 / Q4_0 linear weights as stored (linear_gguf.py).
         # bf16 on the CPU is bf16 linear weights and KV cache, with fp32 activations between
         # the ops, so that the C kernels (fp32) keep running (kernels/linear.py).
         dtype = (torch.float32 if model_config.quantization
@@ -70,7 +71,8 @@ class ModelRunner:
                         if torch.ops.mkldnn._is_mkldnn_bf16_supported() else
                         "emulated: this CPU has no AVX512-BF16; float32 is faster here")
         weights = {k: v.to(self.device, self.dtype)
-                   for k, v in load_state_dict(model_path).items()}
+                   for k, v in load_state_dict(
+                       model_path, keep_gguf_blocks=model_config.quantization == "gguf").items()}
         self.model = build_model(hf_config, weights, model_config.quantization,
                                  linear_weights="bf16" if cpu_bf16 else None).to(self.device)
         self.block_size = config.scheduler_config.block_size

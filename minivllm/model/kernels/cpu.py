@@ -1,5 +1,5 @@
-"""The C kernels (paged_attention.c, ops.c, sampler.c, int8_gemm.c) behind torch-facing
-wrappers: built and loaded by build.py on first use, for this CPU's ISA level (isa.py),
+"""The C kernels (paged_attention.c, ops.c, sampler.c, int8_gemm.c, gguf_gemm.c) behind
+torch-facing wrappers: built and loaded by build.py on first use, for this CPU's ISA level (isa.py),
 called with keyword arguments named as in kernels.h. Without a compiler, or when the build
 or the load fails, `available()` is False and the callers keep their pure-torch paths,
 which stay the tested references. fp32 CPU tensors only."""
@@ -183,4 +183,31 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
         ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
         scratch=scratch.data_ptr(), gscales=gscales.data_ptr(), gsums=gsums.data_ptr(),
         rows=rows, k=k, kp=kp, n=out_features, num_threads=torch.get_num_threads())
+    return y
+
+
+def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor, qtype: int,
+                bias: torch.Tensor | None, residual: torch.Tensor | None,
+                out_features: int) -> torch.Tensor:
+    """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,
+    times GGUF Q8_0 / Q4_0 weight blocks as stored (uint8 [N, K / 32 * block bytes]) with
+    their scales as fp32 [N, K / 32] -> fp32 [T, out_features]; bias [N] and residual
+    [T, N] (fp32) added in the same pass. See gguf_gemm.c."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, k = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    xq = torch.empty(rows * k, dtype=torch.int8)
+    xs = torch.empty(rows * (k // 32), dtype=torch.float32)
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    status = _library().gguf_linear_f32(
+        x=x.data_ptr(), ldx=x.stride(0), blocks=blocks.data_ptr(), w_scales=w_scales.data_ptr(),
+        qtype=qtype, bias=None if bias is None else bias.data_ptr(),
+        residual=None if residual is None else residual.data_ptr(),
+        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(), xq=xq.data_ptr(),
+        xs=xs.data_ptr(), rows=rows, k=k, n=out_features, num_threads=torch.get_num_threads())
+    if status != 0:
+        raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not Q8_0 / Q4_0 "
+                         "blocks of 32")
     return y

@@ -12,6 +12,8 @@ checkpoint's names (models/__init__.py checks that nothing else differs):
 - Mixtral / Qwen3-MoE: the MLP is a SparseMoeBlock (moe.py).
 With quantization="int8" every linear, the LM head included, is W8A8
 (kernels/linear_int8.py), experts too; embeddings, norms, routers and attention stay fp32.
+With quantization="gguf" the linears whose weights a GGUF file stores as Q8_0 / Q4_0 run
+from those blocks (kernels/linear_gguf.py; q/k/v and gate/up concatenated as blocks).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import nn
 from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.kernels import cpu
+from minivllm.model.kernels.linear_gguf import cat_rows
 from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm, linear
 from minivllm.model.models.moe import EXPERT_NAMES, SparseMoeBlock
 from minivllm.model.rope import RotaryEmbedding, rope_layer_types, rotary_dim
@@ -72,7 +75,7 @@ class DecoderLayer(nn.Module):
         lin = lambda weight, bias=None: linear(weight, bias, fast, linear_weights)  # noqa: E731
         attn = "self_attn."
         if (qkv := w.maybe(attn + "qkv_proj.weight")) is None:  # Phi-3 ships it fused
-            qkv = torch.cat([w(attn + f"{p}_proj.weight") for p in "qkv"])
+            qkv = cat_rows([w(attn + f"{p}_proj.weight") for p in "qkv"])
         biases = [w.maybe(attn + f"{p}_proj.bias") for p in "qkv"]
         qkv_bias = torch.cat(biases) if biases[0] is not None else None
         has_qk_norm = w.prefix + attn + "q_norm.weight" in w.state
@@ -112,14 +115,14 @@ def _mlp(cfg, arch: Arch, w: Weights, index: int, lin, fused: bool
     activation = getattr(cfg, "hidden_activation", None) or cfg.hidden_act
     if arch.experts and _is_sparse(cfg, index):
         moe, gate, up, down = EXPERT_NAMES[arch.experts]
-        experts = [GatedMLP(lin(torch.cat([w(f"{moe}experts.{e}.{gate}.weight"),
-                                           w(f"{moe}experts.{e}.{up}.weight")])),
+        experts = [GatedMLP(lin(cat_rows([w(f"{moe}experts.{e}.{gate}.weight"),
+                                          w(f"{moe}experts.{e}.{up}.weight")])),
                             lin(w(f"{moe}experts.{e}.{down}.weight")), activation, fused)
                    for e in range(_num_experts(cfg))]
         return SparseMoeBlock(w(moe + "gate.weight"), experts, cfg.num_experts_per_tok,
                               getattr(cfg, "norm_topk_prob", True))
     if (gate_up := w.maybe("mlp.gate_up_proj.weight")) is None:  # Phi-3 ships it fused
-        gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
+        gate_up = cat_rows([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
     return GatedMLP(lin(gate_up), lin(w("mlp.down_proj.weight")), activation, fused)
 
 

@@ -1,4 +1,4 @@
-"""The parts every decoder here is built from: RMSNorm, linears (oneDNN, int8, bf16), the
+"""The parts every decoder here is built from: RMSNorm, linears (oneDNN, int8, bf16, GGUF), the
 attention block over the paged KV cache and the gated MLP. On the CPU in fp32 the small
 per-token ops (RMSNorm, RoPE + KV write, SiLU-and-mul) run as fused C kernels; everywhere
 else, and with fast=False, they are the plain torch ops."""
@@ -12,6 +12,7 @@ from torch import nn
 from minivllm.model.attention import AttentionMetadata, paged_attention, write_kv
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear import Linear
+from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
 from minivllm.model.kernels.linear_int8 import Int8Linear
 from minivllm.model.rope import apply_rope
 
@@ -41,10 +42,13 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def linear(weight: torch.Tensor, bias: torch.Tensor | None, fast: bool,
-           weights: str | None) -> Linear | Int8Linear:
+def linear(weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None, fast: bool,
+           weights: str | None) -> Linear | Int8Linear | GGUFLinear:
     """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
-    weights, fp32 inputs converted at the product: the CPU's bf16, see CausalLM)."""
+    weights, fp32 inputs converted at the product: the CPU's bf16, see CausalLM). A GGUF
+    file's blocks (quantization="gguf") run as stored (linear_gguf.py)."""
+    if isinstance(weight, BlockWeight):
+        return GGUFLinear(weight, bias, use_kernel=fast)
     if weights == "int8":
         return Int8Linear(weight, bias, use_kernel=fast)
     if weights == "bf16":

@@ -1,0 +1,121 @@
+"""Linear layers over GGUF weight blocks as the file stores them (`quantization="gguf"`):
+Q8_0 and Q4_0, llama.cpp's blocks of 32 input values with one fp16 scale each,
+  Q8_0: 2-byte scale d, 32 int8 q;          w = d * q
+  Q4_0: 2-byte scale d, 16 bytes of nibbles; w = d * (nibble - 8), the low nibbles are
+        values 0..15 of the block, the high nibbles values 16..31.
+A matrix [N, K] is N rows of K / 32 blocks, rows along the output dimension, so whole rows
+can be permuted or concatenated as bytes (gguf.py undoes llama.cpp's Q/K permutation so).
+
+On the CPU with the C kernels built, gguf_gemm.c runs the product as llama.cpp does:
+activations quantized per row and block of 32 to int8 (its q8_0 activations), each block's
+integer dot product scaled by the two block scales and accumulated in fp32. Elsewhere the
+reference runs: the blocks dequantized once at load, and F.linear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.model.kernels import cpu
+
+Q4_0, Q8_0 = 2, 8  # gguf.GGMLQuantizationType values
+BLOCK = 32  # values per block
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18}
+TYPE_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0"}
+
+
+@dataclass
+class BlockWeight:
+    """A linear's weight [N, K] as GGUF blocks: uint8 [N, K / 32 * block bytes]."""
+
+    qtype: int
+    blocks: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, row_bytes = self.blocks.shape
+        return rows, row_bytes // BLOCK_BYTES[self.qtype] * BLOCK
+
+    def to(self, device: torch.device, dtype: torch.dtype | None = None) -> BlockWeight:
+        """On `device`; the blocks keep their type whatever `dtype` (runner.py moves every
+        weight with its dtype)."""
+        return BlockWeight(self.qtype, self.blocks.to(device))
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [N, K], equal to gguf.quants.dequantize of the same blocks."""
+        rows, _ = self.shape
+        blocks = self.blocks.reshape(rows, -1, BLOCK_BYTES[self.qtype])
+        scales = blocks[..., :2].contiguous().view(torch.float16).float()
+        if self.qtype == Q8_0:
+            q = blocks[..., 2:].contiguous().view(torch.int8).float()
+        else:
+            nibbles = blocks[..., 2:]
+            q = torch.cat([nibbles & 0xF, nibbles >> 4], dim=-1).float() - 8
+        return (scales * q).reshape(rows, -1)
+
+
+def cat_rows(parts: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWeight:
+    """Weights stacked along the output dimension (q/k/v, gate/up): blocks of one type stay
+    blocks; a mix is dequantized (a layer runs one kernel)."""
+    if all(isinstance(p, BlockWeight) for p in parts) and len({p.qtype for p in parts}) == 1:
+        return BlockWeight(parts[0].qtype, torch.cat([p.blocks for p in parts]))
+    return torch.cat([p.dequantize() if isinstance(p, BlockWeight) else p for p in parts])
+
+
+def block_scales(weight: BlockWeight) -> torch.Tensor:
+    """Each block's scale as fp32 [N, K / 32] (the kernel reads them so, not as fp16)."""
+    rows, _ = weight.shape
+    blocks = weight.blocks.reshape(rows, -1, BLOCK_BYTES[weight.qtype])
+    return blocks[..., :2].contiguous().view(torch.float16).float().reshape(rows, -1)
+
+
+def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] fp32 -> (int8 [T, K], fp32 scales [T, K / 32]): per block of 32 values,
+    symmetric, q = round(x * (127 / max|x|)), scale max|x| / 127 (1 for an all-zero block).
+    The same fp32 operations as gguf_gemm.c's."""
+    rows, k = x.shape
+    blocks = x.float().reshape(rows, -1, BLOCK)
+    amax = blocks.abs().amax(dim=2, keepdim=True)
+    full = torch.full_like(amax, 127.0)  # see linear_int8.quantize_per_group
+    inv = torch.where(amax > 0, full / amax, torch.zeros_like(amax))
+    scales = torch.where(amax > 0, amax / full, torch.ones_like(amax))
+    return torch.round(blocks * inv).to(torch.int8).reshape(rows, k), scales.reshape(rows, -1)
+
+
+def emulate_kernel(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
+    """What gguf_gemm.c computes, in torch (for its tests): int8 activation blocks times the
+    weight blocks' integers, exact in fp32 (32 * 127 * 127 < 2^24), times both scales."""
+    xq, x_scales = quantize_blocks(x)
+    wq = weight.dequantize() / block_scales(weight).repeat_interleave(BLOCK, dim=1)
+    wq = torch.nan_to_num(wq).round()  # a block of scale 0 holds zeros
+    w_scales = block_scales(weight)
+    acc = torch.zeros(x.shape[0], weight.shape[0])
+    for b in range(x_scales.shape[1]):
+        part = slice(b * BLOCK, (b + 1) * BLOCK)
+        acc += F.linear(xq[:, part].float(), wq[:, part]) * (
+            x_scales[:, b:b + 1] * w_scales[:, b])
+    return acc
+
+
+class GGUFLinear:
+    """y = x @ weight.T + bias (+ residual) over a BlockWeight. x: [T, in_features] fp32."""
+
+    def __init__(self, weight: BlockWeight, bias: torch.Tensor | None = None,
+                 use_kernel: bool = True) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else bias.float()
+        self.use_kernel = use_kernel and cpu.available(weight.blocks.device, torch.float32)
+        if self.use_kernel:
+            self.weight, self.scales = weight, block_scales(weight)
+        else:
+            self.dequantized = weight.dequantize()
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.use_kernel:
+            return cpu.gguf_linear(x, self.weight.blocks, self.scales, self.weight.qtype,
+                                   self.bias, residual, self.out_features)
+        y = F.linear(x, self.dequantized, self.bias)
+        return y if residual is None else residual + y

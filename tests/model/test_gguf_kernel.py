@@ -1,0 +1,107 @@
+"""GGUF Q8_0 / Q4_0 blocks as stored (minivllm/model/kernels/linear_gguf.py, gguf_gemm.c):
+the torch dequantization equals the gguf package's, and the C kernel equals the torch
+emulation of what it computes (int8 activation blocks x the weight blocks' integers) and
+stays close to the reference (dequantized weights, F.linear), on tiny shapes and SmolLM2's.
+test_kernel_isa.py runs the kernel tests once per ISA level of this CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from minivllm.model.kernels import cpu
+from minivllm.model.kernels.linear_gguf import (
+    Q4_0,
+    Q8_0,
+    BlockWeight,
+    GGUFLinear,
+    cat_rows,
+    emulate_kernel,
+)
+
+needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
+                                   reason="the C kernels are not built")
+TYPES = [Q8_0, Q4_0]
+
+
+def block_weight(n: int, k: int, qtype: int, seed: int = 0) -> tuple[BlockWeight, np.ndarray]:
+    """Random weights [n, k] quantized by the gguf package, and their dequantization."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    w[0, :32] = 0  # an all-zero block: scale 0
+    raw = quantize(w, GGMLQuantizationType(qtype))
+    return (BlockWeight(qtype, torch.from_numpy(raw.copy())),
+            dequantize(raw, GGMLQuantizationType(qtype)))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_equals_gguf_package(qtype):
+    weight, expected = block_weight(40, 96, qtype)
+    assert weight.shape == (40, 96)
+    assert torch.equal(weight.dequantize(), torch.from_numpy(expected))
+
+
+def test_cat_rows_keeps_blocks_of_one_type_and_dequantizes_a_mix():
+    a, a_ref = block_weight(8, 64, Q8_0, 1)
+    b, b_ref = block_weight(4, 64, Q8_0, 2)
+    c, c_ref = block_weight(4, 64, Q4_0, 3)
+    same = cat_rows([a, b])
+    assert isinstance(same, BlockWeight) and same.shape == (12, 64)
+    assert torch.equal(same.dequantize(), torch.from_numpy(np.concatenate([a_ref, b_ref])))
+    mixed = cat_rows([a, c])
+    assert torch.equal(mixed, torch.from_numpy(np.concatenate([a_ref, c_ref])))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_reference_linear_is_f_linear_of_the_dequantized_blocks(qtype):
+    weight, expected = block_weight(24, 64, qtype)
+    x, bias, residual = torch.randn(3, 64), torch.randn(24), torch.randn(3, 24)
+    layer = GGUFLinear(weight, bias, use_kernel=False)
+    want = residual + F.linear(x, torch.from_numpy(expected), bias)
+    assert torch.equal(layer(x, residual=residual), want)
+
+
+SHAPES = [(16, 32), (40, 96), (576, 576), (1536, 576), (576, 1536), (49152, 576)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_kernel_matches_torch(qtype, n, k, rows):
+    weight, dequantized = block_weight(n, k, qtype, seed=n + k)
+    x = torch.randn(rows, k)
+    x[0, 32:64] = 0  # an all-zero activation block
+    x[-1, :3] = torch.tensor([40.0, -40.0, 1e-3])  # an outlier
+    y = GGUFLinear(weight)(x)
+    # The same integer sums, accumulated in another order: fp32 rounding only.
+    emulated = emulate_kernel(x, weight)
+    torch.testing.assert_close(y, emulated, rtol=1e-5, atol=1e-4 * emulated.abs().max().item())
+    # Against the dequantized weights in fp32: the activations' int8 error, about 1%.
+    reference = F.linear(x, torch.from_numpy(dequantized))
+    error = (y - reference).norm() / reference.norm()
+    assert error < 0.02, error
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", TYPES)
+def test_kernel_adds_bias_and_residual_and_reads_strided_rows(qtype):
+    weight, _ = block_weight(48, 64, qtype)
+    wide = torch.randn(4, 128)
+    x = wide[:, :64]  # rows strided by 128
+    bias, residual = torch.randn(48), torch.randn(4, 48)
+    layer = GGUFLinear(weight, bias)
+    torch.testing.assert_close(layer(x, residual=residual),
+                               residual + emulate_kernel(x.contiguous(), weight) + bias,
+                               rtol=1e-5, atol=1e-5)
+    assert torch.equal(layer(torch.zeros(2, 64)), bias.expand(2, 48))
+
+
+@needs_kernels
+def test_kernel_refuses_another_block_type():
+    with pytest.raises(ValueError, match="not Q8_0 / Q4_0"):
+        cpu.gguf_linear(torch.randn(1, 32), torch.zeros(1, 20, dtype=torch.uint8),
+                        torch.ones(1, 1), 3, None, None, 1)
