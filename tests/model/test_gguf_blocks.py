@@ -15,7 +15,8 @@ from gguf import GGMLQuantizationType
 
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
-from minivllm.model.kernels.linear_gguf import BlockWeight
+from minivllm.model.kernels import cpu
+from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
 from minivllm.model.loader import load_state_dict, resolve_model_path
 from tests.model.test_gguf import write_gguf
 
@@ -89,9 +90,18 @@ def test_engine_matches_the_dequantized_file(blocks_gguf):
                for n in (3, 20, 41)]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
     outputs = {}
+    kernels_built = cpu.available(torch.device("cpu"), torch.float32)
     for quantization in (None, "gguf"):
         llm = LLM(str(blocks_gguf), dtype="float32", quantization=quantization, block_size=4,
                   num_kv_blocks=64)
+        if quantization == "gguf":
+            layers = llm.llm_engine.runner.model.layers
+            # layer 0: every linear Q8_0; layer 1: Q4_0 but down_proj, Q4_1, dequantized
+            assert all(isinstance(lin, GGUFLinear) and lin.use_kernel == kernels_built
+                       for lin in (layers[0].self_attn.qkv, layers[0].o_proj,
+                                   layers[0].mlp.gate_up, layers[0].mlp.down,
+                                   layers[1].self_attn.qkv, layers[1].mlp.gate_up))
+            assert not isinstance(layers[1].mlp.down, GGUFLinear)
         outputs[quantization] = [
             (c.token_ids, [e[t].logprob for e, t in zip(c.logprobs, c.token_ids)])
             for c in (o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False))]
@@ -110,3 +120,13 @@ def test_gguf_quantization_errors(tiny_llama, blocks_gguf):
         EngineConfig(model=str(blocks_gguf), quantization="gguf", dtype="bfloat16")
     assert EngineConfig(model=str(blocks_gguf), quantization="gguf").model_config.quantization \
         == "gguf"
+
+
+@pytest.mark.real_model
+def test_smollm2_q4_1_linears_are_dequantized(model_dir, caplog):
+    """SmolLM2's file is Q4_1 (embeddings Q8_0): no linear runs from its blocks."""
+    with caplog.at_level(logging.INFO, logger="minivllm.model.gguf"):
+        state = load_state_dict(model_dir, keep_gguf_blocks=True)
+    assert not any(isinstance(t, BlockWeight) for t in state.values())
+    assert ("0 linears run from their stored blocks (none), 210 dequantized to float32 "
+            "(Q4_1: 210)") in caplog.text
