@@ -166,7 +166,10 @@ class CausalLM(nn.Module):
         lm_head = weights.pop("lm_head.weight", None)
         if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
             lm_head = self.embed
-        self.lm_head = linear(lm_head, None, fast, linear_weights)
+        # bf16's LM head keeps fp32 weights: a product rounded to bf16 ties the top logits
+        # (SmolLM2's "The" and "L" after "What is the capital of France?": argmax flipped)
+        self.lm_head = linear(lm_head, None, fast,
+                              None if linear_weights == "bf16" else linear_weights)
         # A tensor nothing here reads is a part of the model we do not implement (Qwen2-MoE's
         # shared expert, a bias we do not add...): refuse it rather than run without it.
         unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
