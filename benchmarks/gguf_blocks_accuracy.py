@@ -19,11 +19,9 @@ from pathlib import Path
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
-from quant_accuracy import TEXT, perplexity, scored
+from quant_accuracy import TEXT, perplexity_with_linears
 from real_model import smollm2_gguf
 
-import minivllm.model.models.decoder as decoder
-from minivllm import LLM
 from minivllm.model.kernels.linear_gguf import Q4_0, Q8_0, BlockWeight, GGUFLinear
 
 ROWS = [("fp32 (the file's weights dequantized)", None, False),
@@ -51,20 +49,12 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {Path(model).name}; "
           f"text: {args.text.name}")
     print("| linears | ppl | vs fp32 |\n|---|---|---|")
-    original, base = decoder.linear, None
-    try:
-        for name, qtype, kernel in ROWS:
-            decoder.linear = original if qtype is None else requantized_linear(qtype, kernel)
-            llm = LLM(model, dtype="float32", seed=0, kv_cache_space=0.25, swap_space=0.01)
-            tokenizer = llm.get_tokenizer()
-            paragraphs = [tokenizer.encode(p) for p in text.splitlines() if p.strip()]
-            ppl = perplexity(scored(llm, paragraphs))
-            base = base or ppl
-            print(f"| {name} | {ppl:.3f} | {100 * (ppl / base - 1):+.2f}% |", flush=True)
-            del llm
-    finally:
-        decoder.linear = original
-
+    base = None
+    for name, qtype, kernel in ROWS:
+        linear = None if qtype is None else requantized_linear(qtype, kernel)
+        ppl = perplexity_with_linears(model, text, linear)
+        base = base or ppl
+        print(f"| {name} | {ppl:.3f} | {100 * (ppl / base - 1):+.2f}% |", flush=True)
 
 if __name__ == "__main__":
     main()

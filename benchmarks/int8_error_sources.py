@@ -24,11 +24,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from quant_accuracy import TEXT, perplexity, scored
+from quant_accuracy import TEXT, perplexity_with_linears
 from real_model import smollm2_gguf
 
-import minivllm.model.models.decoder as decoder
-from minivllm import LLM
 from minivllm.model.kernels.linear_int8 import Int8Linear
 
 KINDS = ("qkv", "o", "gate_up", "down", "lm_head")
@@ -135,23 +133,15 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model or str(smollm2_gguf())
     text = args.text.read_text()
-    original = decoder.linear
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {Path(model).name}; "
           f"text: {args.text.name}; linears fake-quantized in torch, products in fp32")
     print("| scheme | ppl | vs fp32 |\n|---|---|---|")
     base, stats = None, {}
-    try:
-        for name in ["fp32"] + [s for s in args.schemes if s != "fp32"]:
-            decoder.linear = patched_linear(SCHEMES[name], stats if name == "fp32" else None)
-            llm = LLM(model, dtype="float32", seed=0, kv_cache_space=0.25, swap_space=0.01)
-            tokenizer = llm.get_tokenizer()
-            paragraphs = [tokenizer.encode(p) for p in text.splitlines() if p.strip()]
-            ppl = perplexity(scored(llm, paragraphs))
-            base = base or ppl
-            print(f"| {name} | {ppl:.3f} | {100 * (ppl / base - 1):+.2f}% |", flush=True)
-            del llm
-    finally:
-        decoder.linear = original
+    for name in ["fp32"] + [s for s in args.schemes if s != "fp32"]:
+        ppl = perplexity_with_linears(model, text, patched_linear(
+            SCHEMES[name], stats if name == "fp32" else None))
+        base = base or ppl
+        print(f"| {name} | {ppl:.3f} | {100 * (ppl / base - 1):+.2f}% |", flush=True)
     print("\n| layer input | median max\\|x\\|/rms(x) | largest |\n|---|---|---|")
     for kind in KINDS:
         values = stats.get(kind, [])

@@ -68,6 +68,23 @@ def perplexity(logprobs: list[list[float]]) -> float:
     return math.exp(-sum(flat) / len(flat))
 
 
+def perplexity_with_linears(model: str, text: str, make_linear=None) -> float:
+    """The fp32 engine's perplexity of the text's paragraphs, with every linear built by
+    make_linear (models.decoder.linear's signature) instead of the engine's own: how the
+    error-source scripts try a quantization scheme without writing its kernel."""
+    import minivllm.model.models.decoder as decoder
+
+    original = decoder.linear
+    decoder.linear = make_linear or original
+    try:
+        llm = LLM(model, dtype="float32", seed=0, kv_cache_space=0.25, swap_space=0.01)
+        tokenizer = llm.get_tokenizer()
+        return perplexity(scored(llm, [tokenizer.encode(p) for p in text.splitlines()
+                                       if p.strip()]))
+    finally:
+        decoder.linear = original
+
+
 def evaluate(model: str, modes: list[str], text: str) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     reference: dict[str, list] = {}
