@@ -12,9 +12,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from minivllm.cli import main
 from minivllm.model.kernels import cpu
-
-needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
-                                   reason="the C kernels are not built here (no compiler?)")
+from tests.kernel_marks import needs_kernels
 
 # past the window of 8, prefilled in chunks of 16 (a chunk reads the cache of the previous)
 PROMPT = ["--prompt-token-ids", *(str((i * 7) % 500 + 3) for i in range(21)),

@@ -22,9 +22,8 @@ from minivllm.model.kernels.linear_gguf import (
     cat_rows,
     emulate_kernel,
 )
+from tests.kernel_marks import needs_kernels
 
-needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
-                                   reason="the C kernels are not built")
 TYPES = [Q8_0, Q4_0]
 
 

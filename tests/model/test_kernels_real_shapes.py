@@ -17,10 +17,8 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qw
 
 from minivllm import LLM, SamplingParams
 from minivllm.model.kernels import cpu
+from tests.kernel_marks import needs_kernels
 from tests.model_factory import word_tokenizer
-
-needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
-                                   reason="the C kernels are not built here (no compiler?)")
 
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,

@@ -11,10 +11,8 @@ from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.model.attention import _one_request, padded_decode_attention
 from minivllm.model.kernels import cpu
+from tests.kernel_marks import needs_kernels
 from tests.model.test_prefill_kernel import _batch
-
-needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
-                                   reason="no C compiler: no kernels built")
 
 
 @needs_kernels

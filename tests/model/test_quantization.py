@@ -25,9 +25,7 @@ from minivllm.model.kernels.linear_int8 import (
     quantize_per_group,
     quantize_weight,
 )
-
-needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
-                                   reason="no C compiler: no kernels built")
+from tests.kernel_marks import needs_kernels
 
 
 def _case(rows, n, k, seed=0):
