@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp's format) as models: the file's metadata becomes a small model
 directory the engine reads like any other (config.json, generation_config.json, the
 tokenizer with its chat template), and its tensors are dequantized to float32 at load (with
-`quantization="gguf"`, Q8_0 / Q4_0 linear weights stay the file's blocks).
+`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 linear weights stay the file's blocks, and so
+does a tied LM head's copy of the token embeddings).
 
 Both halves are transformers' GGUF support (metadata -> config and tokenizer; tensor names
 and llama.cpp's Q/K permutation undone) over the `gguf` package's reader and dequantizers;
@@ -213,9 +214,12 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
     every metadata field into Python values (the vocabulary and merges: seconds; the
     directory has them) and its name map (kept in the directory).
 
-    keep_blocks (`quantization="gguf"`): linear weights stored as Q8_0 or Q4_0 come back as
-    their blocks (BlockWeight, kernels/linear_gguf.py), not dequantized; the rest as
-    above, and one INFO line counts both kinds of linears."""
+    keep_blocks (`quantization="gguf"`): linear weights stored as Q8_0, Q4_0 or Q4_1 come
+    back as their blocks (BlockWeight, kernels/linear_gguf.py), not dequantized; the rest as
+    above, and one INFO line counts both kinds of linears. A file without an output tensor
+    (a tied LM head) whose token embeddings are such blocks also gets them as
+    "lm_head.weight": looked up, the embeddings are dequantized; multiplied, as the LM head,
+    they run from the blocks (SmolLM2's Q8_0 LM head reads a quarter of fp32's bytes)."""
     import numpy as np
     from gguf import GGMLQuantizationType, dequantize
     from transformers import AutoConfig
@@ -227,6 +231,7 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
     state: dict[str, torch.Tensor | BlockWeight] = parsed["tensors"]
     mapped = np.memmap(pointer["gguf_file"], mode="r").view(np.ndarray)
     stored, dequantized = Counter(), Counter()
+    tied_blocks = None
     for tensor in pointer["tensors"]:
         dtype, shape = np.dtype(tensor["dtype"]), tensor["shape"]
         data = mapped[tensor["offset"]:tensor["offset"] + dtype.itemsize * math.prod(shape)]
@@ -237,6 +242,10 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
         # Q/K order undone) moves whole rows of bytes as it moves rows of values.
         weights = (data.view(dtype).reshape(shape) if as_blocks else
                    dequantize(data.view(dtype).reshape(shape), qtype))
+        if keep_blocks and tensor["name"] == "token_embd.weight" and _keeps_blocks(
+                qtype, processor):
+            tied_blocks = BlockWeight(int(qtype), torch.from_numpy(data.view(dtype).reshape(
+                shape).copy()))
         result = processor.process(weights=weights, name=tensor["name"],
                                    tensor_key_mapping=names, parsed_parameters=parsed)
         if result.name in names:  # not e.g. llama.cpp's precomputed rope_freqs
@@ -246,6 +255,9 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
                                          else weights)
             if linear:
                 (stored if as_blocks else dequantized)[qtype.name] += 1
+    if tied_blocks is not None and "lm_head.weight" not in state:
+        state["lm_head.weight"] = tied_blocks
+        stored[GGMLQuantizationType(tied_blocks.qtype).name] += 1
     if keep_blocks:
         logger.info("quantization=gguf: %d linears run from their stored blocks (%s), %d "
                     "dequantized to float32 (%s)", stored.total(), _types(stored),

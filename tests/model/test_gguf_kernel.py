@@ -1,4 +1,4 @@
-"""GGUF Q8_0 / Q4_0 blocks as stored (minivllm/model/kernels/linear_gguf.py, gguf_gemm.c):
+"""GGUF Q8_0 / Q4_0 / Q4_1 blocks as stored (minivllm/model/kernels/linear_gguf.py, gguf_gemm.c):
 the torch dequantization equals the gguf package's, and the C kernel equals the torch
 emulation of what it computes (int8 activation blocks x the weight blocks' integers) and
 stays close to the reference (dequantized weights, F.linear), on tiny shapes and SmolLM2's.
@@ -16,6 +16,7 @@ from gguf.quants import dequantize, quantize
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear_gguf import (
     Q4_0,
+    Q4_1,
     Q8_0,
     BlockWeight,
     GGUFLinear,
@@ -24,7 +25,7 @@ from minivllm.model.kernels.linear_gguf import (
 )
 from tests.kernel_marks import needs_kernels
 
-TYPES = [Q8_0, Q4_0]
+TYPES = [Q8_0, Q4_0, Q4_1]
 
 
 def block_weight(n: int, k: int, qtype: int, seed: int = 0) -> tuple[BlockWeight, np.ndarray]:
@@ -100,7 +101,10 @@ def test_kernel_adds_bias_and_residual_and_reads_strided_rows(qtype):
 
 
 @needs_kernels
-def test_kernel_refuses_another_block_type():
-    with pytest.raises(ValueError, match="not Q8_0 / Q4_0"):
+def test_kernel_refuses_another_block_type_and_q4_1_without_minima():
+    with pytest.raises(ValueError, match="not Q8_0 / Q4_0 / Q4_1"):  # Q5_0
+        cpu.gguf_linear(torch.randn(1, 32), torch.zeros(1, 22, dtype=torch.uint8),
+                        torch.ones(1, 1), None, 6, None, None, 1)
+    with pytest.raises(ValueError, match="with its minima"):
         cpu.gguf_linear(torch.randn(1, 32), torch.zeros(1, 20, dtype=torch.uint8),
-                        torch.ones(1, 1), 3, None, None, 1)
+                        torch.ones(1, 1), None, Q4_1, None, None, 1)

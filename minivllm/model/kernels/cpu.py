@@ -186,28 +186,31 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
     return y
 
 
-def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor, qtype: int,
-                bias: torch.Tensor | None, residual: torch.Tensor | None,
-                out_features: int) -> torch.Tensor:
+def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
+                w_mins: torch.Tensor | None, qtype: int, bias: torch.Tensor | None,
+                residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,
-    times GGUF Q8_0 / Q4_0 weight blocks as stored (uint8 [N, K / 32 * block bytes]) with
-    their scales as fp32 [N, K / 32] -> fp32 [T, out_features]; bias [N] and residual
-    [T, N] (fp32) added in the same pass. See gguf_gemm.c."""
+    times GGUF Q8_0 / Q4_0 / Q4_1 weight blocks as stored (uint8 [N, K / 32 * block bytes])
+    with their scales (and Q4_1's minima) as fp32 [N, K / 32] -> fp32 [T, out_features];
+    bias [N] and residual [T, N] (fp32) added in the same pass. See gguf_gemm.c."""
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
     xq = torch.empty(rows * k, dtype=torch.int8)
     xs = torch.empty(rows * (k // 32), dtype=torch.float32)
+    xsums = torch.empty(rows * (k // 32), dtype=torch.int32)
     if residual is not None and residual.stride(1) != 1:
         residual = residual.contiguous()
     status = _library().gguf_linear_f32(
         x=x.data_ptr(), ldx=x.stride(0), blocks=blocks.data_ptr(), w_scales=w_scales.data_ptr(),
-        qtype=qtype, bias=None if bias is None else bias.data_ptr(),
+        w_mins=None if w_mins is None else w_mins.data_ptr(), qtype=qtype,
+        bias=None if bias is None else bias.data_ptr(),
         residual=None if residual is None else residual.data_ptr(),
         ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(), xq=xq.data_ptr(),
-        xs=xs.data_ptr(), rows=rows, k=k, n=out_features, num_threads=torch.get_num_threads())
+        xs=xs.data_ptr(), xsums=xsums.data_ptr(), rows=rows, k=k, n=out_features,
+        num_threads=torch.get_num_threads())
     if status != 0:
-        raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not Q8_0 / Q4_0 "
-                         "blocks of 32")
+        raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not Q8_0 / Q4_0 / Q4_1 "
+                         "blocks of 32 (Q4_1 with its minima)")
     return y

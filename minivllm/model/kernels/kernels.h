@@ -54,11 +54,12 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
                      int8_t *scratch, float *gscales, int32_t *gsums, int64_t rows, int k,
                      int kp, int n, int num_threads);
 
-/* gguf_gemm.c: returns 0, or -1 for a block type other than Q8_0 / Q4_0 or k not a
- * multiple of 32 */
+/* gguf_gemm.c: returns 0, or -1 for a block type other than Q8_0 / Q4_0 / Q4_1, k not a
+ * multiple of 32, or Q4_1 without w_mins */
 int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const float *w_scales,
-                    int qtype, const float *bias, const float *residual, int64_t ldr, float *y,
-                    int8_t *xq, float *xs, int64_t rows, int k, int n, int num_threads);
+                    const float *w_mins, int qtype, const float *bias, const float *residual,
+                    int64_t ldr, float *y, int8_t *xq, float *xs, int32_t *xsums, int64_t rows,
+                    int k, int n, int num_threads);
 
 /* isa_info.c: the instruction sets the library was compiled for, bits in the order of
  * isa.py's FEATURES */

@@ -1,14 +1,16 @@
 """Linear layers over GGUF weight blocks as the file stores them (`quantization="gguf"`):
-Q8_0 and Q4_0, llama.cpp's blocks of 32 input values with one fp16 scale each,
+Q8_0, Q4_0 and Q4_1, llama.cpp's blocks of 32 input values with one fp16 scale each,
   Q8_0: 2-byte scale d, 32 int8 q;          w = d * q
   Q4_0: 2-byte scale d, 16 bytes of nibbles; w = d * (nibble - 8), the low nibbles are
-        values 0..15 of the block, the high nibbles values 16..31.
+        values 0..15 of the block, the high nibbles values 16..31;
+  Q4_1: 2-byte scale d, 2-byte minimum m, 16 bytes of nibbles as Q4_0's; w = d * nibble + m.
 A matrix [N, K] is N rows of K / 32 blocks, rows along the output dimension, so whole rows
 can be permuted or concatenated as bytes (gguf.py undoes llama.cpp's Q/K permutation so).
 
 On the CPU with the C kernels built, gguf_gemm.c runs the product as llama.cpp does:
 activations quantized per row and block of 32 to int8 (its q8_0 activations), each block's
-integer dot product scaled by the two block scales and accumulated in fp32. Elsewhere the
+integer dot product scaled by the two block scales and accumulated in fp32 (for Q4_1 plus
+the block's minimum times the sum of its activations, llama.cpp's q8_1). Elsewhere the
 reference runs: the blocks dequantized once at load, and F.linear.
 """
 
@@ -21,10 +23,11 @@ import torch.nn.functional as F
 
 from minivllm.model.kernels import cpu
 
-Q4_0, Q8_0 = 2, 8  # gguf.GGMLQuantizationType values
+Q4_0, Q4_1, Q8_0 = 2, 3, 8  # gguf.GGMLQuantizationType values
 BLOCK = 32  # values per block
-BLOCK_BYTES = {Q8_0: 34, Q4_0: 18}
-TYPE_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0"}
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20}
+HEADER_BYTES = {Q8_0: 2, Q4_0: 2, Q4_1: 4}  # scale (and Q4_1's minimum), then the values
+TYPE_NAMES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1"}
 
 
 @dataclass
@@ -44,17 +47,39 @@ class BlockWeight:
         weight with its dtype)."""
         return BlockWeight(self.qtype, self.blocks.to(device))
 
+    def _blocks(self) -> torch.Tensor:
+        rows, _ = self.shape
+        return self.blocks.reshape(rows, -1, BLOCK_BYTES[self.qtype])
+
+    def integers(self) -> torch.Tensor:
+        """Each block's integers as fp32 [N, K]: Q8_0's int8, Q4_0's nibble - 8, Q4_1's
+        nibble."""
+        rows, _ = self.shape
+        values = self._blocks()[..., HEADER_BYTES[self.qtype]:]
+        if self.qtype == Q8_0:
+            return values.contiguous().view(torch.int8).float().reshape(rows, -1)
+        q = torch.cat([values & 0xF, values >> 4], dim=-1).float()
+        return (q - 8 if self.qtype == Q4_0 else q).reshape(rows, -1)
+
+    def scales(self) -> torch.Tensor:
+        """Each block's scale d as fp32 [N, K / 32] (the kernel reads them so, not as fp16)."""
+        return _half(self._blocks()[..., 0:2])
+
+    def mins(self) -> torch.Tensor | None:
+        """Q4_1's block minima m as fp32 [N, K / 32]; None for the symmetric types."""
+        return _half(self._blocks()[..., 2:4]) if self.qtype == Q4_1 else None
+
     def dequantize(self) -> torch.Tensor:
         """fp32 [N, K], equal to gguf.quants.dequantize of the same blocks."""
-        rows, _ = self.shape
-        blocks = self.blocks.reshape(rows, -1, BLOCK_BYTES[self.qtype])
-        scales = blocks[..., :2].contiguous().view(torch.float16).float()
-        if self.qtype == Q8_0:
-            q = blocks[..., 2:].contiguous().view(torch.int8).float()
-        else:
-            nibbles = blocks[..., 2:]
-            q = torch.cat([nibbles & 0xF, nibbles >> 4], dim=-1).float() - 8
-        return (scales * q).reshape(rows, -1)
+        scales = self.scales().repeat_interleave(BLOCK, dim=1)
+        w = scales * self.integers()
+        mins = self.mins()
+        return w if mins is None else w + mins.repeat_interleave(BLOCK, dim=1)
+
+
+def _half(pairs: torch.Tensor) -> torch.Tensor:
+    """[N, blocks, 2] bytes read as fp16 -> fp32 [N, blocks]."""
+    return pairs.contiguous().view(torch.float16).float().squeeze(-1)
 
 
 def cat_rows(parts: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWeight:
@@ -63,13 +88,6 @@ def cat_rows(parts: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWei
     if all(isinstance(p, BlockWeight) for p in parts) and len({p.qtype for p in parts}) == 1:
         return BlockWeight(parts[0].qtype, torch.cat([p.blocks for p in parts]))
     return torch.cat([p.dequantize() if isinstance(p, BlockWeight) else p for p in parts])
-
-
-def block_scales(weight: BlockWeight) -> torch.Tensor:
-    """Each block's scale as fp32 [N, K / 32] (the kernel reads them so, not as fp16)."""
-    rows, _ = weight.shape
-    blocks = weight.blocks.reshape(rows, -1, BLOCK_BYTES[weight.qtype])
-    return blocks[..., :2].contiguous().view(torch.float16).float().reshape(rows, -1)
 
 
 def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,16 +105,17 @@ def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def emulate_kernel(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
     """What gguf_gemm.c computes, in torch (for its tests): int8 activation blocks times the
-    weight blocks' integers, exact in fp32 (32 * 127 * 127 < 2^24), times both scales."""
+    weight blocks' integers, exact in fp32 (32 * 127 * 127 < 2^24), times both scales, plus
+    for Q4_1 each block's minimum times the activation scale times the block's sum."""
     xq, x_scales = quantize_blocks(x)
-    wq = weight.dequantize() / block_scales(weight).repeat_interleave(BLOCK, dim=1)
-    wq = torch.nan_to_num(wq).round()  # a block of scale 0 holds zeros
-    w_scales = block_scales(weight)
+    wq, w_scales, w_mins = weight.integers(), weight.scales(), weight.mins()
     acc = torch.zeros(x.shape[0], weight.shape[0])
     for b in range(x_scales.shape[1]):
         part = slice(b * BLOCK, (b + 1) * BLOCK)
-        acc += F.linear(xq[:, part].float(), wq[:, part]) * (
-            x_scales[:, b:b + 1] * w_scales[:, b])
+        sx = x_scales[:, b:b + 1]
+        acc += F.linear(xq[:, part].float(), wq[:, part]) * (sx * w_scales[:, b])
+        if w_mins is not None:
+            acc += xq[:, part].float().sum(dim=1, keepdim=True) * (sx * w_mins[:, b])
     return acc
 
 
@@ -109,13 +128,13 @@ class GGUFLinear:
         self.bias = None if bias is None else bias.float()
         self.use_kernel = use_kernel and cpu.available(weight.blocks.device, torch.float32)
         if self.use_kernel:
-            self.weight, self.scales = weight, block_scales(weight)
+            self.weight, self.scales, self.mins = weight, weight.scales(), weight.mins()
         else:
             self.dequantized = weight.dequantize()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.use_kernel:
-            return cpu.gguf_linear(x, self.weight.blocks, self.scales, self.weight.qtype,
-                                   self.bias, residual, self.out_features)
+            return cpu.gguf_linear(x, self.weight.blocks, self.scales, self.mins,
+                                   self.weight.qtype, self.bias, residual, self.out_features)
         y = F.linear(x, self.dequantized, self.bias)
         return y if residual is None else residual + y

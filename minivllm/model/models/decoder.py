@@ -12,8 +12,9 @@ checkpoint's names (models/__init__.py checks that nothing else differs):
 - Mixtral / Qwen3-MoE: the MLP is a SparseMoeBlock (moe.py).
 With quantization="int8" every linear, the LM head included, is W8A8
 (kernels/linear_int8.py), experts too; embeddings, norms, routers and attention stay fp32.
-With quantization="gguf" the linears whose weights a GGUF file stores as Q8_0 / Q4_0 run
-from those blocks (kernels/linear_gguf.py; q/k/v and gate/up concatenated as blocks).
+With quantization="gguf" the linears whose weights a GGUF file stores as Q8_0 / Q4_0 / Q4_1 run
+from those blocks (kernels/linear_gguf.py; q/k/v and gate/up concatenated as blocks), and a
+tied LM head from the token embeddings' blocks.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from torch import nn
 from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_gguf import cat_rows
+from minivllm.model.kernels.linear_gguf import BlockWeight, cat_rows
 from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm, linear
 from minivllm.model.models.moe import EXPERT_NAMES, SparseMoeBlock
 from minivllm.model.rope import RotaryEmbedding, rope_layer_types, rotary_dim
@@ -164,7 +165,10 @@ class CausalLM(nn.Module):
         norm = weights.pop("model.norm.weight")
         self.norm = RMSNorm(norm + 1 if arch.gemma else norm, cfg.rms_norm_eps, self.fused)
         lm_head = weights.pop("lm_head.weight", None)
-        if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
+        # A tied head is the embeddings, unless the GGUF loader handed their stored blocks
+        # (quantization="gguf": the LM head runs from them, the lookup dequantized).
+        if lm_head is None or (getattr(cfg, "tie_word_embeddings", False)
+                               and not isinstance(lm_head, BlockWeight)):
             lm_head = self.embed
         # bf16's LM head keeps fp32 weights: a product rounded to bf16 ties the top logits
         # (SmolLM2's "The" and "L" after "What is the capital of France?": argmax flipped)
