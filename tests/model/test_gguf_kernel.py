@@ -21,6 +21,7 @@ from minivllm.model.kernels.linear_gguf import (
     BlockWeight,
     GGUFLinear,
     cat_rows,
+    emulate_amx,
     emulate_kernel,
 )
 from tests.kernel_marks import needs_kernels
@@ -67,19 +68,28 @@ def test_reference_linear_is_f_linear_of_the_dequantized_blocks(qtype):
 SHAPES = [(16, 32), (40, 96), (576, 576), (1536, 576), (576, 1536), (49152, 576)]
 
 
+def emulated(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
+    """What the kernels compute: amx_gemm.c's from AMX_MIN_ROWS rows where the library runs
+    it, else gguf_gemm.c's."""
+    if x.shape[0] >= cpu.AMX_MIN_ROWS and cpu.amx():
+        return emulate_amx(x, weight)
+    return emulate_kernel(x, weight)
+
+
 @needs_kernels
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("rows", [1, 5, 33])
 def test_kernel_matches_torch(qtype, n, k, rows):
     weight, dequantized = block_weight(n, k, qtype, seed=n + k)
     x = torch.randn(rows, k)
     x[0, 32:64] = 0  # an all-zero activation block
     x[-1, :3] = torch.tensor([40.0, -40.0, 1e-3])  # an outlier
     y = GGUFLinear(weight)(x)
-    # The same integer sums, accumulated in another order: fp32 rounding only.
-    emulated = emulate_kernel(x, weight)
-    torch.testing.assert_close(y, emulated, rtol=1e-5, atol=1e-4 * emulated.abs().max().item())
+    # The same integer sums (or bf16 products), accumulated in another order: fp32 rounding
+    # only.
+    expected = emulated(x, weight)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-4 * expected.abs().max().item())
     # Against the dequantized weights in fp32: the activations' int8 error, about 1%.
     reference = F.linear(x, torch.from_numpy(dequantized))
     error = (y - reference).norm() / reference.norm()
@@ -88,16 +98,35 @@ def test_kernel_matches_torch(qtype, n, k, rows):
 
 @needs_kernels
 @pytest.mark.parametrize("qtype", TYPES)
-def test_kernel_adds_bias_and_residual_and_reads_strided_rows(qtype):
+@pytest.mark.parametrize("rows", [4, 40])
+def test_kernel_adds_bias_and_residual_and_reads_strided_rows(qtype, rows):
     weight, _ = block_weight(48, 64, qtype)
-    wide = torch.randn(4, 128)
+    wide = torch.randn(rows, 128)
     x = wide[:, :64]  # rows strided by 128
-    bias, residual = torch.randn(48), torch.randn(4, 48)
+    bias, residual = torch.randn(48), torch.randn(rows, 48)
     layer = GGUFLinear(weight, bias)
     torch.testing.assert_close(layer(x, residual=residual),
-                               residual + emulate_kernel(x.contiguous(), weight) + bias,
+                               residual + emulated(x.contiguous(), weight) + bias,
                                rtol=1e-5, atol=1e-5)
-    assert torch.equal(layer(torch.zeros(2, 64)), bias.expand(2, 48))
+    assert torch.equal(layer(torch.zeros(rows, 64)), bias.expand(rows, 48))
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", TYPES)
+def test_amx_path_runs_from_its_row_count(qtype):
+    """From AMX_MIN_ROWS rows, amx_gemm.c: bf16 activations, so not the int8 kernel's
+    results; 40 columns (the last panel paired with itself, 8 of its columns past n); one
+    row fewer runs gguf_gemm.c again."""
+    if not cpu.amx():
+        pytest.skip("the kernels run no AMX here (no amx_bf16, or MINIVLLM_ISA forced a "
+                    "lower level)")
+    weight, _ = block_weight(40, 96, qtype)
+    x = torch.randn(cpu.AMX_MIN_ROWS, 96)
+    y = GGUFLinear(weight)(x)
+    torch.testing.assert_close(y, emulate_amx(x, weight), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(y, emulate_kernel(x, weight), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(GGUFLinear(weight)(x[1:]), emulate_kernel(x[1:], weight),
+                               rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels

@@ -24,6 +24,7 @@ from minivllm.model.kernels.linear_int8 import (
     pack_weight,
     quantize_per_group,
     quantize_weight,
+    reference_amx_linear,
 )
 from tests.kernel_marks import needs_kernels
 
@@ -37,6 +38,16 @@ def _case(rows, n, k, seed=0):
 # SmolLM2-135M's linears: qkv, o, gate_up, down, the LM head (hidden 576, intermediate
 # 1536, vocabulary 49152).
 SMOLLM2_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
+
+
+def kernel_reference(reference: Int8Linear, x: torch.Tensor,
+                     residual: torch.Tensor | None = None) -> torch.Tensor:
+    """What the kernel computes: the AMX path's from AMX_MIN_ROWS rows where the library runs
+    it (amx_gemm.c), else W8A8's (the reference Int8Linear)."""
+    if x.shape[0] >= cpu.AMX_MIN_ROWS and cpu.amx():
+        y = reference_amx_linear(x, reference.qweight, reference.scales) + reference.bias
+        return y if residual is None else residual + y
+    return reference(x, residual)
 
 
 @needs_kernels
@@ -53,12 +64,37 @@ def test_kernel_matches_torch_reference(rows, n, k):
     assert fast.use_kernel and not reference.use_kernel
     # Each group's integer product agrees exactly; the scaling and adds may round
     # differently (the C compiler fuses them into FMAs). One quantization step off
-    # anywhere would be ~1e-3 (a weight step times an x value).
+    # anywhere would be ~1e-3 (a weight step times an x value). On AMX tiles the bf16
+    # products are exact and only the fp32 sums' order differs.
     tol = dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fast(x), reference(x), **tol)
-    torch.testing.assert_close(fast(x, residual), reference(x, residual), **tol)
+    torch.testing.assert_close(fast(x), kernel_reference(reference, x), **tol)
+    torch.testing.assert_close(fast(x, residual), kernel_reference(reference, x, residual),
+                               **tol)
     strided = torch.randn(rows, 2 * k)[:, ::2]  # rows as a non-contiguous view
-    torch.testing.assert_close(fast(strided), reference(strided), **tol)
+    torch.testing.assert_close(fast(strided), kernel_reference(reference, strided), **tol)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows, n, k", [(32, 16, 32), (33, 37, 100), (64, 3072, 576),
+                                        (70, 49152, 576), (40, 576, 1536)])
+def test_amx_path_runs_from_its_row_count(rows, n, k):
+    """From AMX_MIN_ROWS rows, amx_gemm.c: bf16 activations, so not W8A8's results; every
+    row tail of a 32-row block, an odd panel count (37 columns: 3 panels, the last paired
+    with itself) and zero-padded K; one row fewer runs W8A8 again."""
+    if not cpu.amx():
+        pytest.skip("the kernels run no AMX here (no amx_bf16, or MINIVLLM_ISA forced a "
+                    "lower level)")
+    weight, bias, x, residual = _case(rows, n, k)
+    x[1] = 0
+    x[2, :5] = 1e6  # far beyond int8's range of the other values: bf16 keeps them all
+    fast, reference = Int8Linear(weight, bias), Int8Linear(weight, bias, use_kernel=False)
+    y = fast(x, residual)
+    torch.testing.assert_close(y, kernel_reference(reference, x, residual), rtol=1e-5,
+                               atol=1e-5 * y.abs().max().item())
+    assert not torch.allclose(y, reference(x, residual), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(y[1], residual[1] + bias)
+    below = x[:cpu.AMX_MIN_ROWS - 1]
+    torch.testing.assert_close(fast(below), reference(below), rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels
@@ -85,6 +121,16 @@ def test_w8a8_close_to_fp32_product(use_kernel):
     exact = F.linear(x, weight, bias)
     error = (Int8Linear(weight, bias, use_kernel=use_kernel)(x) - exact).abs().max()
     assert error <= 0.015 * exact.abs().max()
+
+
+def test_amx_reference_close_to_fp32_product():
+    """int8 weights (group scales) times bf16 activations: within 1% of the fp32 product's
+    largest value (the weights' error alone: bf16's rounding of x is finer than int8's)."""
+    weight, bias, x, _ = _case(64, 256, 576)
+    exact = F.linear(x, weight)
+    q, scales = quantize_weight(weight)
+    error = (reference_amx_linear(x, q, scales) - exact).abs().max()
+    assert error <= 0.01 * exact.abs().max()
 
 
 def test_weights_use_eight_bits_packed_unsigned():

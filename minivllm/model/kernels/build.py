@@ -26,8 +26,8 @@ from minivllm.model.kernels import header, isa
 
 logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ["paged_attention.c", "ops.c", "sampler.c", "int8_gemm.c", "gguf_gemm.c",
-           "isa_info.c"]
+SOURCES = ["paged_attention.c", "ops.c", "sampler.c", "int8_gemm.c", "amx_gemm.c",
+           "gguf_gemm.c", "isa_info.c"]
 # Compile with -ffast-math (vectorized expf), but link without it: linking with it adds
 # crtfastmath.o, which turns on flush-to-zero for the whole process at load time. An
 # exported function must be declared in kernels.h (missing-prototypes).

@@ -159,30 +159,44 @@ def sampler_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     return out
 
 
+def amx() -> bool:
+    """Whether int8_linear and gguf_linear run batches of AMX_MIN_ROWS rows and more on
+    AMX-BF16 tiles (amx_gemm.c: the library was built for the amx level;
+    MINIVLLM_ISA=avx512_bf16 turns it off)."""
+    lib = _library()
+    return lib is not None and "amx_bf16" in lib.isa_features
+
+
+AMX_MIN_ROWS = 32  # from here on a batch is worth unpacking the weights to bf16 tiles for
+
+
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
                 bias: torch.Tensor | None, residual: torch.Tensor | None,
                 out_features: int, group: int) -> torch.Tensor:
     """W8A8: x [T, K] fp32 (rows may be strided) quantized inside the call, per row and group
     of `group` values, times int8 weights and their group scales packed by
     linear_int8.pack_weight, scaled back to fp32 [T, out_features]; bias [N] and residual
-    [T, N] (fp32) added in the same pass. See int8_gemm.c."""
+    [T, N] (fp32) added in the same pass. See int8_gemm.c. From AMX_MIN_ROWS rows on a CPU
+    with AMX, the same weights on AMX-BF16 tiles with x in bf16 instead (amx_gemm.c)."""
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, k = x.shape
     kp = -(-k // 32) * 32
     y = torch.empty(rows, out_features, dtype=torch.float32)
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    common = dict(x=x.data_ptr(), ldx=x.stride(0), w=packed.data_ptr(),
+                  w_scales=w_scales.data_ptr(), bias=None if bias is None else bias.data_ptr(),
+                  residual=None if residual is None else residual.data_ptr(),
+                  ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
+                  rows=rows, k=k, kp=kp, n=out_features, num_threads=torch.get_num_threads())
+    if rows >= AMX_MIN_ROWS and amx() and _library().int8_linear_amx_f32(**common) == 0:
+        return y
     scratch = torch.empty(rows * kp, dtype=torch.int8)
     gscales = torch.empty(rows * (kp // group), dtype=torch.float32)
     gsums = torch.empty(rows * (kp // group), dtype=torch.int32)
-    if residual is not None and residual.stride(1) != 1:
-        residual = residual.contiguous()
-    _library().int8_linear_f32(
-        x=x.data_ptr(), ldx=x.stride(0), w=packed.data_ptr(), w_scales=w_scales.data_ptr(),
-        bias=None if bias is None else bias.data_ptr(),
-        residual=None if residual is None else residual.data_ptr(),
-        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
-        scratch=scratch.data_ptr(), gscales=gscales.data_ptr(), gsums=gsums.data_ptr(),
-        rows=rows, k=k, kp=kp, n=out_features, num_threads=torch.get_num_threads())
+    _library().int8_linear_f32(**common, scratch=scratch.data_ptr(),
+                               gscales=gscales.data_ptr(), gsums=gsums.data_ptr())
     return y
 
 
@@ -192,24 +206,29 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
     """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,
     times GGUF Q8_0 / Q4_0 / Q4_1 weight blocks as stored (uint8 [N, K / 32 * block bytes])
     with their scales (and Q4_1's minima) as fp32 [N, K / 32] -> fp32 [T, out_features];
-    bias [N] and residual [T, N] (fp32) added in the same pass. See gguf_gemm.c."""
+    bias [N] and residual [T, N] (fp32) added in the same pass. See gguf_gemm.c. From
+    AMX_MIN_ROWS rows on a CPU with AMX, the blocks on AMX-BF16 tiles with x in bf16
+    instead (amx_gemm.c)."""
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, k = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    common = dict(x=x.data_ptr(), ldx=x.stride(0), blocks=blocks.data_ptr(),
+                  w_scales=w_scales.data_ptr(),
+                  w_mins=None if w_mins is None else w_mins.data_ptr(), qtype=qtype,
+                  bias=None if bias is None else bias.data_ptr(),
+                  residual=None if residual is None else residual.data_ptr(),
+                  ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
+                  rows=rows, k=k, n=out_features, num_threads=torch.get_num_threads())
+    if rows >= AMX_MIN_ROWS and amx() and _library().gguf_linear_amx_f32(**common) == 0:
+        return y
     xq = torch.empty(rows * k, dtype=torch.int8)
     xs = torch.empty(rows * (k // 32), dtype=torch.float32)
     xsums = torch.empty(rows * (k // 32), dtype=torch.int32)
-    if residual is not None and residual.stride(1) != 1:
-        residual = residual.contiguous()
-    status = _library().gguf_linear_f32(
-        x=x.data_ptr(), ldx=x.stride(0), blocks=blocks.data_ptr(), w_scales=w_scales.data_ptr(),
-        w_mins=None if w_mins is None else w_mins.data_ptr(), qtype=qtype,
-        bias=None if bias is None else bias.data_ptr(),
-        residual=None if residual is None else residual.data_ptr(),
-        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(), xq=xq.data_ptr(),
-        xs=xs.data_ptr(), xsums=xsums.data_ptr(), rows=rows, k=k, n=out_features,
-        num_threads=torch.get_num_threads())
+    status = _library().gguf_linear_f32(**common, xq=xq.data_ptr(), xs=xs.data_ptr(),
+                                        xsums=xsums.data_ptr())
     if status != 0:
         raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not Q8_0 / Q4_0 / Q4_1 "
                          "blocks of 32 (Q4_1 with its minima)")

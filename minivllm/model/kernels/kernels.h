@@ -54,6 +54,18 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
                      int8_t *scratch, float *gscales, int32_t *gsums, int64_t rows, int k,
                      int kp, int n, int num_threads);
 
+/* amx_gemm.c: int8_gemm.c's packed weights and gguf_gemm.c's blocks on AMX-BF16 tiles,
+ * activations in bf16; each returns 0, or -1 when the library was built without AMX, Linux
+ * refused the tiles, memory ran out, or (GGUF) the block type is not read (the caller then
+ * runs the integer kernel) */
+int int8_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *w, const float *w_scales,
+                        const float *bias, const float *residual, int64_t ldr, float *y,
+                        int64_t rows, int k, int kp, int n, int num_threads);
+int gguf_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *blocks,
+                        const float *w_scales, const float *w_mins, int qtype, const float *bias,
+                        const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
+                        int num_threads);
+
 /* gguf_gemm.c: returns 0, or -1 for a block type other than Q8_0 / Q4_0 / Q4_1, k not a
  * multiple of 32, or Q4_1 without w_mins */
 int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const float *w_scales,

@@ -10,7 +10,9 @@ can be permuted or concatenated as bytes (gguf.py undoes llama.cpp's Q/K permuta
 On the CPU with the C kernels built, gguf_gemm.c runs the product as llama.cpp does:
 activations quantized per row and block of 32 to int8 (its q8_0 activations), each block's
 integer dot product scaled by the two block scales and accumulated in fp32 (for Q4_1 plus
-the block's minimum times the sum of its activations, llama.cpp's q8_1). Elsewhere the
+the block's minimum times the sum of its activations, llama.cpp's q8_1). On a CPU with AMX,
+a batch of cpu.AMX_MIN_ROWS rows or more (a prefill) runs amx_gemm.c instead: the blocks
+unpacked to bf16 tiles, x in bf16, products on AMX-BF16 (emulate_amx). Elsewhere the
 reference runs: the blocks dequantized once at load, and F.linear.
 """
 
@@ -117,6 +119,17 @@ def emulate_kernel(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
         if w_mins is not None:
             acc += xq[:, part].float().sum(dim=1, keepdim=True) * (sx * w_mins[:, b])
     return acc
+
+
+def emulate_amx(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
+    """What amx_gemm.c computes from cpu.AMX_MIN_ROWS rows on a CPU with AMX (for its
+    tests): each weight d * q (+ m) rounded once to fp32 (a fused multiply-add there) and
+    then to bf16, times x rounded to bf16, accumulated in fp32."""
+    w = weight.integers().double() * weight.scales().double().repeat_interleave(BLOCK, dim=1)
+    mins = weight.mins()
+    if mins is not None:
+        w = w + mins.double().repeat_interleave(BLOCK, dim=1)
+    return F.linear(x.float().bfloat16().float(), w.float().bfloat16().float())
 
 
 class GGUFLinear:

@@ -9,7 +9,9 @@ docs/quantization.md, benchmarks/int8_error_sources.py.
 
 On the CPU with the C kernels built, int8_gemm.c does all of it in one call (quantize the
 rows, multiply, scale, add bias and residual), with VNNI where the CPU has it and AVX2's
-vpmaddubsw with a sign trick where not. Elsewhere the torch reference below runs: the same
+vpmaddubsw with a sign trick where not. On a CPU with AMX, a batch of cpu.AMX_MIN_ROWS rows
+or more runs amx_gemm.c instead: the same int8 weights unpacked to bf16 tiles (q * scale),
+x in bf16 rather than int8, products on AMX-BF16 (reference_amx_linear). Elsewhere the torch reference below runs: the same
 quantization, each group's integer product computed in fp32 (exact: 16 * 127 * 127 < 2^24),
 accumulated group by group.
 """
@@ -86,6 +88,16 @@ def reference_int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor
         acc += F.linear(xq[:, part].float(), wq[:, part]) * (
             x_scales[:, g:g + 1] * scales[:, g * GROUP // WGROUP])
     return acc
+
+
+def reference_amx_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor
+                         ) -> torch.Tensor:
+    """What amx_gemm.c computes from cpu.AMX_MIN_ROWS rows on a CPU with AMX, before bias and
+    residual: the same int8 weights times their group scales, each rounded to bf16, times x
+    rounded to bf16, accumulated in fp32 (each product of two bf16 values is exact in fp32)."""
+    k = q.shape[1]
+    w = q.float() * scales.repeat_interleave(WGROUP, dim=1)[:, :k]
+    return F.linear(x.float().bfloat16().float(), w.bfloat16().float())
 
 
 class Int8Linear:
