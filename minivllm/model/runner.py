@@ -16,6 +16,7 @@ import torch
 
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
@@ -67,9 +68,7 @@ class ModelRunner:
         self.dtype = torch.float32 if cpu_bf16 else dtype
         if cpu_bf16:
             logger.info("bfloat16 on the CPU: bf16 linear weights (%s), fp32 activations, "
-                        "bf16 KV cache", "oneDNN, native bf16 dot products"
-                        if torch.ops.mkldnn._is_mkldnn_bf16_supported() else
-                        "emulated: this CPU has no AVX512-BF16; float32 is faster here")
+                        "bf16 KV cache", _bf16_linears())
         weights = {k: v.to(self.device, self.dtype)
                    for k, v in load_state_dict(
                        model_path, keep_gguf_blocks=model_config.quantization == "gguf").items()}
@@ -218,3 +217,12 @@ class ModelRunner:
                 if logprobs is not None:
                     result.logprobs[req_id] = logprobs
         return result
+
+
+def _bf16_linears() -> str:
+    """How the CPU's bf16 linears run, for the start-up line."""
+    if kernels.enabled() and cpu.amx():
+        return "AMX-BF16 tiles, the LM head too, fp32 logits"
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "oneDNN, native bf16 dot products; the LM head fp32"
+    return "emulated: this CPU has no AVX512-BF16; float32 is faster here"

@@ -1,5 +1,5 @@
-"""bf16 on the CPU: bf16 linear weights (but the LM head's) and KV cache, fp32 activations
-between the ops (so the C kernels run as in fp32). The mixed linear against its definition (x rounded to bf16,
+"""bf16 on the CPU: bf16 linear weights (but the LM head's, unless on AMX tiles) and KV cache,
+fp32 activations between the ops (so the C kernels run as in fp32). The mixed linear against its definition (x rounded to bf16,
 the product accumulated in fp32, bias and residual added in fp32), through oneDNN where the
 CPU has native bf16 and through F.linear elsewhere; an engine with dtype="bfloat16" holds
 bf16 linears and a bf16 KV cache, runs the kernels, and decodes the same greedy tokens
@@ -52,9 +52,12 @@ def test_a_bf16_engine_holds_bf16_linears_and_kv_with_fp32_activations(bf16_runs
     _, (runner, _) = bf16_runs
     assert runner.dtype == torch.float32 and runner.kv_dtype == torch.bfloat16
     assert runner.k_cache.dtype == torch.bfloat16
-    # fp32 LM head: logits rounded to bf16 tie (SmolLM2's first answer token flipped)
-    assert runner.model.lm_head.weight.dtype == torch.float32
-    assert runner.model.layers[0].mlp.gate_up.weight.dtype == torch.bfloat16
+    if cpu.amx():  # bf16 weights packed as AMX tiles, the LM head too (fp32 logits)
+        assert runner.model.lm_head.packed.dtype == torch.bfloat16
+        assert runner.model.layers[0].mlp.gate_up.packed.dtype == torch.bfloat16
+    else:  # fp32 LM head: logits rounded to bf16 tie (SmolLM2's first answer token flipped)
+        assert runner.model.lm_head.weight.dtype == torch.float32
+        assert runner.model.layers[0].mlp.gate_up.weight.dtype == torch.bfloat16
     assert runner.model.embed.dtype == torch.float32
     assert runner.use_kernels == cpu.available(torch.device("cpu"), torch.float32)
 

@@ -1,5 +1,9 @@
-/* Linear layers on AMX-BF16 tiles (Sapphire Rapids and later) for batches of AMX_MIN_ROWS
- * rows and more (cpu.py picks them), over the weights of the two low-bit formats:
+/* Linear layers on AMX-BF16 tiles (Sapphire Rapids and later), fp32 in and out:
+ *   - bf16_linear_amx_f32: bf16 weights packed once at load into B tiles (linear_amx.py),
+ *     at any batch: dtype=bfloat16's linears and its LM head, whose logits stay fp32 (oneDNN's
+ *     bf16 product rounds them to bf16, which tied SmolLM2's top two);
+ * and for batches of AMX_MIN_ROWS rows and more (cpu.py picks them), over the weights of
+ * the two low-bit formats:
  *   - int8_linear_amx_f32: int8_gemm.c's packed int8 weights (q + 128 in panels of 16
  *     columns x 4 input values, one scale per column and group of 32 inputs), where its W8A8
  *     kernel is bound by its per-group rescaling (an int32 -> fp32 conversion and two
@@ -9,8 +13,8 @@
  *
  *   y = bf16(x) @ bf16(w).T (+ bias) (+ residual), accumulated in fp32
  *
- * Each call unpacks the weights, a panel of 16 output columns at a time, into AMX's B-tile
- * layout, each value (int8: q * s; GGUF: d * q (+ m)) rounded to bf16 once. The activations
+ * Each call of these two unpacks the weights, a panel of 16 output columns at a time, into
+ * AMX's B-tile layout, each value (int8: q * s; GGUF: d * q (+ m)) rounded to bf16 once. The activations
  * are rounded to bf16 (8 significant bits, no grouping to choose) instead of quantized to
  * int8: the same weights as the integer kernels, finer activations (docs/quantization.md
  * has what each costs on SmolLM2).
@@ -18,7 +22,8 @@
  * Tiles: C0..C3 (fp32, 16 x 16) hold 32 rows x 32 columns of y, A0 / A1 (16 rows x 32
  * bf16 of x), B0 / B1 (16 pairs of k x 16 columns x 2, one panel each), so each tile load
  * feeds two TDPBF16PS. A thread takes a pair of panels, unpacks them into its buffer (kp x
- * 32 bf16 each: they stay in L2) and passes every 32-row block of x over them.
+ * 16 bf16 each: they stay in L2) if they are not packed already, and passes every 32-row
+ * block of x over them.
  *
  * Linux hands a process AMX's tile state only on request (arch_prctl); without it, or
  * without AMX in the build, the functions return -1 and the caller keeps the integer
@@ -72,21 +77,27 @@ static void configure_tiles(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* The weights of one call, and how to unpack panel p of them into B tiles: kp / 2 rows of
- * 32 bf16 (64 bytes), row i holding the 16 columns' values at k = 2i and 2i + 1; zeros for
- * columns past n. */
+/* The weights of one call, and how to have panel p of them as B tiles: kp / 2 rows of 32
+ * bf16 (64 bytes), row i holding the 16 columns' values at k = 2i and 2i + 1, zeros for
+ * columns past n; unpacked into `scratch` (kp x 16 bf16), or where they already lie. */
 typedef struct weights weights;
 struct weights {
-    void (*unpack)(const weights *w, int p, int kp, uint16_t *out);
+    const uint16_t *(*panel)(const weights *w, int p, int kp, uint16_t *scratch);
     const uint8_t *data;
     const float *scales, *mins;
     int qtype, n;
 };
 
+/* bf16 weights packed so at load (linear_amx.py): panel p as it lies. */
+static const uint16_t *packed_panel(const weights *w, int p, int kp, uint16_t *scratch) {
+    (void)scratch;
+    return (const uint16_t *)w->data + (int64_t)p * kp * NC;
+}
+
 /* int8_gemm.c's panel p. Within a quad (4 k of 16 columns), column j's 4 values sit in bytes
  * 4j..4j+3; after the conversion to bf16, in the qwords of two vectors (columns 0-7, 8-15):
  * the low dword holds k0 k1, the high k2 k3. even / odd pick those dwords into two B rows. */
-static void unpack_int8_panel(const weights *w, int p, int kp, uint16_t *out) {
+static const uint16_t *unpack_int8_panel(const weights *w, int p, int kp, uint16_t *out) {
     const uint8_t *panel = w->data + (int64_t)p * kp * NC;
     const float *ws = w->scales + (int64_t)p * (kp / WGROUP) * NC;
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
@@ -118,6 +129,7 @@ static void unpack_int8_panel(const weights *w, int p, int kp, uint16_t *out) {
                                 _mm512_permutex2var_epi32(low, odd, high));
         }
     }
+    return out;
 }
 
 /* One GGUF block's 32 values, d * q (+ m), as bf16 in order: 16 dwords, pair i = values
@@ -171,7 +183,7 @@ static inline void transpose_16x16(__m512i r[16]) {
 
 /* Columns 16p..16p+15 of GGUF blocks (n rows of k / 32 blocks): per block of 32 k, the 16
  * columns' values as rows of pairs, transposed into a B tile's 16 rows. */
-static void unpack_gguf_panel(const weights *w, int p, int kp, uint16_t *out) {
+static const uint16_t *unpack_gguf_panel(const weights *w, int p, int kp, uint16_t *out) {
     const int block_bytes = w->qtype == Q8_0 ? 34 : w->qtype == Q4_0 ? 18 : 20, nb = kp / BLOCK;
     for (int b = 0; b < nb; b++) {
         __m512i r[16];
@@ -185,6 +197,7 @@ static void unpack_gguf_panel(const weights *w, int p, int kp, uint16_t *out) {
         transpose_16x16(r);
         for (int i = 0; i < 16; i++) _mm512_storeu_si512(out + ((int64_t)b * 16 + i) * 32, r[i]);
     }
+    return out;
 }
 
 /* x rows (fp32, stride ldx) to bf16, rows_padded x kp, zeros past k and past rows. */
@@ -241,9 +254,8 @@ static int amx_linear(const float *x, int64_t ldx, const weights *w, const float
             if (!b) continue; /* every thread meets the loop; the caller redoes it all */
             /* an odd last panel is paired with itself, its copy's columns not written */
             const int p[2] = {2 * pair, 2 * pair + 1 < panels ? 2 * pair + 1 : 2 * pair};
-            const uint16_t *b1 = b + (int64_t)kp * NC;
-            w->unpack(w, p[0], kp, b);
-            w->unpack(w, p[1], kp, b + (int64_t)kp * NC);
+            const uint16_t *b0 = w->panel(w, p[0], kp, b);
+            const uint16_t *b1 = w->panel(w, p[1], kp, b + (int64_t)kp * NC);
             for (int64_t r = 0; r < rows_padded; r += 2 * ROW_TILE) {
                 const uint16_t *a = xb + r * kp;
                 _tile_zero(0);
@@ -253,7 +265,7 @@ static int amx_linear(const float *x, int64_t ldx, const weights *w, const float
                 for (int t = 0; t < kp / TILE_K; t++) {
                     _tile_loadd(4, a + t * TILE_K, lda);
                     _tile_loadd(5, a + ROW_TILE * kp + t * TILE_K, lda);
-                    _tile_loadd(6, b + (int64_t)t * TILE_K * NC, 64);
+                    _tile_loadd(6, b0 + (int64_t)t * TILE_K * NC, 64);
                     _tile_loadd(7, b1 + (int64_t)t * TILE_K * NC, 64);
                     _tile_dpbf16ps(0, 4, 6);
                     _tile_dpbf16ps(1, 4, 7);
@@ -289,6 +301,19 @@ int int8_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *w, const flo
 #else /* the callers keep the integer kernels */
     (void)x, (void)ldx, (void)w, (void)w_scales, (void)bias, (void)residual, (void)ldr;
     (void)y, (void)rows, (void)k, (void)kp, (void)n, (void)num_threads;
+    return -1;
+#endif
+}
+
+int bf16_linear_amx_f32(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+                        const float *residual, int64_t ldr, float *y, int64_t rows, int k, int kp,
+                        int n, int num_threads) {
+#ifdef AMX_BUILT
+    const weights weights = {packed_panel, (const uint8_t *)w, NULL, NULL, 0, n};
+    return amx_linear(x, ldx, &weights, bias, residual, ldr, y, rows, k, kp, n, num_threads);
+#else
+    (void)x, (void)ldx, (void)w, (void)bias, (void)residual, (void)ldr, (void)y, (void)rows;
+    (void)k, (void)kp, (void)n, (void)num_threads;
     return -1;
 #endif
 }

@@ -159,12 +159,20 @@ def sampler_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     return out
 
 
+@cache
 def amx() -> bool:
-    """Whether int8_linear and gguf_linear run batches of AMX_MIN_ROWS rows and more on
-    AMX-BF16 tiles (amx_gemm.c: the library was built for the amx level;
-    MINIVLLM_ISA=avx512_bf16 turns it off)."""
+    """Whether the AMX-BF16 tiles run (amx_gemm.c): the library was built for the amx level
+    (MINIVLLM_ISA=avx512_bf16 turns it off) and Linux hands this process the tiles (a probe
+    product). Then bf16 linears run there at any batch, and int8_linear and gguf_linear run
+    batches of AMX_MIN_ROWS rows and more there."""
     lib = _library()
-    return lib is not None and "amx_bf16" in lib.isa_features
+    if lib is None or "amx_bf16" not in lib.isa_features:
+        return False
+    x, y = torch.zeros(1, 32), torch.empty(1, 16)
+    w = torch.zeros(16 * 32, dtype=torch.bfloat16)
+    return lib.bf16_linear_amx_f32(x=x.data_ptr(), ldx=32, w=w.data_ptr(), bias=None,
+                                   residual=None, ldr=0, y=y.data_ptr(), rows=1, k=32, kp=32,
+                                   n=16, num_threads=1) == 0
 
 
 AMX_MIN_ROWS = 32  # from here on a batch is worth unpacking the weights to bf16 tiles for
@@ -197,6 +205,29 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
     gsums = torch.empty(rows * (kp // group), dtype=torch.int32)
     _library().int8_linear_f32(**common, scratch=scratch.data_ptr(),
                                gscales=gscales.data_ptr(), gsums=gsums.data_ptr())
+    return y
+
+
+def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                    residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [T, K] fp32 (rows may be strided) times bf16 weights packed by
+    linear_amx.pack_weight, on AMX-BF16 tiles -> fp32 [T, out_features]; bias [N] and
+    residual [T, N] (fp32) added in the same pass. See amx_gemm.c; only where amx()."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, k = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    status = _library().bf16_linear_amx_f32(
+        x=x.data_ptr(), ldx=x.stride(0), w=packed.data_ptr(),
+        bias=None if bias is None else bias.data_ptr(),
+        residual=None if residual is None else residual.data_ptr(),
+        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(), rows=rows, k=k,
+        kp=packed.shape[1] * 2, n=out_features, num_threads=torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError("bf16_linear_amx: the AMX tiles could not be used (Linux refused "
+                           "them, or memory ran out)")
     return y
 
 

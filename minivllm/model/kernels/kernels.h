@@ -54,10 +54,13 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
                      int8_t *scratch, float *gscales, int32_t *gsums, int64_t rows, int k,
                      int kp, int n, int num_threads);
 
-/* amx_gemm.c: int8_gemm.c's packed weights and gguf_gemm.c's blocks on AMX-BF16 tiles,
- * activations in bf16; each returns 0, or -1 when the library was built without AMX, Linux
- * refused the tiles, memory ran out, or (GGUF) the block type is not read (the caller then
- * runs the integer kernel) */
+/* amx_gemm.c: bf16 weights packed as B tiles, int8_gemm.c's packed weights and gguf_gemm.c's
+ * blocks on AMX-BF16 tiles, activations in bf16, fp32 out; each returns 0, or -1 when the
+ * library was built without AMX, Linux refused the tiles, memory ran out, or (GGUF) the
+ * block type is not read (the caller then runs another kernel) */
+int bf16_linear_amx_f32(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+                        const float *residual, int64_t ldr, float *y, int64_t rows, int k, int kp,
+                        int n, int num_threads);
 int int8_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *w, const float *w_scales,
                         const float *bias, const float *residual, int64_t ldr, float *y,
                         int64_t rows, int k, int kp, int n, int num_threads);

@@ -27,7 +27,7 @@ from torch import nn
 
 from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import cpu, linear_amx
 from minivllm.model.kernels.linear_gguf import BlockWeight, cat_rows
 from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm, linear
 from minivllm.model.models.moe import EXPERT_NAMES, SparseMoeBlock
@@ -170,10 +170,14 @@ class CausalLM(nn.Module):
         if lm_head is None or (getattr(cfg, "tie_word_embeddings", False)
                                and not isinstance(lm_head, BlockWeight)):
             lm_head = self.embed
-        # bf16's LM head keeps fp32 weights: a product rounded to bf16 ties the top logits
-        # (SmolLM2's "The" and "L" after "What is the capital of France?": argmax flipped)
-        self.lm_head = linear(lm_head, None, fast,
-                              None if linear_weights == "bf16" else linear_weights)
+        # bf16's LM head keeps fp32 weights where the bf16 product rounds its output to bf16
+        # (oneDNN's): that tied SmolLM2's top logits ("The" and "L" after "What is the
+        # capital of France?": argmax flipped). On AMX tiles the logits stay fp32.
+        head_weights = linear_weights
+        if linear_weights == "bf16" and not (isinstance(lm_head, torch.Tensor)
+                                             and linear_amx.usable(lm_head, fast)):
+            head_weights = None
+        self.lm_head = linear(lm_head, None, fast, head_weights)
         # A tensor nothing here reads is a part of the model we do not implement (Qwen2-MoE's
         # shared expert, a bias we do not add...): refuse it rather than run without it.
         unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.model.attention import AttentionMetadata, paged_attention, write_kv
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import cpu, linear_amx
 from minivllm.model.kernels.linear import Linear
+from minivllm.model.kernels.linear_amx import AmxBf16Linear
 from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
 from minivllm.model.kernels.linear_int8 import Int8Linear
 from minivllm.model.rope import apply_rope
@@ -43,15 +44,18 @@ class RMSNorm(nn.Module):
 
 
 def linear(weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None, fast: bool,
-           weights: str | None) -> Linear | Int8Linear | GGUFLinear:
+           weights: str | None) -> Linear | Int8Linear | GGUFLinear | AmxBf16Linear:
     """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
-    weights, fp32 inputs converted at the product: the CPU's bf16, see CausalLM). A GGUF
-    file's blocks (quantization="gguf") run as stored (linear_gguf.py)."""
+    weights, fp32 inputs converted at the product: the CPU's bf16, see CausalLM; on AMX
+    tiles where the CPU has them, linear_amx.py). A GGUF file's blocks
+    (quantization="gguf") run as stored (linear_gguf.py)."""
     if isinstance(weight, BlockWeight):
         return GGUFLinear(weight, bias, use_kernel=fast)
     if weights == "int8":
         return Int8Linear(weight, bias, use_kernel=fast)
     if weights == "bf16":
+        if linear_amx.usable(weight, fast):
+            return AmxBf16Linear(weight, bias)
         return Linear(weight.to(torch.bfloat16), bias, fast)
     return Linear(weight, bias, fast)
 
