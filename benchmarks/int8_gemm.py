@@ -5,7 +5,8 @@
 For each SmolLM-135M linear shape (qkv, o, gate_up, down, lm_head) and row count: the
 milliseconds per call of the fp32 oneDNN linear the engine uses (packed weights), the same
 Linear with bf16 weights and input (oneDNN's packed bf16 where the CPU has bf16 hardware,
-else F.linear: what dtype=bfloat16 runs), minivllm's
+else F.linear: what dtype=bfloat16 runs without AMX), on a CPU with AMX minivllm's bf16
+linear on AMX tiles (what dtype=bfloat16 runs there, fp32 in and out), minivllm's
 W8A8 kernel (int8_gemm.c, activations quantized inside the call, per group of 16; VNNI
 where the library was built for it), torch._int_mm (with per-token quantization in torch
 ops), torch._weight_int8pack_mm (weight-only int8), fbgemm's
@@ -28,7 +29,9 @@ from pathlib import Path
 
 import torch
 
+from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear import Linear
+from minivllm.model.kernels.linear_amx import AmxBf16Linear
 from minivllm.model.kernels.linear_int8 import Int8Linear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
@@ -145,8 +148,11 @@ def candidates(weight: torch.Tensor, x: torch.Tensor) -> dict:
                                                    None, 1.0, 0, torch.float32, "none", [],
                                                    "") * x_scales[:, None]
 
-    return {"fp32 oneDNN": lambda: fp32(x), "bf16": lambda: bf16(x_bf16).float(),
-            "minivllm int8": lambda: ours(x),
+    found = {"fp32 oneDNN": lambda: fp32(x), "bf16": lambda: bf16(x_bf16).float()}
+    if cpu.amx():  # what dtype=bfloat16 runs on such a CPU, fp32 in and out
+        amx_bf16 = AmxBf16Linear(weight)
+        found["minivllm bf16 AMX"] = lambda: amx_bf16(x)
+    return {**found, "minivllm int8": lambda: ours(x),
             "_int_mm": int_mm, "weight-only int8": lambda: torch._weight_int8pack_mm(
                 x, q, scales), "fbgemm dynamic": lambda: torch.ops.quantized.linear_dynamic(
                 x, fbgemm, False), "oneDNN qlinear": qlinear}
