@@ -82,7 +82,7 @@ def emulated(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [1, 5, 33])
 def test_kernel_matches_torch(qtype, n, k, rows):
     weight, dequantized = block_weight(n, k, qtype, seed=n + k)
-    x = torch.randn(rows, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(n + k + rows))
     x[0, 32:64] = 0  # an all-zero activation block
     x[-1, :3] = torch.tensor([40.0, -40.0, 1e-3])  # an outlier
     y = GGUFLinear(weight)(x)
@@ -90,10 +90,12 @@ def test_kernel_matches_torch(qtype, n, k, rows):
     # only.
     expected = emulated(x, weight)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-4 * expected.abs().max().item())
-    # Against the dequantized weights in fp32: the activations' int8 error, about 1%.
+    # Against the dequantized weights in fp32: the activations' int8 error, about 1%; up to
+    # 3% where the outlier row is the only one and K one block (its 29 other values then
+    # round to steps of 40 / 127).
     reference = F.linear(x, torch.from_numpy(dequantized))
     error = (y - reference).norm() / reference.norm()
-    assert error < 0.02, error
+    assert error < (0.03 if rows == 1 and k == 32 else 0.02), error
 
 
 @needs_kernels

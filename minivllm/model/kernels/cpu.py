@@ -159,20 +159,21 @@ def sampler_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     return out
 
 
-@cache
 def amx() -> bool:
     """Whether the AMX-BF16 tiles run (amx_gemm.c): the library was built for the amx level
     (MINIVLLM_ISA=avx512_bf16 turns it off) and Linux hands this process the tiles (a probe
-    product). Then bf16 linears run there at any batch, and int8_linear and gguf_linear run
-    batches of AMX_MIN_ROWS rows and more there."""
+    product, once per library). Then bf16 linears run there at any batch, and int8_linear
+    and gguf_linear run batches of AMX_MIN_ROWS rows and more there."""
     lib = _library()
     if lib is None or "amx_bf16" not in lib.isa_features:
         return False
-    x, y = torch.zeros(1, 32), torch.empty(1, 16)
-    w = torch.zeros(16 * 32, dtype=torch.bfloat16)
-    return lib.bf16_linear_amx_f32(x=x.data_ptr(), ldx=32, w=w.data_ptr(), bias=None,
-                                   residual=None, ldr=0, y=y.data_ptr(), rows=1, k=32, kp=32,
-                                   n=16, num_threads=1) == 0
+    if not hasattr(lib, "amx_runs"):
+        x, y = torch.zeros(1, 32), torch.empty(1, 16)
+        w = torch.zeros(16 * 32, dtype=torch.bfloat16)
+        lib.amx_runs = lib.bf16_linear_amx_f32(
+            x=x.data_ptr(), ldx=32, w=w.data_ptr(), bias=None, residual=None, ldr=0,
+            y=y.data_ptr(), rows=1, k=32, kp=32, n=16, num_threads=1) == 0
+    return lib.amx_runs
 
 
 AMX_MIN_ROWS = 32  # from here on a batch is worth unpacking the weights to bf16 tiles for
