@@ -41,6 +41,7 @@ def test_kernel_matches_its_definition(rows, n, k):
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
     torch.testing.assert_close(AmxBf16Linear(weight)(x), reference_linear(x, weight),
                                rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    assert layer(x[:0]).shape == (0, n)  # an empty batch (an MoE expert no token chose)
     # fp32 out: not the bf16-rounded product (oneDNN's bf16 output)
     assert not torch.equal(y, (reference_linear(x, weight) + bias).bfloat16().float()
                            + residual)

@@ -235,6 +235,7 @@ static int amx_linear(const float *x, int64_t ldx, const weights *w, const float
                       const float *residual, int64_t ldr, float *y, int64_t rows, int k, int kp,
                       int n, int num_threads) {
     if (!amx_permitted()) return -1;
+    if (rows == 0) return 0;
     const int64_t rows_padded = (rows + 2 * ROW_TILE - 1) / (2 * ROW_TILE) * (2 * ROW_TILE);
     uint16_t *xb = aligned_alloc(64, (size_t)rows_padded * kp * 2);
     if (!xb) return -1;
