@@ -275,12 +275,14 @@ def main() -> None:
     print("\n| scenario | server | ready s | output tok/s | minivllm / it | TTFT p50 / p99 ms "
           "| TPOT p50 / p99 ms | failed |\n|---|---|---|---|---|---|---|---|")
     med = statistics.median
+    # the ratios' numerator: the first minivllm server asked for (minivllm-bf16 alone too)
+    reference = next((s for s in args.servers if s.startswith("minivllm")), "minivllm")
     for (scen, name), results in runs.items():
-        ours = runs.get((scen, "minivllm"), [])
+        ours = runs.get((scen, reference), [])
         rates = [s["output_token_throughput"] for _, s in results]
         ratios = [o["output_token_throughput"] / rate for (_, o), rate in zip(ours, rates)]
-        ratio = f"{med(ratios):.2f}x" + (f" ({min(ratios):.2f}-{max(ratios):.2f})"
-                                         if len(ratios) > 1 else "")
+        ratio = "n/a" if not ratios else f"{med(ratios):.2f}x" + (
+            f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else "")
         pick = lambda key, q, rs=results: med([s[key][q] for _, s in rs])  # noqa: E731
         print(f"| {scen} | {name} | {med([r for r, _ in results]):.1f} | {med(rates):.1f} "
               f"| {ratio} | {pick('ttft_ms', 'median'):.0f} / {pick('ttft_ms', 'p99'):.0f} | "
