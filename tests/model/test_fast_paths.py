@@ -51,6 +51,9 @@ SHAPES = [  # seq_lens, heads, kv_heads, head_dim, block_size
     ([3, 33, 64], 8, 8, 128, 32),  # no GQA, the other specialised head_dim
     ([7, 2, 11], 4, 2, 24, 4),  # a head_dim with no specialised copy
     ([9, 3, 20], 4, 2, 12, 8),  # not a multiple of 8: the scalar loops, not the AVX2 ones
+    # AVX-512's wide kernel scores a group's heads 3 at a time and values 64 dims at a time:
+    ([5, 30, 47], 8, 2, 80, 16),  # groups of 4 (3 + 1 heads), 64 + 16 dims
+    ([2, 17, 24], 10, 2, 32, 8),  # groups of 5 (3 + 2 heads), a head_dim under 64
 ]
 
 

@@ -16,7 +16,8 @@ from tests.model.test_prefill_kernel import _batch
 
 
 @needs_kernels
-@pytest.mark.parametrize("heads, kv_heads, dim, block_size", [(6, 2, 64, 4), (4, 4, 24, 16)])
+@pytest.mark.parametrize("heads, kv_heads, dim, block_size", [(6, 2, 64, 4), (4, 4, 24, 16),
+                                                                 (10, 2, 80, 16)])
 def test_decode_kernel_reads_bf16_cache(heads, kv_heads, dim, block_size):
     """The kernel widens bf16 to fp32 exactly, so it equals the fp32 math on the widened
     cache up to summation order."""
