@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 from random_model import save_random_model
 from real_model import chat_prompts, save_smollm2, smollm2_gguf
 
+from minivllm.bench.machine import cpu_description
 from minivllm.bench.sampling import add_sampling_args, describe, is_plain_greedy, sampling_fields
 from minivllm.bench.throughput import random_prompts
 
@@ -92,25 +92,6 @@ VARIANTS["minivllm-int8-no-amx"] = VARIANTS["minivllm-int8"]
 VARIANTS["minivllm-gguf-no-amx"] = VARIANTS["minivllm-gguf"]
 VARIANTS["minivllm-bf16-no-amx"] = VARIANTS["minivllm-bf16"]
 GGUF_FILE_ENGINES = ("minivllm-gguf", "minivllm-gguf-no-amx", "llama.cpp-gguf")
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
-
-
-def cpu_description() -> str:
-    """'AMD EPYC ... (avx2 avx512f ...)': the CPU model and the ISA flags that decide which
-    kernels and dtypes are fast on it (/proc/cpuinfo; the platform elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    model = next((line.partition(":")[2].strip() for line in text.splitlines()
-                  if line.startswith("model name")), platform.machine())
-    flags = next((line.partition(":")[2].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
-    family = next((line.partition(":")[2].strip() for line in text.splitlines()
-                   if line.startswith("cpu family")), "?")
-    return f"{model}, family {family} ({' '.join(f for f in ISA_FLAGS if f in flags) or 'no AVX2'})"
-
-
 def run_engine(name: str, spec: dict) -> dict | None:
     python, runner, env = ENGINES[name]
     spec = {**spec, **{key: spec["gguf_file"] if value == "<smollm2.gguf>" else value

@@ -27,6 +27,10 @@ class RequestMetrics:
     first_token_time: float | None = None
     time_in_queue: float | None = None
     finished_time: float | None = None
+    # minivllm's: the engine steps until the first token, and all the tokens they computed
+    # (this request's prompt and the other requests' tokens that shared those steps)
+    prefill_steps: int = 0
+    prefill_step_tokens: int = 0
 
 
 @dataclass

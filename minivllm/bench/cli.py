@@ -1,13 +1,13 @@
 """`minivllm bench`: the argument parsers of `bench serve` (replay a workload against a server),
-`bench policies` (compare_policies.py) and `bench throughput` (offline), and the first and
-last of them."""
+`bench policies` (compare_policies.py), `bench sweep` (sweep.py) and `bench throughput`
+(offline), and the first and last of them."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from minivllm.bench import metrics, prediction, report
+from minivllm.bench import metrics, prediction, report, sweep
 from minivllm.bench.args import add_comparison_args, add_workload_args, resolve_endpoint
 from minivllm.bench.compare_policies import run_policies
 from minivllm.bench.replay import measure, prepare
@@ -49,6 +49,7 @@ def add_parser(subparsers) -> None:
     pol.set_defaults(temperature=None)  # run_policies: 0, or 0.7 for a custom:PATH workload
     add_engine_args(pol, skip=SKIPPED_ENGINE_ARGS)
     pol.set_defaults(func=run_policies)
+    sweep.add_parser(sub)
     thr = sub.add_parser("throughput", help="offline engine throughput on random prompts")
     thr.add_argument("--num-prompts", type=int, default=64)
     thr.add_argument("--input-len", type=int, default=128)

@@ -8,6 +8,7 @@ arrival (a final chunk with empty text and a finish_reason is only the end marke
 token count is the server's usage.completion_tokens when sent, else the number of arrivals.
 A request succeeds when it has a first token, no error and the closing `data: [DONE]`; anything
 else is a failure with its error text. Every entry of the trace yields exactly one result.
+A minivllm server's usage chunk also says where the request's TTFT went (`timing`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class RequestResult:
     # server's --length-prediction-log); the output length the server's predictor predicted.
     queue_s: float | None = None
     predicted_output_tokens: float | None = None
+    # Where the TTFT went, as the server saw it: a minivllm server's `timing` object
+    # (entrypoints/openai/request_timing.py), None from other servers.
+    server_timing: dict | None = None
 
 
 async def server_info(session: aiohttp.ClientSession, base_url: str) -> tuple[str, int | None]:
@@ -110,6 +114,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict, 
                     return
                 if msg.get("usage"):
                     usage_tokens = msg["usage"].get("completion_tokens")
+                    result.server_timing = msg.get("timing")
                 choices = msg.get("choices")
                 if choices and choices[0].get("finish_reason"):
                     finished_at = time.perf_counter()

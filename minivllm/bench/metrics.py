@@ -59,8 +59,33 @@ def is_good(r, slos: dict[str, float]) -> bool:
     return all(measured[name] <= limit for name, limit in slos.items())
 
 
+# The parts of TTFT a minivllm server reports (its `timing`), in order, and the rest: the
+# HTTP transfer both ways, which the client measures as its TTFT minus the server's.
+TTFT_PARTS = ("frontend_in", "queue", "prefill", "frontend_out", "http")
+
+
+def ttft_split(done: list) -> dict | None:
+    """Mean milliseconds of each TTFT part over the requests whose server said (means, so
+    that the parts add up to the mean TTFT of those requests), with the mean prefill steps
+    and the tokens those steps computed; None when no server timing came back."""
+    timed = [r for r in done if r.server_timing]
+    if not timed:
+        return None
+    n = len(timed)
+    parts = {}
+    for part in TTFT_PARTS[:-1]:
+        parts[part] = sum(r.server_timing[f"{part}_s"] for r in timed) / n * 1000
+    parts["http"] = sum(r.ttft - r.server_timing["server_ttft_s"] for r in timed) / n * 1000
+    return {"requests": n, "ttft_ms": sum(r.ttft for r in timed) / n * 1000,
+            "parts_ms": parts,
+            "prefill_steps": sum(r.server_timing["prefill_steps"] for r in timed) / n,
+            "prefill_step_tokens": sum(r.server_timing["prefill_step_tokens"]
+                                       for r in timed) / n}
+
+
 def _latencies(done: list) -> dict[str, dict]:
     return {
+        "ttft_split": ttft_split(done),
         "ttft_ms": distribution(r.ttft * 1000 for r in done),
         "tpot_ms": distribution(t for r in done if (t := tpot_ms(r)) is not None),
         "itl_ms": distribution(x * 1000 for r in done for x in r.itl),

@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from minivllm.bench.metrics import BUCKETS, bucket_of, tpot_ms  # noqa: E402
+from minivllm.bench.metrics import BUCKETS, TTFT_PARTS, bucket_of, tpot_ms  # noqa: E402
 
 
 def _f(x: float | None, digits: int = 1) -> str:
@@ -80,9 +80,32 @@ def markdown_summary(summary: dict, title: str = "Run") -> str:
                      f"{_f(b['ttft_ms']['mean'] and b['ttft_ms']['mean'] / 1000, 3)} | "
                      f"{_f(b['tpot_ms']['mean'], 2)} | {_f(_rate(b['tpot_ms']['mean']))} | "
                      f"{_f(b['output_tokens_per_s']['mean'])} |")
+    lines += ttft_split_table(s)
     if s.get("engine"):
         lines += ["", ENGINE_HEADER, "|---" * ENGINE_COLUMNS + "|", engine_row(s["engine"])]
     return "\n".join(lines) + "\n"
+
+
+def ttft_split_table(s: dict) -> list[str]:
+    """Where the TTFT went, per bucket and over all, where the server said (minivllm's
+    `timing`): mean ms of each part, which add up to the mean TTFT of those requests."""
+    rows = [("all", s.get("ttft_split"))] + [
+        (bucket_label(name, s["bucket_thresholds"]), s["buckets"][name].get("ttft_split"))
+        for name in BUCKETS]
+    if all(split is None for _, split in rows):
+        return []
+    lines = ["", "Where the TTFT went (mean ms; the server's `timing`, HTTP = the client's TTFT "
+                 "minus the server's):", "",
+             "| bucket | requests | TTFT | frontend in | queue | prefill | frontend out | HTTP "
+             "| prefill steps | tokens in those steps |", "|---" * 10 + "|"]
+    for label, split in rows:
+        if split is None:
+            continue
+        p = split["parts_ms"]
+        lines.append(f"| {label} | {split['requests']} | {split['ttft_ms']:.1f} | "
+                     + " | ".join(f"{p[part]:.1f}" for part in TTFT_PARTS)
+                     + f" | {split['prefill_steps']:.1f} | {split['prefill_step_tokens']:.0f} |")
+    return lines
 
 
 def request_rows(results: list, thresholds) -> list[dict]:

@@ -286,12 +286,17 @@ class EngineCore:
         now = started = time.time()
         if self.tracer is not None:
             self.tracer.see_arrivals(now)
-        num_prompt_tokens = 0
+        num_prompt_tokens, step_tokens = 0, sched_out.total_num_scheduled_tokens
+        counted = set()
         for req_id, num_new in sched_out.num_scheduled_tokens.items():
             request = self.scheduler.requests[req_id]
             group = self.groups.of(req_id)
             if group.first_scheduled_time is None:
                 group.first_scheduled_time = now
+            if id(group) not in counted:  # n > 1: a step counts once
+                counted.add(id(group))
+                group.steps += 1
+                group.step_tokens += step_tokens
             start = request.num_computed_tokens
             num_prompt_tokens += max(0, min(start + num_new, request.num_prompt_tokens) - start)
         result = self.runner.execute(sched_out)
@@ -304,6 +309,9 @@ class EngineCore:
         for request in done.sampled:
             out = self._output(outputs, request.request_id)
             out.new_token_ids = [request.output_token_ids[-1]]
+            if len(request.output_token_ids) == 1:  # its first: the prefill is over
+                group = self.groups.of(request.request_id)
+                out.prefill_steps, out.prefill_step_tokens = group.steps, group.step_tokens
             logprobs = result.logprobs.get(request.request_id)
             if logprobs is not None:
                 out.new_logprobs = [pack_logprobs(logprobs)]

@@ -62,6 +62,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: int | None = None  # the stop token id
     num_cached_tokens: int = 0
     first_scheduled_time: float | None = None
+    # With a request's first token: the steps until it, and all the tokens they computed
+    prefill_steps: int = 0
+    prefill_step_tokens: int = 0
     # A request the core turned away or failed: error_kind is "invalid" (a ValueError),
     # "overloaded" (EngineOverloadedError; overload_reason is its reason), "failed" (any
     # other error adding it), "timeout" (it waited too long, never scheduled) or "deadline"

@@ -139,6 +139,9 @@ class OutputProcessor:
         if metrics.first_scheduled_time is None and out.first_scheduled_time is not None:
             metrics.first_scheduled_time = out.first_scheduled_time
             metrics.time_in_queue = out.first_scheduled_time - metrics.arrival_time
+        if out.prefill_steps:
+            metrics.prefill_steps = out.prefill_steps
+            metrics.prefill_step_tokens = out.prefill_step_tokens
         if out.prompt_logprobs is not None:
             first, scored = out.prompt_logprobs
             group.add_prompt_logprobs(first, [unpack_logprobs(entry) for entry in scored])

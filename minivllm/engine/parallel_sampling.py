@@ -51,11 +51,15 @@ def best_of(sequences: list[Scored], n: int) -> list[Scored]:
 
 
 class CoreRequest:
-    """The core's view of one caller's request: its sequences, when it was first scheduled."""
+    """The core's view of one caller's request: its sequences, when it was first scheduled,
+    and the steps it was scheduled in with all the tokens those steps computed (its own and
+    the other requests' that shared them): read at its first token, the prefill's."""
 
     def __init__(self, requests: list[Request]) -> None:
         self.requests = requests
         self.first_scheduled_time: float | None = None
+        self.steps = 0
+        self.step_tokens = 0
 
 
 class CoreRequests:

@@ -191,6 +191,10 @@ def test_the_dashboard_live_against_metrics(server, browser, pause_file):
         aborted_id = abort_mid_stream(server.url)
         states = wait_for_states(browser, aborted_id + "-0", "aborted")
         assert states[0] == "queued" and states[-1] == "aborted", states
+        # That stream had its first token: the TTFT panel shows where its time went.
+        WebDriverWait(browser, 10).until(
+            lambda d: float(d.find_element(By.ID, "ttft-prefill").get_attribute("data-value")
+                            or 0) > 0, "the TTFT panel never showed a stream's prefill")
 
         hover(browser, done["id"] + "-0")
         tooltip = browser.find_element(By.ID, "tooltip")

@@ -102,6 +102,40 @@ def test_the_key_guards_events_and_page(server):
     assert httpx.get(server.url + "/v1/models", headers=BASIC).status_code == 401
 
 
+def test_snapshots_show_where_streams_ttft_went(server):
+    """A streamed request's TTFT parts (request_timing.py) reach the next snapshot; a
+    snapshot with no stream's first token in its interval has none."""
+    body = {"prompt": "Once upon a time", "max_tokens": 4, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("GET", server.url + "/v1/engine/events", headers=AUTH,
+                      timeout=30) as response:
+        stream = events(response)
+        next(stream)  # config
+        first = next(data for name, data in stream if name == "snapshot")
+        assert first["ttft_split"] is None
+        usage = {}
+
+        def send():
+            with httpx.stream("POST", server.url + "/v1/completions", json=body,
+                              headers=AUTH, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and '"usage":{' in line:
+                        usage.update(json.loads(line[len("data: "):]))
+
+        in_background(send)
+        split = next(data["ttft_split"] for _, (name, data) in zip(range(100), stream)
+                     if name == "snapshot" and data["ttft_split"])
+    assert split["requests"] == 1
+    parts = ("frontend_in_ms", "queue_ms", "prefill_ms", "frontend_out_ms")
+    assert all(split[p] >= 0 for p in parts) and split["prefill_ms"] > 0
+    deadline = time.monotonic() + 30
+    while "timing" not in usage:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # the same request's parts as its stream's usage chunk says
+    assert sum(split[p] for p in parts) == pytest.approx(usage["timing"]["server_ttft_s"] * 1000)
+
+
 def test_events_shape_and_a_request_life_in_order(server):
     done = {}
     body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,

@@ -9,7 +9,7 @@ The first client turns the cores' tracing on, the last one to leave turns it off
 nobody listening the engine does no work for the dashboard beyond a few additions per step.
 
 Each client gets, in order: one `config` event; then per interval one `snapshot` (queues,
-KV cache, throughput, the steps' token budget use) and, when requests changed state, one
+KV cache, throughput, the steps' token budget use, where the streams' TTFT went) and, when requests changed state, one
 `lifecycle` event with those changes. A client too slow to take them is dropped.
 """
 
@@ -28,6 +28,7 @@ from minivllm.engine.stat_loggers import StatLoggerBase
 from minivllm.engine.stats import IterationStats, SchedulerStats
 
 _MAX_QUEUED_EVENTS = 64  # per client; more means it stopped reading
+TTFT_PARTS = ("frontend_in_s", "queue_s", "prefill_s", "frontend_out_s")
 
 
 class EventStream:
@@ -77,6 +78,8 @@ class EngineEventHub(StatLoggerBase):
             self._token_budget = 0
             self._block_maps: dict[int, dict] = {}
             self._ranks: dict[int, dict[str, int]] = {}
+            self._ttft_parts: dict[str, float] = {}  # sums over the interval's streams
+            self._ttft_count = 0
             self._since = time.monotonic()
 
     # ---- the stat logger side ---------------------------------------------------------
@@ -100,6 +103,15 @@ class EngineEventHub(StatLoggerBase):
             if sample.block_map is not None:
                 self._block_maps[engine_idx] = sample.block_map
             self._ranks[engine_idx] = sample.ranks
+
+    def record_ttft_parts(self, parts: dict) -> None:
+        """A stream's first token was sent: where its TTFT went (request_timing.py)."""
+        if not self.streams:
+            return
+        with self._lock:
+            for key in TTFT_PARTS:
+                self._ttft_parts[key] = self._ttft_parts.get(key, 0.0) + parts[key]
+            self._ttft_count += 1
 
     # ---- clients ----------------------------------------------------------------------
 
@@ -167,10 +179,16 @@ class EngineEventHub(StatLoggerBase):
                 "block_map": _merged_block_map(self._block_maps),
                 "ranks": {rid: rank for ranks in self._ranks.values()
                           for rid, rank in ranks.items()},
+                # the mean TTFT parts (ms) of the streams whose first token went out since
+                "ttft_split": {"requests": self._ttft_count,
+                               **{key.removesuffix("_s") + "_ms":
+                                  self._ttft_parts[key] / self._ttft_count * 1000
+                                  for key in TTFT_PARTS}} if self._ttft_count else None,
             }
             events, self._events = self._events, []
             self._prompt_tokens = self._generation_tokens = 0
             self._steps = self._step_tokens = self._max_step_tokens = 0
+            self._ttft_parts, self._ttft_count = {}, 0
             self._since = now
         return events, snapshot
 

@@ -32,6 +32,7 @@ from minivllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from minivllm.entrypoints.openai.request_timing import ReceivedTimeMiddleware
 from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -143,14 +144,15 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
 
     @app.post("/v1/completions")
     async def create_completion(req: CompletionRequest, raw: Request) -> Response:
-        return await cancel_on_disconnect(raw, completions.create(req))
+        return await cancel_on_disconnect(raw, completions.create(req, raw.state.received))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
-        return await cancel_on_disconnect(raw, chat.create(req))
+        return await cancel_on_disconnect(raw, chat.create(req, raw.state.received))
 
-    add_dashboard_routes(app, engine, getattr(args, "dashboard_interval", 1.0),
-                         page=not getattr(args, "disable_dashboard", False))
+    hub = add_dashboard_routes(app, engine, getattr(args, "dashboard_interval", 1.0),
+                               page=not getattr(args, "disable_dashboard", False))
+    completions.ttft_sink = chat.ttft_sink = hub.record_ttft_parts
 
     # The last added is the outermost: headers are measured first, CORS answers preflights
     # (which carry no key) and labels every answer, then the key is checked, and only then
@@ -167,5 +169,6 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"],
                            allow_headers=["*"])
     app.add_middleware(HeaderSizeLimitMiddleware, max_bytes=limits.max_header_bytes)
+    app.add_middleware(ReceivedTimeMiddleware)  # the outermost: it sees requests arrive
     return app
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,8 @@ class OpenAIServing:
         self.max_model_len = engine.max_model_len
         self.chat_template = chat_template
         self.limits = limits
+        # Where each stream's TTFT parts go once its first token is sent (the dashboard)
+        self.ttft_sink: Callable[[dict], None] | None = None
 
     # ---- checks -------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from minivllm.entrypoints.openai.protocol import (
     TopLogprob,
     UsageInfo,
 )
+from minivllm.entrypoints.openai.request_timing import FirstTokenTiming, sse_with_timing
 from minivllm.entrypoints.openai.serving import (
     LOGPROB_FLOOR,
     SSE_DONE,
@@ -66,7 +67,9 @@ class OpenAIServingChat(OpenAIServing):
         named = req.tool_choice.function.name if mode == "named" else None
         return ChoiceParser(mode, named, self.tool_parser, self.reasoning_parser)
 
-    async def create(self, req: ChatCompletionRequest) -> Response:
+    async def create(self, req: ChatCompletionRequest, received: float | None = None) -> Response:
+        """`received`: when the HTTP request reached the server (the stream's `timing`)."""
+        timing = FirstTokenTiming(received, self.ttft_sink)
         self.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs: requires logprobs to be true", 400, "top_logprobs")
@@ -94,7 +97,7 @@ class OpenAIServingChat(OpenAIServing):
         gen = self.generate(request_id, prompt, token_ids, params, req)
         if req.stream:
             firsts = await first_outputs([gen])
-            return SSEResponse(self._stream(req, request_id, gen, firsts[0]))
+            return SSEResponse(self._stream(req, request_id, gen, firsts[0], timing))
         final = await last_output(gen)
         choices = []
         for c in final.outputs:
@@ -134,7 +137,7 @@ class OpenAIServingChat(OpenAIServing):
         completion = sum(len(c.token_ids) for c in final.outputs)
         return UsageInfo.count(prompt, completion, final.num_cached_tokens)
 
-    async def _stream(self, req, request_id, gen, first):
+    async def _stream(self, req, request_id, gen, first, timing):
         created = int(time.time())
 
         def chunk(index: int, delta: DeltaMessage, logprobs=None, finish_reason=None,
@@ -162,6 +165,8 @@ class OpenAIServingChat(OpenAIServing):
                         delta = DeltaMessage(content=content if content or not (
                             reasoning or calls) else None, reasoning_content=reasoning or None,
                             tool_calls=calls or None)
+                        if c.token_ids:
+                            timing.token_sent(output.metrics)
                         yield chunk(c.index, delta,
                                     self._logprobs(req, c.token_ids, c.logprobs),
                                     finish, c.stop_reason)
@@ -169,9 +174,9 @@ class OpenAIServingChat(OpenAIServing):
                     prompt = len(output.prompt_token_ids)
                     usage = UsageInfo.count(prompt, num_completion_tokens,
                                             output.num_cached_tokens)
-                    yield sse(ChatCompletionChunk(id=request_id, created=created,
-                                                  model=self.model_name, choices=[],
-                                                  usage=usage))
+                    yield sse_with_timing(ChatCompletionChunk(
+                        id=request_id, created=created, model=self.model_name, choices=[],
+                        usage=usage), timing)
         except Exception as e:  # whatever fails, the stream ends with an error event
             yield sse_error(e)
         yield SSE_DONE

@@ -20,6 +20,7 @@ from minivllm.entrypoints.openai.protocol import (
     CompletionResponse,
     UsageInfo,
 )
+from minivllm.entrypoints.openai.request_timing import FirstTokenTiming, sse_with_timing
 from minivllm.entrypoints.openai.serving import (
     LOGPROB_FLOOR,
     SSE_DONE,
@@ -36,7 +37,9 @@ from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    async def create(self, req: CompletionRequest) -> Response:
+    async def create(self, req: CompletionRequest, received: float | None = None) -> Response:
+        """`received`: when the HTTP request reached the server (the stream's `timing`)."""
+        timing = FirstTokenTiming(received, self.ttft_sink)
         self.check_model(req.model)
         if req.stream and req.best_of is not None and req.best_of > req.n:
             raise OpenAIError(f"best_of: must equal n when streaming (the best are known only "
@@ -59,7 +62,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 for i, (text, token_ids) in enumerate(prompts)]
         if req.stream:
             firsts = await first_outputs(gens)
-            return SSEResponse(self._stream(req, request_id, prompts, gens, firsts, echo_only))
+            return SSEResponse(self._stream(req, request_id, prompts, gens, firsts, echo_only,
+                                            timing))
         finals = await gather_or_cancel(last_output(gen) for gen in gens)
         choices = []
         for i, final in enumerate(finals):
@@ -135,7 +139,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                               for c in f.outputs)
         return UsageInfo.count(prompt, completion, sum(f.num_cached_tokens for f in finals))
 
-    async def _stream(self, req, request_id, prompts, gens, firsts, echo_only):
+    async def _stream(self, req, request_id, prompts, gens, firsts, echo_only, timing):
         created = int(time.time())
         offsets: dict[int, int] = defaultdict(int)  # per choice: logprob text offset
         started: set[int] = set()
@@ -155,6 +159,8 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=self._logprobs(req, token_ids, steps, offsets[index]),
                         finish_reason=c.finish_reason, stop_reason=c.stop_reason)
                     offsets[index] += len(text)
+                    if c.token_ids and not echo_only:
+                        timing.token_sent(output.metrics)
                     yield sse(CompletionResponse(id=request_id, created=created,
                                                  model=self.model_name, choices=[choice]))
                 if output.finished:
@@ -163,8 +169,9 @@ class OpenAIServingCompletion(OpenAIServing):
             if req.stream_options and req.stream_options.include_usage:
                 usage = UsageInfo.count(num_prompt_tokens, num_completion_tokens,
                                         num_cached_tokens)
-                yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                             choices=[], usage=usage))
+                yield sse_with_timing(CompletionResponse(
+                    id=request_id, created=created, model=self.model_name, choices=[],
+                    usage=usage), timing)
         except Exception as e:  # whatever fails, the stream ends with an error event
             yield sse_error(e)
         yield SSE_DONE

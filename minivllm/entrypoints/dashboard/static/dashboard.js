@@ -100,6 +100,22 @@ function showBlockMap(map) {
     `<span class="note">${map.total} device blocks, ${map.cells.per_cell} per square</span>`;
 }
 
+// Where the TTFT went (the server's parts, mean ms over the interval), stacked: each line
+// is the sum of its part and those before it, so the top one is the server's mean TTFT.
+const TTFT_PARTS = [["frontend_in_ms", "frontend in", "#868e96"], ["queue_ms", "queue", "#f59f00"],
+                    ["prefill_ms", "prefill", "#1c7ed6"], ["frontend_out_ms", "frontend out", "#2f9e44"]];
+
+function showTtftSplit(split) {
+  for (const [key] of TTFT_PARTS) {  // the figures keep the last interval that had streams
+    const id = `ttft-${key.replace("_ms", "").replaceAll("_", "-")}`;
+    if (split) setValue(id, split[key], `${split[key].toFixed(1)} ms`);
+  }
+  lineChart($("chart-ttft"), TTFT_PARTS.map(([key, name, color], i) => ({
+    name, color,
+    key: (p) => (p.ttft_split ? TTFT_PARTS.slice(0, i + 1).reduce((sum, [k]) => sum + p.ttft_split[k], 0) : 0),
+  })));
+}
+
 function onSnapshot(s) {
   serverNow = s.t;
   receivedAt = performance.now();
@@ -137,6 +153,7 @@ function onSnapshot(s) {
     {name: "prompt tokens/s", color: "#f59f00", key: (p) => p.prompt_throughput},
     {name: "generation tokens/s", color: "#2f9e44", key: (p) => p.generation_throughput},
   ]);
+  showTtftSplit(s.ttft_split);
   showBlockMap(s.block_map);
   requestLog.setRanks(s.ranks || {});
   drawTimeline();
