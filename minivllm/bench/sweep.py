@@ -4,18 +4,22 @@ per point the output throughput, TTFT p50/p99, TPOT p50/p99, ITL p99 and goodput
 median of --num-runs runs with their range, in one table and one latency-throughput plot.
 
 The servers share the machine they run on, so at each point the runs alternate between
-them (A B, then B A, ...): drift in the machine's speed lands on every server alike. Each
-run is a `bench serve` replay (bench/replay.py) and keeps its own report directory.
+them (A B, then B A, ...): drift in the machine's speed lands on every server alike. Every
+run has prompts of its own (prompt seed --seed + its number; the same arrivals and lengths,
+and the same prompts for every server in it), so that no run is served from a prefix cache
+an earlier one filled. Each run is a `bench serve` replay (bench/replay.py) and keeps its
+own report directory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import statistics
 from pathlib import Path
 
-from minivllm.bench import metrics
+from minivllm.bench import client, metrics
 from minivllm.bench.args import add_workload_args, resolve_endpoint
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.replay import measure, prepare
@@ -53,6 +57,9 @@ def add_parser(sub) -> None:
                       help="the points: requests in flight at most (all sent at once)")
     p.add_argument("--num-runs", type=int, default=3,
                    help="runs per server and point, alternating servers (default: 3)")
+    p.add_argument("--num-warmups", type=int, default=8,
+                   help="requests sent to each server at once before the sweep, not measured "
+                        "(a cold server's first steps are slow; default: 8)")
     p.add_argument("--model", default=None,
                    help="served model name (default: each server's first of /v1/models)")
     p.add_argument("--tokenizer", default=None,
@@ -111,21 +118,26 @@ def run_sweep(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     header = f"{when_and_load()}; {cpu_description()}"
     print(header)
-    prepared, runs, order = {}, {}, []
-    for point in points:
+    base_prompt_seed = args.seed if args.prompt_seed is None else args.prompt_seed
+    for url in servers.values():  # prompts past every run's
+        warm_up(args, url, base_prompt_seed + len(points) * args.num_runs)
+    workload, runs, order = None, {}, []
+    for index, point in enumerate(points):
         label = f"{point:g}"
         if knob == "request_rate":
             args.request_rate = point
         else:  # a concurrency sweep sends every request at once, N in flight
             args.request_rate, args.max_concurrency = float("inf"), point
         for run in range(args.num_runs):
+            # Fresh prompts for every run (the same for every server in it): a run repeating
+            # an earlier one's prompts would be served from the prefix cache.
+            args.prompt_seed = base_prompt_seed + index * args.num_runs + run
             names = list(servers) if run % 2 == 0 else list(reversed(servers))
             for name in names:
                 url = servers[name]
-                if (name, label) not in prepared:  # the trace, in this server's tokens
-                    prepared[name, label] = asyncio.run(
-                        prepare(args, url, args.model, args.max_model_len))
-                trace, texts, counts, model, _ = prepared[name, label]
+                trace, texts, counts, model, _ = asyncio.run(
+                    prepare(args, url, args.model, args.max_model_len))
+                workload = trace.workload
                 title = f"{name} at {knob.replace('_', ' ')} {label}, run {run + 1}"
                 summary, _ = measure(args, trace, texts, counts, url, model,
                                      out / name / f"{knob}-{label}" / f"run-{run + 1}", title)
@@ -137,7 +149,7 @@ def run_sweep(args) -> int:
              for name in servers}
     doc = {"header": header, "knob": knob, "points": [_label(p) for p in points],
            "servers": servers, "num_runs": args.num_runs, "slos_ms": slos, "order": order,
-           "workload": prepared[next(iter(prepared))][0].workload, "argv": vars_of(args),
+           "workload": workload, "argv": vars_of(args),
            "sampling": describe(sampling_fields(args)), "table": table,
            "runs": {f"{n}@{p}": s for (n, p), s in runs.items()}}
     (out / "sweep.json").write_text(json.dumps(doc, indent=1, default=str))
@@ -146,6 +158,24 @@ def run_sweep(args) -> int:
     print((out / "sweep.md").read_text())
     print(f"sweep written to {out}/ (sweep.md, sweep.png, sweep.json, a report per run)")
     return 0 if all(s["completed"] for group in runs.values() for s in group) else 1
+
+
+def warm_up(args, url: str, prompt_seed: int) -> None:
+    """--num-warmups requests of the trace's lengths, all at once, prompts of their own."""
+    if args.num_warmups <= 0:
+        return
+    args.prompt_seed = prompt_seed
+    trace, texts, counts, model, _ = asyncio.run(
+        prepare(args, url, args.model, args.max_model_len))
+    entries = [dataclasses.replace(e, send_time=0.0) for e in trace.entries[:args.num_warmups]]
+    results, _ = asyncio.run(client.run_trace(
+        dataclasses.replace(trace, entries=entries), texts, counts, url, model,
+        endpoint=args.endpoint, send_priority=False, progress=False,
+        sampling=sampling_fields(args), ignore_eos=args.ignore_eos))
+    failed = [r.error for r in results if not r.success]
+    if failed:
+        raise SystemExit(f"warm-up against {url}: {len(failed)} of {len(results)} requests "
+                         f"failed, e.g. {failed[0]}")
 
 
 def _label(point) -> str:

@@ -17,6 +17,7 @@ def test_sweep_alternates_servers_and_reports_every_point(tmp_path, capsys):
     with a as url_a, b as url_b:
         rc = bench("sweep", "--server", f"fast={url_a}", "--server", f"other={url_b}",
                    "--request-rates", "100", "400", "--num-runs", "3", "--num-prompts", "14",
+                   "--num-warmups", "2",
                    "--input-len", "20", "--output-len", "5", "--goodput", "ttft:1000",
                    "tpot:100", "--output", str(tmp_path), "--disable-tqdm")
     # the fake servers fail some prompts on purpose (test_bench_client): every run still
@@ -28,9 +29,13 @@ def test_sweep_alternates_servers_and_reports_every_point(tmp_path, capsys):
     assert doc["order"] == [[n, p, r] for p in ("100", "400") for r, names in
                             enumerate([("fast", "other"), ("other", "fast"), ("fast", "other")],
                                       start=1) for n in names]
-    # each server saw the same trace: 14 requests a run, 2 points x 3 runs
-    assert len(a.record) == len(b.record) == 14 * 6
-    assert sorted(len(r["prompt"]) for r in a.record) == sorted(len(r["prompt"]) for r in b.record)
+    # each server saw 2 warm-up requests, then the same trace: 14 requests a run, 2 points x
+    # 3 runs, each run's prompts its own (no prefix-cache hits from an earlier run), the
+    # same for both servers
+    assert len(a.record) == len(b.record) == 2 + 14 * 6
+    prompts_a = {tuple(r["prompt"]) for r in a.record}
+    assert prompts_a == {tuple(r["prompt"]) for r in b.record}
+    assert len(prompts_a) == 2 + 14 * 6
     for name in ("fast", "other"):
         for point in ("100", "400"):
             cell = doc["table"][name][point]
@@ -51,7 +56,7 @@ def test_concurrency_sweep_limits_requests_in_flight(tmp_path):
     server = FakeServer()
     with server as url:
         rc = bench("sweep", "--server", f"one={url}", "--max-concurrencies", "1", "4",
-                   "--num-runs", "1", "--num-prompts", "8", "--input-len", "20",
+                   "--num-runs", "1", "--num-warmups", "0", "--num-prompts", "8", "--input-len", "20",
                    "--output-len", "4", "--output", str(tmp_path), "--disable-tqdm")
     assert rc == 0
     doc = json.loads((tmp_path / "sweep.json").read_text())
