@@ -6,8 +6,11 @@ request rate, runs alternating between the servers, median of --num-runs).
     python benchmarks/sweep_serving.py [--request-rates 1 2 4 8 --num-runs 3]
 
 The peer is vLLM at its best dtype on this CPU: bf16 where the CPU has AVX512-BF16 (its
-default there), fp32 elsewhere (its bf16 is emulated on AVX2); minivllm runs `--dtype auto`
-(`--servers` picks others from benchmarks/compare_serving.py's list). Random 128-token
+default there), fp32 elsewhere (its bf16 is emulated on AVX2); minivllm the same dtype
+(`--servers` picks others from benchmarks/compare_serving.py's list). Not `--dtype auto`:
+the model directory here holds fp32 weights (dequantized from the package's GGUF file), and
+auto keeps an fp32 checkpoint in fp32; on the hub's bf16 checkpoint auto picks bf16 where
+the CPU has native bf16, fp32 elsewhere, as chosen here. Random 128-token
 prompts, 128 output tokens, EOS ignored, Poisson arrivals; `--goodput` SLOs as in the issue
 (TTFT 2 s, TPOT 500 ms). Idle servers take no CPU (checked before the sweep), so the one
 not being measured does not slow the other. Writes results/sweep_serving/ (sweep.md,
@@ -28,8 +31,9 @@ from real_model import save_smollm2
 from minivllm.bench.machine import cpu_description
 
 
-def best_vllm() -> str:
-    return "vllm-cpu-bf16" if "avx512_bf16" in cpu_description() else "vllm-cpu"
+def best_dtype_servers() -> list[str]:
+    native = "avx512_bf16" in cpu_description()
+    return ["minivllm-bf16", "vllm-cpu-bf16"] if native else ["minivllm", "vllm-cpu"]
 
 
 def idle_cpu_seconds(pids: list[int], seconds: float = 3.0) -> float:
@@ -51,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=None,
-                        help="(default: minivllm-auto and vLLM at its best dtype here)")
+                        help="(default: minivllm and vLLM at vLLM's best dtype here)")
     parser.add_argument("--request-rates", type=float, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--num-runs", type=int, default=3)
     parser.add_argument("--num-prompts", type=int, default=96)
@@ -61,7 +65,7 @@ def main() -> None:
     parser.add_argument("--model-dir", default=None)
     parser.add_argument("--output", default=str(ROOT / "results" / "sweep_serving"))
     args = parser.parse_args()
-    servers = args.servers or ["minivllm-auto", best_vllm()]
+    servers = args.servers or best_dtype_servers()
     model = save_smollm2(Path(args.model_dir or ROOT / "results" / "smollm2-135m-instruct"))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
