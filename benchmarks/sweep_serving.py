@@ -20,6 +20,7 @@ sweep.png, sweep.json, a report per run).
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -36,16 +37,21 @@ def best_dtype_servers() -> list[str]:
     return ["minivllm-bf16", "vllm-cpu-bf16"] if native else ["minivllm", "vllm-cpu"]
 
 
-def idle_cpu_seconds(pids: list[int], seconds: float = 3.0) -> float:
+def idle_cpu_seconds(pids: list[int], seconds: float = 5.0) -> float:
     """CPU seconds the servers (each its own session: start_new_session) used over
-    `seconds` of idling."""
+    `seconds` of idling, from /proc/PID/stat (utime + stime, in clock ticks)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
     def used() -> float:
-        total = 0.0
-        for pid in pids:
-            out = subprocess.run(["ps", "-s", str(pid), "-o", "cputimes="],  # its session
-                                 capture_output=True, text=True).stdout
-            total += sum(int(x) for x in out.split())
-        return total
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # it ended meanwhile
+            if int(fields[3]) in pids:  # field 6, the session id, after the name
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / tick
     before = used()
     time.sleep(seconds)
     return used() - before
@@ -78,7 +84,7 @@ def main() -> None:
             procs.append(proc)
             urls.append(f"{name}=http://127.0.0.1:{port}")
         idle = idle_cpu_seconds([p.pid for p in procs])
-        print(f"idle servers used {idle:.2f} CPU seconds in 3 s", flush=True)
+        print(f"idle servers used {idle:.2f} CPU seconds in 5 s", flush=True)
         command = [sys.executable, "-m", "minivllm.cli", "bench", "sweep",
                    *(arg for url in urls for arg in ("--server", url)),
                    "--request-rates", *map(str, args.request_rates),
