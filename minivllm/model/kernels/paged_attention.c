@@ -128,6 +128,22 @@ static inline int64_t run_length(int64_t start, int64_t len, int block_size) {
     return len - start < to_block_end ? len - start : to_block_end;
 }
 
+/* A sequence's outputs and softmax sums before its first run ... */
+static inline __attribute__((always_inline)) void zero_heads(float *out, float *sum,
+                                                             int num_heads, int head_dim) {
+    for (int h = 0; h < num_heads; h++) {
+        sum[h] = 0.f;
+        for (int d = 0; d < head_dim; d++) out[h * head_dim + d] = 0.f;
+    }
+}
+
+/* ... and after its last: each head's output divided by its sum. */
+static inline __attribute__((always_inline)) void normalize_heads(float *out, const float *sum,
+                                                                  int num_heads, int head_dim) {
+    for (int h = 0; h < num_heads; h++)
+        for (int d = 0; d < head_dim; d++) out[h * head_dim + d] /= sum[h];
+}
+
 /* Inlined into a copy per common head_dim, so that the inner loops have a constant trip
  * count and vectorize without remainders. A run of positions within one block is read as
  * a whole: its K rows give every head's scores (8 rows at a time with AVX2), then its V
@@ -140,10 +156,7 @@ static inline __attribute__((always_inline)) void attend(
     const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
     const int64_t row_bytes = row * (kv_bf16 ? 2 : 4), block_bytes = block_size * row_bytes;
     float max[num_heads], sum[num_heads], scores[num_heads][block_size];
-    for (int h = 0; h < num_heads; h++) {
-        sum[h] = 0.f;
-        for (int d = 0; d < head_dim; d++) out[h * head_dim + d] = 0.f;
-    }
+    zero_heads(out, sum, num_heads, head_dim);
     const int64_t first = window > 0 && len > window ? len - window : 0;
     for (int64_t start = first, n; start < len; start += n) {
         n = run_length(start, len, block_size);
@@ -193,8 +206,7 @@ static inline __attribute__((always_inline)) void attend(
             }
         }
     }
-    for (int h = 0; h < num_heads; h++)
-        for (int d = 0; d < head_dim; d++) out[h * head_dim + d] /= sum[h];
+    normalize_heads(out, sum, num_heads, head_dim);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -292,10 +304,7 @@ static inline __attribute__((always_inline)) void attend_wide(
     const int group = num_heads / num_kv_heads;
     const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
     float max[num_heads], sum[num_heads], scores[num_heads][CHUNK];
-    for (int h = 0; h < num_heads; h++) {
-        sum[h] = 0.f;
-        for (int d = 0; d < head_dim; d++) out[h * head_dim + d] = 0.f;
-    }
+    zero_heads(out, sum, num_heads, head_dim);
     const int64_t first = window > 0 && len > window ? len - window : 0;
     for (int64_t start = first, span; start < len; start += span) {
         span = len - start < CHUNK ? len - start : CHUNK;
@@ -337,8 +346,7 @@ static inline __attribute__((always_inline)) void attend_wide(
                 }
             }
     }
-    for (int h = 0; h < num_heads; h++)
-        for (int d = 0; d < head_dim; d++) out[h * head_dim + d] /= sum[h];
+    normalize_heads(out, sum, num_heads, head_dim);
 }
 #endif
 
