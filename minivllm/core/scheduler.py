@@ -45,6 +45,10 @@ class SchedulerConfig:
     num_swap_blocks: int = 0
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    # vLLM's: with chunked prefill, a request computes at most this many tokens a step (0:
+    # no cap), so that a long prompt leaves room in each step for the other prompts and the
+    # decodes instead of filling the budget alone.
+    long_prefill_token_threshold: int = 0
     preemption_mode: str | None = None  # None: swap multi-sequence requests, else recompute
     active_preemption: bool = False
     min_run_quantum: int = 8  # steps a request runs before it may be actively preempted
@@ -70,6 +74,10 @@ class SchedulerConfig:
             raise bad("max_num_batched_tokens", "must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise bad("max_model_len", "must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise bad("long_prefill_token_threshold", "must be >= 0 (0: no cap)")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise bad("long_prefill_token_threshold", "needs chunked prefill (it caps chunks)")
         if self.preemption_mode not in (None, "recompute", "swap"):
             raise bad("preemption_mode", "must be recompute or swap")
         if self.min_run_quantum < 0:
@@ -263,7 +271,8 @@ class Scheduler:
         if sequence_group.holds_back_last_token(request):
             num_new -= 1
         if self.config.enable_chunked_prefill:
-            return min(num_new, budget)
+            cap = self.config.long_prefill_token_threshold
+            return min(num_new, budget, cap) if cap else min(num_new, budget)
         return num_new if num_new <= budget else 0
 
     def _schedule_running(self, out: SchedulerOutput, budget: list[int], now: float) -> None:

@@ -41,6 +41,10 @@ _HELP = {
                          "level)",
     "max_num_batched_tokens": "tokens per step (None: 512 with chunked prefill, else "
                               "max(2048, max_model_len))",
+    "long_prefill_token_threshold": "with chunked prefill, the most tokens one request "
+                                    "computes in a step (0: no cap): a long prompt is cut "
+                                    "into chunks of this size and leaves room in each step "
+                                    "for other prompts and the decodes",
     "generation_config": "sampling defaults: 'auto' (the model's generation_config.json), "
                          "'vllm' (ignore it: SamplingParams' defaults) or a folder holding a "
                          "generation_config.json",

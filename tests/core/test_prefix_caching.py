@@ -44,6 +44,17 @@ def test_greedy_identical_with_prefix_caching_and_chunking(tiny_llama, baseline,
     assert_all_blocks_free(llm)
 
 
+def test_greedy_identical_with_long_prefill_chunks_capped(tiny_llama, baseline):
+    """--long-prefill-token-threshold 5: every prompt in chunks of at most 5 tokens, several
+    prompts sharing each 64-token step; the same tokens as one piece."""
+    llm = LLM(str(tiny_llama), block_size=8, num_kv_blocks=128, enable_prefix_caching=False,
+              max_num_batched_tokens=64, long_prefill_token_threshold=5)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], GREEDY,
+                           use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == baseline
+    assert_all_blocks_free(llm)
+
+
 def test_parallel_sampling_shares_the_prompt(tiny_llama, baseline):
     llm = LLM(str(tiny_llama), block_size=8, num_kv_blocks=128, enable_prefix_caching=False)
     params = SamplingParams(n=4, temperature=0, max_tokens=10, ignore_eos=True)

@@ -277,6 +277,37 @@ def test_budgets_are_respected_and_used(policy):
     sim.assert_all_free()
 
 
+def test_long_prefill_token_threshold_caps_each_requests_chunk():
+    """vLLM's --long-prefill-token-threshold: a 40-token prompt in chunks of at most 8, and
+    the short prompt behind it admitted in the same first step, which the long one would
+    otherwise fill."""
+    sim = Sim("fcfs", max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    sim.add("long", prompt_len=40, max_tokens=2)
+    sim.add("short", prompt_len=6, max_tokens=2)
+    sim.run()
+    first = dict(sim.scheduled(sim.outputs[0]))
+    assert {r.request_id: n for r, n in first.items()} == {"long": 8, "short": 6}
+    assert all(n <= 8 for out in sim.outputs for _, n in sim.scheduled(out))
+    chunks = [n for out in sim.outputs for r, n in sim.scheduled(out) if r.request_id == "long"]
+    assert chunks[:5] == [8] * 5  # the prompt, then its decodes one token a step
+    sim.assert_all_free()
+    # without the cap the long prompt takes the whole first step
+    sim = Sim("fcfs", max_num_batched_tokens=16)
+    sim.add("long", prompt_len=40, max_tokens=2)
+    sim.add("short", prompt_len=6, max_tokens=2)
+    sim.run()
+    assert {r.request_id: n for r, n in sim.scheduled(sim.outputs[0])} == {"long": 16}
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"long_prefill_token_threshold": -1}, "must be >= 0"),
+    ({"long_prefill_token_threshold": 8, "enable_chunked_prefill": False}, "needs chunked"),
+])
+def test_bad_long_prefill_token_threshold_is_named(config, message):
+    with pytest.raises(ValueError, match=f"long_prefill_token_threshold {message}"):
+        SchedulerConfig(max_num_batched_tokens=4096, **config)
+
+
 def test_without_chunked_prefill_a_prompt_is_computed_in_one_piece():
     sim = Sim("fcfs", max_num_batched_tokens=16, enable_chunked_prefill=False)
     for i, prompt_len in enumerate([10, 9, 3, 12]):
