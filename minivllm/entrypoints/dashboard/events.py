@@ -9,8 +9,9 @@ The first client turns the cores' tracing on, the last one to leave turns it off
 nobody listening the engine does no work for the dashboard beyond a few additions per step.
 
 Each client gets, in order: one `config` event; then per interval one `snapshot` (queues,
-KV cache, throughput, the steps' token budget use, where the streams' TTFT went) and, when requests changed state, one
-`lifecycle` event with those changes. A client too slow to take them is dropped.
+KV cache, throughput, the steps' token budget use, where the streams' TTFT went) and, when
+requests changed state, one `lifecycle` event with those changes. A client too slow to
+take them is dropped.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from minivllm.core.lifecycle import TraceSample
 from minivllm.distributed.dp_metrics import sum_stats
 from minivllm.engine.stat_loggers import StatLoggerBase
 from minivllm.engine.stats import IterationStats, SchedulerStats
+from minivllm.entrypoints.openai.request_timing import PARTS as TTFT_PARTS
 
 _MAX_QUEUED_EVENTS = 64  # per client; more means it stopped reading
-TTFT_PARTS = ("frontend_in_s", "queue_s", "prefill_s", "frontend_out_s")
 
 
 class EventStream:

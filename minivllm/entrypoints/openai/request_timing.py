@@ -24,6 +24,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minivllm.outputs import RequestMetrics
 
+PARTS = ("frontend_in_s", "queue_s", "prefill_s", "frontend_out_s")  # they add up to TTFT
+
 
 class ReceivedTimeMiddleware:
     """Stamps each HTTP request with the time it reached the server: request.state.received."""
