@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format) as models: the file's metadata becomes a small model
 directory the engine reads like any other (config.json, generation_config.json, the
 tokenizer with its chat template), and its tensors are dequantized to float32 at load (with
-`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 linear weights stay the file's blocks, and so
+`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 / Q4_K linear weights stay the file's blocks, and so
 does a tied LM head's copy of the token embeddings).
 
 Both halves are transformers' GGUF support (metadata -> config and tokenizer; tensor names
@@ -214,7 +214,7 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
     every metadata field into Python values (the vocabulary and merges: seconds; the
     directory has them) and its name map (kept in the directory).
 
-    keep_blocks (`quantization="gguf"`): linear weights stored as Q8_0, Q4_0 or Q4_1 come
+    keep_blocks (`quantization="gguf"`): linear weights stored as Q8_0, Q4_0, Q4_1, Q4_K come
     back as their blocks (BlockWeight, kernels/linear_gguf.py), not dequantized; the rest as
     above, and one INFO line counts both kinds of linears. A file without an output tensor
     (a tied LM head) whose token embeddings are such blocks also gets them as

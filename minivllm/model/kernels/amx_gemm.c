@@ -8,8 +8,8 @@
  *     columns x 4 input values, one scale per column and group of 32 inputs), where its W8A8
  *     kernel is bound by its per-group rescaling (an int32 -> fp32 conversion and two
  *     multiplies per 16 products; AMX's int8 tiles would need a K of 64 per scale to pay);
- *   - gguf_linear_amx_f32: gguf_gemm.c's GGUF Q8_0 / Q4_0 / Q4_1 blocks as the file stores
- *     them, where its one-column-at-a-time loop is built for decoding, not for prefill.
+ *   - gguf_linear_amx_f32: gguf_gemm.c's GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K blocks as the file
+ *     stores them, where its one-column-at-a-time loop is built for decoding, not for prefill.
  *
  *   y = bf16(x) @ bf16(w).T (+ bias) (+ residual), accumulated in fp32
  *
@@ -49,6 +49,7 @@
 #define Q8_0 8 /* gguf.GGMLQuantizationType values */
 #define Q4_0 2
 #define Q4_1 3
+#define Q4_K 12
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -132,10 +133,25 @@ static const uint16_t *unpack_int8_panel(const weights *w, int p, int kp, uint16
     return out;
 }
 
-/* One GGUF block's 32 values, d * q (+ m), as bf16 in order: 16 dwords, pair i = values
- * 2i, 2i + 1. */
-static inline __m512i gguf_block_bf16(const uint8_t *block, int qtype, float d, float m) {
+/* Block b (of 32 values) of a GGUF weight row, d * q (+ m), as bf16 in order: 16 dwords,
+ * pair i = values 2i, 2i + 1. Q4_K's block b is the low (b even) or high (b odd) nibbles of
+ * 32 bytes of its super-block (gguf_gemm.c's block_values). */
+static inline __m512i gguf_block_bf16(const uint8_t *row, int b, int qtype, float d, float m) {
     __m512 low, high;
+    if (qtype == Q4_K) {
+        const __m256i packed = _mm256_loadu_si256(
+            (const __m256i *)(row + (int64_t)(b >> 3) * 144 + 16 + ((b & 7) >> 1) * 32));
+        const __m256i q = _mm256_and_si256(b & 1 ? _mm256_srli_epi16(packed, 4) : packed,
+                                           _mm256_set1_epi8(0x0F));
+        const __m512 scale = _mm512_set1_ps(d), shift = _mm512_set1_ps(m);
+        low = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q))), scale, shift);
+        high = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1))), scale,
+            shift);
+        return (__m512i)_mm512_cvtne2ps_pbh(high, low);
+    }
+    const uint8_t *block = row + (int64_t)b * (qtype == Q8_0 ? 34 : qtype == Q4_0 ? 18 : 20);
     if (qtype == Q8_0) {
         const __m512 scale = _mm512_set1_ps(d);
         low = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
@@ -184,12 +200,14 @@ static inline void transpose_16x16(__m512i r[16]) {
 /* Columns 16p..16p+15 of GGUF blocks (n rows of k / 32 blocks): per block of 32 k, the 16
  * columns' values as rows of pairs, transposed into a B tile's 16 rows. */
 static const uint16_t *unpack_gguf_panel(const weights *w, int p, int kp, uint16_t *out) {
-    const int block_bytes = w->qtype == Q8_0 ? 34 : w->qtype == Q4_0 ? 18 : 20, nb = kp / BLOCK;
+    const int nb = kp / BLOCK;
+    const int64_t row_bytes = w->qtype == Q4_K ? (int64_t)nb / 8 * 144
+                              : (int64_t)nb * (w->qtype == Q8_0 ? 34 : w->qtype == Q4_0 ? 18 : 20);
     for (int b = 0; b < nb; b++) {
         __m512i r[16];
         for (int j = 0; j < NC; j++) {
             const int64_t c = (int64_t)p * NC + j;
-            r[j] = c < w->n ? gguf_block_bf16(w->data + (c * nb + b) * block_bytes, w->qtype,
+            r[j] = c < w->n ? gguf_block_bf16(w->data + c * row_bytes, b, w->qtype,
                                               w->scales[c * nb + b],
                                               w->mins ? w->mins[c * nb + b] : 0.f)
                             : _mm512_setzero_si512();
@@ -324,8 +342,8 @@ int gguf_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *blocks,
                         const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
                         int num_threads) {
 #ifdef AMX_BUILT
-    if ((qtype != Q8_0 && qtype != Q4_0 && qtype != Q4_1) || k % BLOCK ||
-        (qtype == Q4_1 && !w_mins))
+    if ((qtype != Q8_0 && qtype != Q4_0 && qtype != Q4_1 && qtype != Q4_K) ||
+        k % (qtype == Q4_K ? 256 : BLOCK) || ((qtype == Q4_1 || qtype == Q4_K) && !w_mins))
         return -1;
     const weights weights = {unpack_gguf_panel, blocks, w_scales, w_mins, qtype, n};
     return amx_linear(x, ldx, &weights, bias, residual, ldr, y, rows, k, k, n, num_threads);

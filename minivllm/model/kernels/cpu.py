@@ -236,8 +236,9 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
                 w_mins: torch.Tensor | None, qtype: int, bias: torch.Tensor | None,
                 residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,
-    times GGUF Q8_0 / Q4_0 / Q4_1 weight blocks as stored (uint8 [N, K / 32 * block bytes])
-    with their scales (and Q4_1's minima) as fp32 [N, K / 32] -> fp32 [T, out_features];
+    times GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K weight blocks as stored (uint8 [N, row bytes]) with
+    each block of 32's scale (and Q4_1's / Q4_K's minimum) as fp32 [N, K / 32] -> fp32
+    [T, out_features];
     bias [N] and residual [T, N] (fp32) added in the same pass. See gguf_gemm.c. From
     AMX_MIN_ROWS rows on a CPU with AMX, the blocks on AMX-BF16 tiles with x in bf16
     instead (amx_gemm.c)."""
@@ -263,5 +264,6 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
                                         xsums=xsums.data_ptr())
     if status != 0:
         raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not Q8_0 / Q4_0 / Q4_1 "
-                         "blocks of 32 (Q4_1 with its minima)")
+                         "blocks of 32 or Q4_K super-blocks of 256 (Q4_1 and Q4_K with their "
+                         "minima)")
     return y
