@@ -38,6 +38,8 @@ ENGINE_FLAGS = {
     "--enable-prefix-caching": (True, None), "--max-num-seqs": (256, int),
     "--max-num-batched-tokens": (None, int), "--max-model-len": (None, int),
     "--enable-chunked-prefill": (True, None), "--long-prefill-token-threshold": (0, int),
+    "--long-prefill-token-threshold-adaptive": (False, None),
+    "--max-num-partial-prefills": (None, int), "--max-long-partial-prefills": (None, int),
     "--scheduling-policy": ("fcfs", str),
     "--length-predictor": ("mean", str), "--length-prediction-log": (None, str),
     "--preemption-mode": (None, str), "--priority-aging-s": (10.0, float),

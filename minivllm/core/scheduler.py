@@ -47,8 +47,17 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     # vLLM's: with chunked prefill, a request computes at most this many tokens a step (0:
     # no cap), so that a long prompt leaves room in each step for the other prompts and the
-    # decodes instead of filling the budget alone.
+    # decodes instead of filling the budget alone. As in vLLM, a request alone in the
+    # engine is not capped (there is nobody to leave room for); with the adaptive flag the
+    # cap is raised to a fair share of the budget, max_num_batched_tokens / requests.
     long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    # vLLM V0's: with chunked prefill, at most this many requests compute prompt tokens in
+    # one step (None: no limit), and of those at most max_long_partial_prefills have more
+    # than long_prefill_token_threshold tokens left to prefill, so short prompts pass
+    # long ones waiting behind the ones already prefilling.
+    max_num_partial_prefills: int | None = None
+    max_long_partial_prefills: int | None = None
     preemption_mode: str | None = None  # None: swap multi-sequence requests, else recompute
     active_preemption: bool = False
     min_run_quantum: int = 8  # steps a request runs before it may be actively preempted
@@ -78,6 +87,22 @@ class SchedulerConfig:
             raise bad("long_prefill_token_threshold", "must be >= 0 (0: no cap)")
         if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             raise bad("long_prefill_token_threshold", "needs chunked prefill (it caps chunks)")
+        if self.long_prefill_token_threshold_adaptive and not self.long_prefill_token_threshold:
+            raise bad("long_prefill_token_threshold_adaptive",
+                      "needs long_prefill_token_threshold > 0 (it raises that cap)")
+        for name in ("max_num_partial_prefills", "max_long_partial_prefills"):
+            if getattr(self, name) is None:
+                continue
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1 (None: no limit)")
+            if not self.enable_chunked_prefill:
+                raise bad(name, "needs chunked prefill (it limits partial prefills)")
+        if self.max_long_partial_prefills is not None:
+            if not self.long_prefill_token_threshold:
+                raise bad("max_long_partial_prefills",
+                          "needs long_prefill_token_threshold > 0 (what counts as long)")
+            if self.max_long_partial_prefills > (self.max_num_partial_prefills or 1 << 30):
+                raise bad("max_long_partial_prefills", "must be <= max_num_partial_prefills")
         if self.preemption_mode not in (None, "recompute", "swap"):
             raise bad("preemption_mode", "must be recompute or swap")
         if self.min_run_quantum < 0:
@@ -217,6 +242,7 @@ class Scheduler:
         out = SchedulerOutput(step=self.step_count,
                               want_prompt_hidden=self.policy.predictor.needs_hidden_state)
         self._scheduled = {}
+        self._prefills = [0, 0]  # requests computing prompt tokens this step: all, long
         budget = [self.config.max_num_batched_tokens]
         self.policy.on_step(self.running, now)
         self._handle_late(now)
@@ -266,14 +292,59 @@ class Scheduler:
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
 
     def _chunk(self, request: Request, computed: int, budget: int) -> int:
-        """How many of the request's uncomputed tokens fit this step's token budget."""
-        num_new = request.num_tokens - computed
-        if sequence_group.holds_back_last_token(request):
-            num_new -= 1
-        if self.config.enable_chunked_prefill:
-            cap = self.config.long_prefill_token_threshold
-            return min(num_new, budget, cap) if cap else min(num_new, budget)
-        return num_new if num_new <= budget else 0
+        """How many of the request's uncomputed tokens fit this step's token budget (0 where
+        the step's partial prefills are full, see _prefill_seat_free)."""
+        num_new = self._tokens_left(request, computed)
+        if not self.config.enable_chunked_prefill:
+            return num_new if num_new <= budget else 0
+        if num_new > 1 and not self._prefill_seat_free(num_new):
+            return 0
+        return min(num_new, budget, self._prefill_cap())
+
+    @staticmethod
+    def _tokens_left(request: Request, computed: int) -> int:
+        """Tokens the request has to compute from `computed` on: more than one while it
+        prefills (its prompt, or after a recompute preemption its prompt and output)."""
+        num_left = request.num_tokens - computed
+        return num_left - 1 if sequence_group.holds_back_last_token(request) else num_left
+
+    def _prefill_cap(self) -> int:
+        """long_prefill_token_threshold as vLLM applies it: off for a request alone, raised
+        to a fair share of the budget when adaptive."""
+        cap = self.config.long_prefill_token_threshold
+        num_requests = len(self.running) + len(self.waiting) + len(self.swapped)
+        if not cap or num_requests <= 1:
+            return 1 << 62
+        if self.config.long_prefill_token_threshold_adaptive:
+            cap = max(cap, self.config.max_num_batched_tokens // num_requests)
+        return cap
+
+    def _is_long(self, num_left: int) -> bool:
+        return num_left > self.config.long_prefill_token_threshold > 0
+
+    def _prefill_seat_free(self, num_left: int) -> bool:
+        """A request with num_left prompt tokens to compute may prefill this step unless
+        max_num_partial_prefills requests already do, or it is long and
+        max_long_partial_prefills long ones do."""
+        limit, long_limit = (self.config.max_num_partial_prefills,
+                             self.config.max_long_partial_prefills)
+        if limit is not None and self._prefills[0] >= limit:
+            return False
+        return not (self._is_long(num_left) and long_limit is not None
+                    and self._prefills[1] >= long_limit)
+
+    def _schedule(self, request: Request, num_new: int, budget: list[int]) -> None:
+        """The request computes num_new tokens this step (counted as a partial prefill if
+        it is prefilling)."""
+        self._count_prefill(request, +1)
+        self._scheduled[request.request_id] = (request, num_new)
+        budget[0] -= num_new
+
+    def _count_prefill(self, request: Request, sign: int) -> None:
+        num_left = self._tokens_left(request, request.num_computed_tokens)
+        if num_left > 1:
+            self._prefills[0] += sign
+            self._prefills[1] += sign * self._is_long(num_left)
 
     def _schedule_running(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
         # Decodes before prefill chunks (a stable sort keeps the policy's order within each),
@@ -292,8 +363,7 @@ class Scheduler:
                 if victim is request:
                     break
             if request.status is RequestStatus.RUNNING:
-                self._scheduled[request.request_id] = (request, num_new)
-                budget[0] -= num_new
+                self._schedule(request, num_new, budget)
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
         for request in self.policy.order(self.swapped, now):
@@ -324,6 +394,10 @@ class Scheduler:
             def tokens_for(budget: int, request=request, num_cached=num_cached, fork=fork_now):
                 return 1 if fork else self._chunk(request, num_cached, budget)
 
+            num_left = self._tokens_left(request, num_cached)
+            if (not fork_now and num_left > 1 and self.config.enable_chunked_prefill
+                    and not self._prefill_seat_free(num_left)):
+                continue  # a shorter prompt behind it may still take a seat
             num_new = tokens_for(budget[0])
             if num_new == 0:
                 return
@@ -362,8 +436,7 @@ class Scheduler:
             # admission was ranked by (with what had finished by then), the one scored
             request.predicted_output_len = self.policy.predictor.predict(request)
         self.running.append(request)
-        self._scheduled[request.request_id] = (request, num_new)
-        budget[0] -= num_new
+        self._schedule(request, num_new, budget)
 
     # ---- preemption -------------------------------------------------------------------
 
@@ -403,6 +476,7 @@ class Scheduler:
         given = self._scheduled.pop(victim.request_id, None)
         if given is not None:  # it gives back what it was given this step
             budget[0] += given[1]
+            self._count_prefill(victim, -1)
         self.running.remove(victim)
         # vLLM V0's rule: swap a sequence whose group lives on, recompute a lone one.
         mode = self.config.preemption_mode or (

@@ -44,7 +44,16 @@ _HELP = {
     "long_prefill_token_threshold": "with chunked prefill, the most tokens one request "
                                     "computes in a step (0: no cap): a long prompt is cut "
                                     "into chunks of this size and leaves room in each step "
-                                    "for other prompts and the decodes",
+                                    "for other prompts and the decodes; not applied to a "
+                                    "request alone in the engine",
+    "long_prefill_token_threshold_adaptive": "raise long_prefill_token_threshold to a fair "
+                                             "share of the budget: max_num_batched_tokens / "
+                                             "requests in the engine",
+    "max_num_partial_prefills": "with chunked prefill, the most requests computing prompt "
+                                "tokens in one step (default: no limit)",
+    "max_long_partial_prefills": "of those, the most with more than "
+                                 "long_prefill_token_threshold prompt tokens left, so short "
+                                 "prompts pass long ones (default: no limit)",
     "generation_config": "sampling defaults: 'auto' (the model's generation_config.json), "
                          "'vllm' (ignore it: SamplingParams' defaults) or a folder holding a "
                          "generation_config.json",

@@ -55,6 +55,19 @@ def test_greedy_identical_with_long_prefill_chunks_capped(tiny_llama, baseline):
     assert_all_blocks_free(llm)
 
 
+def test_greedy_identical_with_partial_prefills_limited(tiny_llama, baseline):
+    """--max-num-partial-prefills 2 --max-long-partial-prefills 1 (threshold 6, adaptive):
+    prompts held back a step for a seat give the same tokens."""
+    llm = LLM(str(tiny_llama), block_size=8, num_kv_blocks=128, enable_prefix_caching=False,
+              max_num_batched_tokens=64, long_prefill_token_threshold=6,
+              long_prefill_token_threshold_adaptive=True, max_num_partial_prefills=2,
+              max_long_partial_prefills=1)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], GREEDY,
+                           use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == baseline
+    assert_all_blocks_free(llm)
+
+
 def test_parallel_sampling_shares_the_prompt(tiny_llama, baseline):
     llm = LLM(str(tiny_llama), block_size=8, num_kv_blocks=128, enable_prefix_caching=False)
     params = SamplingParams(n=4, temperature=0, max_tokens=10, ignore_eos=True)

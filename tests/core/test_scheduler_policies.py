@@ -277,19 +277,23 @@ def test_budgets_are_respected_and_used(policy):
     sim.assert_all_free()
 
 
+def long_chunks(sim: Sim) -> list[int]:
+    return [n for out in sim.outputs for r, n in sim.scheduled(out) if r.request_id == "long"]
+
+
 def test_long_prefill_token_threshold_caps_each_requests_chunk():
-    """vLLM's --long-prefill-token-threshold: a 40-token prompt in chunks of at most 8, and
-    the short prompt behind it admitted in the same first step, which the long one would
-    otherwise fill."""
+    """vLLM's --long-prefill-token-threshold: a 40-token prompt in chunks of at most 8 while
+    another request is in the engine, and the short prompt behind it admitted in the same
+    first step, which the long one would otherwise fill; once alone it is not capped
+    (vLLM's rule: nobody to leave room for)."""
     sim = Sim("fcfs", max_num_batched_tokens=16, long_prefill_token_threshold=8)
     sim.add("long", prompt_len=40, max_tokens=2)
     sim.add("short", prompt_len=6, max_tokens=2)
     sim.run()
     first = dict(sim.scheduled(sim.outputs[0]))
     assert {r.request_id: n for r, n in first.items()} == {"long": 8, "short": 6}
-    assert all(n <= 8 for out in sim.outputs for _, n in sim.scheduled(out))
-    chunks = [n for out in sim.outputs for r, n in sim.scheduled(out) if r.request_id == "long"]
-    assert chunks[:5] == [8] * 5  # the prompt, then its decodes one token a step
+    # short: its prompt, one decode, finished; then long alone, in whole budgets
+    assert long_chunks(sim) == [8, 8, 16, 8, 1]
     sim.assert_all_free()
     # without the cap the long prompt takes the whole first step
     sim = Sim("fcfs", max_num_batched_tokens=16)
@@ -299,12 +303,63 @@ def test_long_prefill_token_threshold_caps_each_requests_chunk():
     assert {r.request_id: n for r, n in sim.scheduled(sim.outputs[0])} == {"long": 16}
 
 
+def test_adaptive_threshold_raises_the_cap_to_a_fair_share_of_the_budget():
+    """--long-prefill-token-threshold-adaptive: the cap is at least the budget over the
+    requests in the engine (32 / 2 = 16 here, not 4)."""
+    sim = Sim("fcfs", max_num_batched_tokens=32, long_prefill_token_threshold=4,
+              long_prefill_token_threshold_adaptive=True)
+    sim.add("long", prompt_len=40, max_tokens=2)
+    sim.add("other", prompt_len=40, max_tokens=2)
+    sim.run()
+    assert {r.request_id: n for r, n in sim.scheduled(sim.outputs[0])} == {"long": 16,
+                                                                            "other": 16}
+    sim.assert_all_free()
+
+
+def test_max_num_partial_prefills_limits_prompts_per_step():
+    """--max-num-partial-prefills 2: three prompts, two prefill in a step, the third waits
+    for a seat though the budget has room."""
+    sim = Sim("fcfs", max_num_batched_tokens=64, max_num_partial_prefills=2)
+    for i in range(3):
+        sim.add(f"r{i}", prompt_len=10, max_tokens=3)
+    sim.run()
+    assert {r.request_id: n for r, n in sim.scheduled(sim.outputs[0])} == {"r0": 10, "r1": 10}
+    # step 2: r0 and r1 decode (not prefills), r2 prefills
+    assert {r.request_id: n for r, n in sim.scheduled(sim.outputs[1])} == {
+        "r0": 1, "r1": 1, "r2": 10}
+    sim.assert_all_free()
+
+
+def test_max_long_partial_prefills_lets_short_prompts_pass_long_ones():
+    """--max-long-partial-prefills 1 (threshold 8): of two long prompts one prefills at a
+    time, and the short prompt queued behind the second long one passes it."""
+    sim = Sim("fcfs", max_num_batched_tokens=64, long_prefill_token_threshold=8,
+              max_num_partial_prefills=2, max_long_partial_prefills=1)
+    sim.add("long", prompt_len=30, max_tokens=2)
+    sim.add("long2", prompt_len=30, max_tokens=2)
+    sim.add("short", prompt_len=6, max_tokens=2)
+    sim.run()
+    assert {r.request_id: n for r, n in sim.scheduled(sim.outputs[0])} == {"long": 8,
+                                                                            "short": 6}
+    assert all(sum(r.request_id.startswith("long") and r.num_tokens - n > 1
+                   for r, n in sim.scheduled(out)) <= 1 for out in sim.outputs[:3])
+    assert long_chunks(sim)[:4] == [8, 8, 8, 6]  # long2 waits until long's prompt is done
+    sim.assert_all_free()
+
+
 @pytest.mark.parametrize("config,message", [
     ({"long_prefill_token_threshold": -1}, "must be >= 0"),
     ({"long_prefill_token_threshold": 8, "enable_chunked_prefill": False}, "needs chunked"),
+    ({"long_prefill_token_threshold_adaptive": True}, "needs long_prefill_token_threshold"),
+    ({"max_num_partial_prefills": 0}, "must be >= 1"),
+    ({"max_num_partial_prefills": 2, "enable_chunked_prefill": False}, "needs chunked"),
+    ({"max_long_partial_prefills": 1}, "needs long_prefill_token_threshold"),
+    ({"max_long_partial_prefills": 3, "max_num_partial_prefills": 2,
+      "long_prefill_token_threshold": 8}, "must be <= max_num_partial_prefills"),
 ])
-def test_bad_long_prefill_token_threshold_is_named(config, message):
-    with pytest.raises(ValueError, match=f"long_prefill_token_threshold {message}"):
+def test_bad_long_prefill_knobs_are_named(config, message):
+    name = next(iter(config))
+    with pytest.raises(ValueError, match=f"{name} {message}"):
         SchedulerConfig(max_num_batched_tokens=4096, **config)
 
 
