@@ -119,6 +119,9 @@ def main() -> None:
     parser.add_argument("--random-model", action="store_true",
                         help="random weights in SmolLM-135M's shape and random token-id "
                              "prompts (the model of the runs before SmolLM2)")
+    parser.add_argument("--random-prompts", action="store_true",
+                        help="the real model on random token-id prompts (lengths past the "
+                             "~3,500 tokens of the prose chat prompts are cut from)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -142,12 +145,18 @@ def main() -> None:
         described = "SmolLM-135M shape, random fp32 weights, random token ids"
     else:
         model = save_smollm2(Path(args.model_dir or ROOT / "results" / "smollm2-135m-instruct"))
-        prompts = chat_prompts(model, max(args.batch_sizes), args.input_len)
-        described = "SmolLM2-135M-Instruct, fp32, real chat prompts"
+        if args.random_prompts:  # for prompts longer than the project's prose (long prefills)
+            prompts = random_prompts(max(args.batch_sizes), args.input_len, 49152)
+            described = "SmolLM2-135M-Instruct, fp32, random token ids"
+        else:
+            prompts = chat_prompts(model, max(args.batch_sizes), args.input_len)
+            described = "SmolLM2-135M-Instruct, fp32, real chat prompts"
     if set(GGUF_FILE_ENGINES) & set(args.engines) and args.random_model:
         parser.error(f"{' / '.join(GGUF_FILE_ENGINES)} run SmolLM2's GGUF file: not with "
                      "--random-model")
     spec = {"model": str(model), "prompts": prompts,
+            # token ids no prompt starts with (real prompts start with the chat template)
+            "warmup_prompt": random_prompts(1, 32, 49152, seed=12345)[0],
             "gguf_file": None if args.random_model else str(smollm2_gguf()),
             "output_len": args.output_len, "batch_sizes": args.batch_sizes,
             "max_model_len": args.input_len + args.output_len + 16, "sampling": sampling}

@@ -17,8 +17,9 @@ def main() -> None:
     params = offline_params(spec.get("sampling", {"temperature": 0.0}),
                             llm.get_default_sampling_params(), max_tokens=spec["output_len"],
                             ignore_eos=True)
-    llm.generate([{"prompt_token_ids": spec["prompts"][0]}], SamplingParams(max_tokens=4),
-                 use_tqdm=False)  # warm-up
+    # warm-up, on a prompt no batch holds (a measured prompt would hit the prefix cache)
+    llm.generate([{"prompt_token_ids": spec["warmup_prompt"]}], SamplingParams(max_tokens=4),
+                 use_tqdm=False)
     results = {}
     for batch in spec["batch_sizes"]:
         prompts = [{"prompt_token_ids": p} for p in spec["prompts"][:batch]]

@@ -16,8 +16,9 @@ def main() -> None:
     sampling = spec.get("sampling", {"temperature": 0.0})  # vLLM's field names
     params = SamplingParams(**sampling, max_tokens=spec["output_len"], ignore_eos=True)
     results = {}
-    llm.generate([TokensPrompt(prompt_token_ids=spec["prompts"][0])],
-                 SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    # warm-up, on a prompt no batch holds (a measured prompt would hit the prefix cache)
+    llm.generate([TokensPrompt(prompt_token_ids=spec["warmup_prompt"])],
+                 SamplingParams(max_tokens=4), use_tqdm=False)
     for batch in spec["batch_sizes"]:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"][:batch]]
         start = time.perf_counter()
