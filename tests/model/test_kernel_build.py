@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 
 def _sources(tmp_path: Path, edit=None) -> Path:
     """A copy of the kernel sources, with kernels.h passed through edit."""
-    for name in [header.HEADER, *build.SOURCES]:
+    for name in [header.HEADER, *build.INTERNAL_HEADERS, *build.SOURCES]:
         shutil.copy(build.SOURCE_DIR / name, tmp_path / name)
     if edit is not None:
         text = (tmp_path / header.HEADER).read_text()
@@ -54,7 +54,7 @@ def test_header_declares_every_kernel_as_its_source_defines_it():
             "silu_and_mul_f32", "rope_write_kv_f32", "argmax_rows_f32", "sample_rows_f32",
             "sampler_uniforms_f64", "int8_linear_f32", "gguf_linear_f32",
             "int8_linear_amx_f32", "gguf_linear_amx_f32", "bf16_linear_amx_f32",
-            "kernels_isa_features"} == set(prototypes)
+            "paged_prefill_attention_amx", "kernels_isa_features"} == set(prototypes)
     assert [name for _, name in prototypes["rms_norm_f32"].params] == [
         "x", "weight", "out", "rows", "cols", "eps", "num_threads"]
 

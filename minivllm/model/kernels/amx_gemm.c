@@ -36,47 +36,17 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define AMX_BUILT
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 
 #define NC 16          /* output columns per panel (int8_gemm.c's panel width) */
 #define WGROUP 32      /* int8_gemm.c's weight group */
 #define BLOCK 32       /* GGUF's block */
 #define TILE_K 32      /* bf16 values of k per tile row */
-#define ROW_TILE 16    /* rows of a tile */
 #define W_OFFSET 128
 #define Q8_0 8 /* gguf.GGMLQuantizationType values */
 #define Q4_0 2
 #define Q4_1 3
 #define Q4_K 12
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-/* Whether this process may use the tiles: asked once (the answer does not change). */
-static int amx_permitted(void) {
-    static int state; /* 0: not asked yet, 1: yes, -1: no */
-    int s = __atomic_load_n(&state, __ATOMIC_RELAXED);
-    if (!s) {
-        s = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-        __atomic_store_n(&state, s, __ATOMIC_RELAXED);
-    }
-    return s == 1;
-}
-
-static void configure_tiles(void) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = ROW_TILE;
-    _tile_loadconfig(&cfg);
-}
 
 /* The weights of one call, and how to have panel p of them as B tiles: kp / 2 rows of 32
  * bf16 (64 bytes), row i holding the 16 columns' values at k = 2i and 2i + 1, zeros for
@@ -170,31 +140,6 @@ static inline __m512i gguf_block_bf16(const uint8_t *row, int b, int qtype, floa
                                scale, shift);
     }
     return (__m512i)_mm512_cvtne2ps_pbh(high, low);
-}
-
-/* r[j] := column j of the 16 x 16 dword matrix whose rows are r[0..15]. */
-static inline void transpose_16x16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    /* u[4i + j], 128-bit lane L: element 4L + j of rows 4i..4i+3 */
-    for (int i = 0; i < 4; i++) {
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    /* column 4L + j: lane L of u[j], u[4 + j], u[8 + j], u[12 + j] */
-#define COLUMN(L, j)                                                                     \
-    r[4 * L + j] = _mm512_shuffle_i32x4(_mm512_shuffle_i32x4(u[j], u[4 + j], 0x55 * L),  \
-                                        _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x55 * L), \
-                                        0x88)
-#define COLUMNS(L) COLUMN(L, 0), COLUMN(L, 1), COLUMN(L, 2), COLUMN(L, 3)
-    COLUMNS(0), COLUMNS(1), COLUMNS(2), COLUMNS(3);
-#undef COLUMNS
-#undef COLUMN
 }
 
 /* Columns 16p..16p+15 of GGUF blocks (n rows of k / 32 blocks): per block of 32 k, the 16

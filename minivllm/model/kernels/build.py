@@ -27,7 +27,8 @@ from minivllm.model.kernels import header, isa
 logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ["paged_attention.c", "ops.c", "sampler.c", "int8_gemm.c", "amx_gemm.c",
-           "gguf_gemm.c", "isa_info.c"]
+           "amx_attention.c", "gguf_gemm.c", "isa_info.c"]
+INTERNAL_HEADERS = ["amx_tiles.h"]  # included by sources, part of the cache key
 # Compile with -ffast-math (vectorized expf), but link without it: linking with it adds
 # crtfastmath.o, which turns on flush-to-zero for the whole process at load time. An
 # exported function must be declared in kernels.h (missing-prototypes).
@@ -52,7 +53,7 @@ def library_path(compiler: str, level: str, source_dir: Path = SOURCE_DIR) -> Pa
     """Where the library of this ISA level, built from these sources by this compiler,
     lives."""
     key = hashlib.sha256()
-    for name in [header.HEADER, *SOURCES]:
+    for name in [header.HEADER, *INTERNAL_HEADERS, *SOURCES]:
         key.update((source_dir / name).read_bytes())
     key.update(" ".join([compiler, *compile_flags(level), *_LINK, platform.machine(),
                          level]).encode())

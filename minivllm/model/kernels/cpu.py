@@ -113,7 +113,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     [P, max_blocks] (padded rows); query_start_loc: [P + 1] from 0 to T; seq_lens: [P],
     each request's context length after this step; all int64. Request p's queries are its
     last query_len positions: query i sits at position seq_lens[p] - query_len + i and
-    sees positions 0..that one. H is a multiple of KVH (GQA). Returns [T, H, D]."""
+    sees positions 0..that one. H is a multiple of KVH (GQA). Returns [T, H, D].
+    A bf16 cache without window and softcap runs on AMX tiles where amx() (amx_attention.c:
+    q and the probabilities rounded to bf16 for the products)."""
     _, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
@@ -121,6 +123,15 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         t.contiguous() for t in (block_table, query_start_loc, seq_lens))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, block_size, num_kv_heads, _ = k_cache.shape
+    if _is_bf16(k_cache) and not window and not softcap and amx() and (
+            _library().paged_prefill_attention_amx(
+                q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+                block_table=block_table.data_ptr(), query_start_loc=query_start_loc.data_ptr(),
+                seq_lens=seq_lens.data_ptr(), out=out.data_ptr(), num_reqs=seq_lens.shape[0],
+                num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                block_size=block_size, max_blocks=block_table.shape[1], q_stride=q.stride(0),
+                scale=scale, num_threads=torch.get_num_threads()) == 0):
+        return out
     _library().paged_prefill_attention_f32(
         q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
         kv_bf16=_is_bf16(k_cache), block_table=block_table.data_ptr(),

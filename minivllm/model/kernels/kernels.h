@@ -28,6 +28,17 @@ void paged_prefill_attention_f32(const float *q, const void *k_cache, const void
                                  int64_t q_stride, float scale, int window, float softcap,
                                  int num_threads);
 
+/* amx_attention.c: paged_prefill_attention_f32 for a bf16 cache on AMX-BF16 tiles, without
+ * window and softcap; returns 0, or -1 when the library was built without AMX, Linux refused
+ * the tiles, memory ran out or head_dim is not a multiple of 32 up to 256 (the caller then
+ * runs paged_prefill_attention_f32) */
+int paged_prefill_attention_amx(const float *q, const uint16_t *k_cache,
+                                const uint16_t *v_cache, const int64_t *block_table,
+                                const int64_t *query_start_loc, const int64_t *seq_lens,
+                                float *out, int num_reqs, int num_heads, int num_kv_heads,
+                                int head_dim, int block_size, int max_blocks, int64_t q_stride,
+                                float scale, int num_threads);
+
 /* ops.c */
 void rms_norm_f32(const float *x, const float *weight, float *out, int64_t rows, int cols,
                   float eps, int num_threads);

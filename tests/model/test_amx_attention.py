@@ -1,0 +1,101 @@
+"""Prefill attention on AMX tiles (amx_attention.c), which a bf16 K/V cache runs on a CPU with
+AMX: against the per-request reference (gathered context, dense causal mask, SDPA in fp32)
+within what rounding the queries and the probabilities to bf16 costs, on random batches of
+every head_dim it takes, GQA ratio and block size; window, softcap and other head dims fall
+back to paged_attention.c's kernel (the fp32 reference's tolerance)."""
+
+import random
+
+import pytest
+import torch
+
+from minivllm.model.attention import _one_request
+from minivllm.model.kernels import cpu
+from tests.model.test_prefill_kernel import _batch, _reference
+
+pytestmark = pytest.mark.skipif(
+    not cpu.available(torch.device("cpu"), torch.float32) or not cpu.amx(),
+    reason="the kernels run no AMX here (no amx_bf16, no compiler, or MINIVLLM_ISA forced a "
+           "lower level)")
+
+DIMS, BLOCK_SIZES, GROUPS = [32, 64, 128, 96, 256], [1, 7, 16, 32], [1, 3, 4]
+
+
+def _bf16_batch(query_lens, cached, heads, kv_heads, dim, block_size, seed):
+    q, k_cache, v_cache, tables, table, qsl, seq_lens = _batch(
+        query_lens, cached, heads, kv_heads, dim, block_size, seed)
+    return q, k_cache.bfloat16(), v_cache.bfloat16(), tables, table, qsl, seq_lens
+
+
+def _run_amx(q, k_cache, v_cache, table, qsl, seq_lens, scale) -> torch.Tensor:
+    """The AMX kernel itself (not the dispatch), which must take the batch."""
+    _, heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q)
+    status = cpu._library().paged_prefill_attention_amx(
+        q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+        block_table=table.data_ptr(), query_start_loc=qsl.data_ptr(),
+        seq_lens=seq_lens.data_ptr(), out=out.data_ptr(), num_reqs=seq_lens.shape[0],
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, block_size=block_size,
+        max_blocks=table.shape[1], q_stride=q.stride(0), scale=scale,
+        num_threads=torch.get_num_threads())
+    assert status == 0
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_batches_match_reference_within_bf16(seed):
+    """Random query lengths (1..300) on random cached prefixes (chunked prefill), several
+    requests a batch. q x scale and the probabilities are rounded to bf16 (8 significant
+    bits): outputs (averages of unit-normal values) within 2e-2, 1e-3 on average, of the
+    fp32 reference over the same bf16 cache."""
+    rng = random.Random(seed)
+    dim, block_size = DIMS[seed % 5], BLOCK_SIZES[seed // 5 % 4]
+    kv_heads = rng.randint(1, 3)
+    heads = kv_heads * GROUPS[seed % 3]
+    num_reqs = rng.randint(1, 4)
+    query_lens = [rng.choice([1, rng.randint(2, 40), rng.randint(41, 300)])
+                  for _ in range(num_reqs)]
+    cached = [rng.choice([0, rng.randint(1, 60), rng.randint(61, 400)])
+              for _ in range(num_reqs)]
+    q, k_cache, v_cache, tables, table, qsl, seq_lens = _bf16_batch(
+        query_lens, cached, heads, kv_heads, dim, block_size, seed)
+    scale = dim ** -0.5
+    got = _run_amx(q, k_cache, v_cache, table, qsl, seq_lens, scale)
+    expected = _reference(q, k_cache, v_cache, tables, qsl, seq_lens, scale)
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-2)
+    assert (got - expected).abs().mean() < 1e-3
+    # the dispatch runs it for a bf16 cache
+    assert torch.equal(cpu.paged_prefill_attention(q, k_cache, v_cache, table, qsl, seq_lens,
+                                                   scale), got)
+
+
+def test_long_prompt_and_sharp_scores():
+    """A 1,000-token prompt with scores up to ~30 apart (the running max moves often, many
+    probabilities underflow): still within bf16's error of the reference."""
+    q, k_cache, v_cache, tables, table, qsl, seq_lens = _bf16_batch(
+        [1000], [24], 9, 3, 64, 16, seed=5)
+    q = q * 4
+    scale = 64 ** -0.5
+    got = _run_amx(q, k_cache, v_cache, table, qsl, seq_lens, scale)
+    expected = _reference(q, k_cache, v_cache, tables, qsl, seq_lens, scale)
+    torch.testing.assert_close(got, expected, rtol=0, atol=5e-2)
+    assert (got - expected).abs().mean() < 2e-3
+
+
+@pytest.mark.parametrize("dim,window,softcap", [(48, 0, 0.0), (64, 20, 0.0), (64, 0, 5.0)])
+def test_what_it_does_not_take_runs_the_fp32_kernel(dim, window, softcap):
+    """head_dim 48 (the kernel returns -1), a sliding window, a softcap: paged_attention.c's
+    kernel, fp32 math over the bf16 cache."""
+    q, k_cache, v_cache, tables, table, qsl, seq_lens = _bf16_batch(
+        [30, 9], [5, 40], 4, 2, dim, 8, seed=1)
+    scale = dim ** -0.5
+    got = cpu.paged_prefill_attention(q, k_cache, v_cache, table, qsl, seq_lens, scale,
+                                      window, softcap)
+    for i, blocks in enumerate(tables):
+        start, end = qsl[i].item(), qsl[i + 1].item()
+        expected = _one_request(q[start:end], k_cache, v_cache, blocks, seq_lens[i].item(),
+                                scale, window, softcap)
+        # 1e-4: fp32 rounding (torch's reduction order varies with its thread count), 200x
+        # under what the bf16 tiles are allowed
+        torch.testing.assert_close(got[start:end], expected, rtol=1e-5, atol=1e-4)
