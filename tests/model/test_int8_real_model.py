@@ -5,8 +5,8 @@ one sequence per paragraph) with int8 linears and with fp32 ones: int8's perplex
 within 0.75% of fp32's on each (the issue's target is 1%; measured +0.09% and +0.35% with
 8-bit weights scaled per group of 32 and activations per group of 16; per-channel weight
 scales measured +0.35% and +0.99%, the earlier 7-bit weights with per-token activation
-scales +7.1% and +5.8%). Without the package this fails, saying so
-(`make test-real-models`)."""
+scales +7.1% and +5.8%); dtype=bfloat16's within 0.5%. Without the package this fails,
+saying so (`make test-real-models`)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,25 @@ def _perplexities(llm: LLM) -> list[float]:
     return result
 
 
-def test_int8_perplexity_close_to_fp32(smollm2_gguf):
-    kwargs = dict(seed=0, kv_cache_space=0.25, swap_space=0.01)
-    fp32 = _perplexities(LLM(str(smollm2_gguf), dtype="float32", **kwargs))
-    int8 = _perplexities(LLM(str(smollm2_gguf), quantization="int8", **kwargs))
-    for text, base, mine in zip(TEXTS, fp32, int8):
+KWARGS = dict(seed=0, kv_cache_space=0.25, swap_space=0.01)
+
+
+@pytest.fixture(scope="module")
+def fp32_perplexities(smollm2_gguf) -> list[float]:
+    return _perplexities(LLM(str(smollm2_gguf), dtype="float32", **KWARGS))
+
+
+def test_int8_perplexity_close_to_fp32(smollm2_gguf, fp32_perplexities):
+    int8 = _perplexities(LLM(str(smollm2_gguf), quantization="int8", **KWARGS))
+    for text, base, mine in zip(TEXTS, fp32_perplexities, int8):
         # Below fp32 by more than noise would be as suspect as above it.
         assert -0.0075 < mine / base - 1 < 0.0075, (text.name, base, mine)
+
+
+def test_bf16_perplexity_close_to_fp32(smollm2_gguf, fp32_perplexities):
+    """dtype=bfloat16: bf16 weights and KV cache; on a CPU with AMX its linears and its
+    prefill attention run on the tiles (the prose is one 3,472-token prefill), q and the
+    probabilities rounded to bf16 there. The issue's bound: 0.5%."""
+    bf16 = _perplexities(LLM(str(smollm2_gguf), dtype="bfloat16", **KWARGS))
+    for text, base, mine in zip(TEXTS, fp32_perplexities, bf16):
+        assert -0.005 < mine / base - 1 < 0.005, (text.name, base, mine)
