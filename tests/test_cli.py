@@ -40,6 +40,7 @@ ENGINE_FLAGS = {
     "--enable-chunked-prefill": (True, None), "--long-prefill-token-threshold": (0, int),
     "--long-prefill-token-threshold-adaptive": (False, None),
     "--max-num-partial-prefills": (None, int), "--max-long-partial-prefills": (None, int),
+    "--speculative-config": (None, "json"),
     "--scheduling-policy": ("fcfs", str),
     "--length-predictor": ("mean", str), "--length-prediction-log": (None, str),
     "--preemption-mode": (None, str), "--priority-aging-s": (10.0, float),
@@ -57,10 +58,28 @@ ENGINE_FLAGS = {
 def test_engine_flags_keep_their_names_defaults_and_types():
     import argparse
 
-    from minivllm.entrypoints.engine_args import _json_object, add_engine_args
+    from minivllm.entrypoints.engine_args import JSON_FLAGS, add_engine_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    flags = {a.option_strings[0]: (a.default, "json" if a.type is _json_object else a.type)
+    flags = {a.option_strings[0]: (a.default, "json" if a.type in JSON_FLAGS.values() else a.type)
              for a in parser._actions if a.dest != "help"}
     assert flags == ENGINE_FLAGS
+
+
+
+def test_speculative_config_flag_checks_its_json(capsys):
+    import argparse
+
+    import pytest
+
+    from minivllm.entrypoints.engine_args import add_engine_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--speculative-config", '{"num_speculative_tokens": 5}'])
+    assert args.speculative_config["method"] == "ngram"
+    assert args.speculative_config["num_speculative_tokens"] == 5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-config", '{"method": "ngram", "k": 3}'])
+    assert "unknown key(s) 'k'" in capsys.readouterr().err

@@ -233,7 +233,24 @@ class KVCacheManager:
         """Release the request's device blocks, tail first, so that the tail of a shared
         prefix is evicted before its head. A copy still pending into a released block is
         dropped: nobody will read that block as the request's."""
-        for block_id in reversed(request.block_ids):
+        self._release(request.block_ids)
+        request.block_ids = []
+        self._num_registered.pop(request.request_id, None)
+        self._verified_hits.pop(request.request_id, None)
+
+    def free_tail(self, request: Request, num_tokens: int) -> bool:
+        """Release the request's blocks past those its first num_tokens tokens need (blocks
+        taken for draft tokens that were rejected); whether any was released."""
+        keep = self.blocks_needed(num_tokens)
+        if len(request.block_ids) <= keep:
+            return False
+        self._release(request.block_ids[keep:])
+        del request.block_ids[keep:]
+        return True
+
+    def _release(self, block_ids: list[int]) -> None:
+        """Drop one reference to each block, tail first."""
+        for block_id in reversed(block_ids):
             meta = self.blocks[block_id]
             meta.ref_cnt -= 1
             if meta.ref_cnt == 0:
@@ -241,9 +258,6 @@ class KVCacheManager:
                 self.free_queue[block_id] = None
                 if meta.hash is None:  # nothing worth keeping: reuse it first
                     self.free_queue.move_to_end(block_id, last=False)
-        request.block_ids = []
-        self._num_registered.pop(request.request_id, None)
-        self._verified_hits.pop(request.request_id, None)
 
     # ---- swap -----------------------------------------------------------------------
 

@@ -81,6 +81,7 @@ class Request:
         self.core_request = core_request
         self.prompt_token_ids = list(core_request.prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self.num_new_tokens = 0  # output tokens the last step appended (several: speculation)
         self.all_token_ids = list(self.prompt_token_ids)  # prompt, then outputs as they come
         self.max_tokens = max_tokens
         self.arrival_time = core_request.arrival_time

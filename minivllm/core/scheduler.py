@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from minivllm.core import sequence_group
 from minivllm.core.kv_cache import KVCacheManager
@@ -22,6 +23,13 @@ from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.preemption import RecomputeTax, victim_rule
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler_output import NewRequestData, SchedulerOutput
+from minivllm.core.speculative import (
+    DraftTracker,
+    SpecDecodingStats,
+    SpeculativeConfig,
+    ngram_propose,
+    parse_speculative_config,
+)
 from minivllm.core.stop import check_stop
 
 logger = logging.getLogger(__name__)
@@ -67,6 +75,9 @@ class SchedulerConfig:
     max_num_waiting_requests: int | None = None
     max_num_waiting_tokens: int | None = None
     request_timeout: float | None = None
+    # vLLM's --speculative-config (core/speculative.py): {"method": "ngram",
+    # "num_speculative_tokens": 3, ...}; None: no speculative decoding.
+    speculative_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -113,6 +124,7 @@ class SchedulerConfig:
                 raise bad(name, "must be >= 1")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise bad("request_timeout", "must be > 0")
+        self.speculative_config = parse_speculative_config(self.speculative_config)
 
 
 class Scheduler:
@@ -158,6 +170,10 @@ class Scheduler:
         self._finished_ids: list[str] = []
         # This step, while it is being scheduled: request id -> (request, new tokens).
         self._scheduled: dict[str, tuple[Request, int]] = {}
+        # Speculative decoding: its config, each decoding request's acceptance tracker.
+        self.spec = SpeculativeConfig.parse(config.speculative_config)
+        self.spec_stats = SpecDecodingStats()
+        self._drafts: dict[str, DraftTracker] = {}
 
     # ---- requests in and out ----------------------------------------------------------
 
@@ -212,6 +228,7 @@ class Scheduler:
         self.policy.on_removed(request)
         self.recompute_tax.forget(request)
         self._late.discard(request.request_id)
+        self._drafts.pop(request.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -232,6 +249,10 @@ class Scheduler:
             num_computed_tokens=tax.num_computed_tokens_total,
             num_requests_shed=self.num_requests_shed,
             num_requests_deprioritized=self.num_requests_deprioritized,
+            spec_num_drafts=self.spec_stats.num_drafts,
+            spec_num_draft_tokens=self.spec_stats.num_draft_tokens,
+            spec_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
+            spec_num_accepted_tokens_per_pos=tuple(self.spec_stats.num_accepted_tokens_per_pos),
         )
 
     # ---- one step ---------------------------------------------------------------------
@@ -283,7 +304,10 @@ class Scheduler:
                     list(request.block_ids), request.num_computed_tokens,
                     request.sampling_params, request.seed, request.banned_until_min_tokens))
             else:
-                replace = known < 0 or (request.block_ids and request.block_ids[-1] in copied)
+                # A copy-on-write replaced its last block of the previous step (with draft
+                # tokens, blocks may have been appended after it).
+                replace = known < 0 or bool(copied and any(
+                    b in copied for b in request.block_ids[max(known - 1, 0):]))
                 out.scheduled_cached_reqs.append(
                     req_id, request.num_computed_tokens,
                     list(request.block_ids) if replace else request.block_ids[known:], replace)
@@ -357,6 +381,10 @@ class Scheduler:
             num_new = self._chunk(request, request.num_computed_tokens, budget[0])
             if num_new == 0:
                 continue
+            if num_new == 1 and self._speculate(request, out, budget[0] - 1):
+                self._schedule(request, 1 + len(out.scheduled_spec_decode_tokens[
+                    request.request_id]), budget)
+                continue
             while self.kv.allocate_slots(request, num_new) is None:
                 victim = self.victim_rule(self.running, self.policy, now)
                 self._preempt(victim, out, budget, now, reason="out of KV blocks")
@@ -364,6 +392,26 @@ class Scheduler:
                     break
             if request.status is RequestStatus.RUNNING:
                 self._schedule(request, num_new, budget)
+
+    def _speculate(self, request: Request, out: SchedulerOutput, room: int) -> bool:
+        """Give a decoding request draft tokens this step, with KV slots for them and its
+        last token, when speculation is on for it and the pool has the room without
+        preempting anyone (else it decodes one token as usual)."""
+        spec = self.spec
+        if spec is None or (spec.disable_by_batch_size is not None
+                            and len(self.running) > spec.disable_by_batch_size):
+            return False
+        tracker = self._drafts.setdefault(request.request_id, DraftTracker())
+        # A draft never runs past max_tokens or the context: the target adds one token more.
+        k = min(tracker.draft_length(spec), room,
+                request.max_tokens - request.num_output_tokens - 1,
+                self.config.max_model_len - request.num_tokens - 1)
+        drafts = ngram_propose(request.all_token_ids, k, spec.prompt_lookup_min,
+                               spec.prompt_lookup_max)
+        if not drafts or self.kv.allocate_slots(request, 1 + len(drafts)) is None:
+            return False
+        out.scheduled_spec_decode_tokens[request.request_id] = drafts
+        return True
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
         for request in self.policy.order(self.swapped, now):
@@ -477,6 +525,7 @@ class Scheduler:
         if given is not None:  # it gives back what it was given this step
             budget[0] += given[1]
             self._count_prefill(victim, -1)
+            out.scheduled_spec_decode_tokens.pop(victim.request_id, None)
         self.running.remove(victim)
         # vLLM V0's rule: swap a sequence whose group lives on, recompute a lone one.
         mode = self.config.preemption_mode or (
@@ -507,37 +556,57 @@ class Scheduler:
 
     # ---- after the forward ------------------------------------------------------------
 
-    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: dict[str, int],
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled_token_ids: dict[str, int | list[int]],
                            prompt_hidden: dict | None = None) -> list[Request]:
         """Advance computed counts, append the sampled tokens and finish the requests whose
         token ends them (check_stop: their status says why, their blocks are freed); return
-        the requests that got a new token, in the step's order. `prompt_hidden`: request id
-        -> the last prompt token's hidden state, for requests whose prefill completed
-        (out.want_prompt_hidden); the predictor predicts again with it."""
+        the requests that got new tokens, in the step's order (request.num_new_tokens: how
+        many). `sampled_token_ids`: request id -> its token, or with draft tokens the
+        accepted drafts and the target's next token (a rejected draft's KV is overwritten:
+        the computed count goes back past it, and blocks only the rejected drafts needed are
+        freed). `prompt_hidden`: request id -> the last prompt token's hidden state, for
+        requests whose prefill completed (out.want_prompt_hidden); the predictor predicts
+        again with it."""
         predictor = self.policy.predictor
         for req_id, row in (prompt_hidden or {}).items():
             request = self.requests.get(req_id)
             if request is not None and request.prompt_hidden is None:
                 request.prompt_hidden = row
                 request.predicted_output_len = predictor.predict(request)
-        sampled = []
+        sampled, stopped = [], {}
         for req_id, num_new in out.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
+            tokens = sampled_token_ids.get(req_id, [])
+            tokens = [tokens] if isinstance(tokens, int) else tokens
+            drafts = out.scheduled_spec_decode_tokens.get(req_id)
+            if drafts:
+                num_accepted = len(tokens) - 1
+                num_new -= len(drafts) - num_accepted
+                self.spec_stats.observe(len(drafts), num_accepted)
+                self._drafts[req_id].record(len(drafts), num_accepted)
             self.recompute_tax.count(request, num_new)
             request.num_computed_tokens += num_new
-            token = sampled_token_ids.get(req_id)
-            if token is not None:
+            request.num_new_tokens = 0
+            for token in tokens:  # up to the one that stops it: check_stop reads the last
                 request.append_output_token(token)
+                request.num_new_tokens += 1
+                status = check_stop(request, self.config.max_model_len, self.eos_token_ids)
+                if status is not None:
+                    stopped[req_id] = status
+                    break
+            if tokens:
                 sampled.append(request)
+            if drafts and self.kv.free_tail(request, request.num_computed_tokens + 1):
+                self._runner_blocks[req_id] = -1  # its table will be sent whole
             self.kv.cache_full_blocks(request)
             if sequence_group.ready_to_fork(request, request.num_computed_tokens):
                 self._fork(request)
-        for request in sampled:  # then the stop rule, in the step's order
-            status = check_stop(request, self.config.max_model_len, self.eos_token_ids)
-            if status is not None:
-                self.finish_request(request, status)
+        for request in sampled:  # then finish the ones stopped, in the step's order
+            if request.request_id in stopped:
+                self.finish_request(request, stopped[request.request_id])
         return sampled
 
     def _fork(self, parent: Request) -> None:

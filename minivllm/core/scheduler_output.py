@@ -49,6 +49,9 @@ class SchedulerOutput:
     scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     # request id -> tokens computed this step, in the scheduler's order
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # request id -> its draft tokens (core/speculative.py): it computes its last token and
+    # these (num_scheduled_tokens counts them), and samples at each of them.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from minivllm.engine.stat_loggers import (
+    LoggingStatLogger,
+    PrometheusStatLogger,
+    StatLoggerBase,
+    add_per_position,
+)
 from minivllm.engine.stats import IterationStats, SchedulerStats
 
 # Prefix-hit length at routing, in tokens.
@@ -20,8 +25,11 @@ def sum_stats(stats: list[SchedulerStats]) -> SchedulerStats:
     for s in stats:
         for name in ("num_running", "num_waiting", "num_swapped", "num_total_blocks",
                      "num_free_blocks", "num_total_swap_blocks", "num_free_swap_blocks",
-                     "num_preemptions", "prefix_cache_queries", "prefix_cache_hits"):
+                     "num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
+                     "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens"):
             setattr(total, name, getattr(total, name) + getattr(s, name))
+        total.spec_num_accepted_tokens_per_pos = add_per_position(
+            total.spec_num_accepted_tokens_per_pos, s.spec_num_accepted_tokens_per_pos)
     if total.num_total_blocks:
         total.kv_cache_usage = 1.0 - total.num_free_blocks / total.num_total_blocks
     return total

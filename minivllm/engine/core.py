@@ -308,13 +308,14 @@ class EngineCore:
                                        result.prompt_hidden)
         for request in done.sampled:
             out = self._output(outputs, request.request_id)
-            out.new_token_ids = [request.output_token_ids[-1]]
-            if len(request.output_token_ids) == 1:  # its first: the prefill is over
+            num_new = request.num_new_tokens
+            out.new_token_ids = request.output_token_ids[-num_new:]
+            if len(request.output_token_ids) == num_new:  # its first: the prefill is over
                 group = self.groups.of(request.request_id)
                 out.prefill_steps, out.prefill_step_tokens = group.steps, group.step_tokens
             logprobs = result.logprobs.get(request.request_id)
             if logprobs is not None:
-                out.new_logprobs = [pack_logprobs(logprobs)]
+                out.new_logprobs = [pack_logprobs(entry) for entry in logprobs[:num_new]]
             out.num_cached_tokens = request.num_cached_tokens
             if request.is_finished:  # the scheduler's stop rule ended it (core/stop.py)
                 out.finish_reason, out.stop_reason = request.status.value, request.stop_reason

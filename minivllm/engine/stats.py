@@ -26,6 +26,12 @@ class SchedulerStats:
     # Deadline policies (edf): requests shed for a missed deadline, and ranked last for it.
     num_requests_shed: int = 0
     num_requests_deprioritized: int = 0
+    # Speculative decoding (core/speculative.py's SpecDecodingStats): verifications, draft
+    # tokens, accepted ones, and accepted ones by their position in the draft.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
     @property
     def prefix_cache_hit_rate(self) -> float:

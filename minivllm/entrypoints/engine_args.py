@@ -8,6 +8,7 @@ import argparse
 from minivllm.config import ENGINE_ARGS, EngineConfig
 from minivllm.core.length_predictor import LENGTH_PREDICTORS
 from minivllm.core.policy import POLICIES
+from minivllm.core.speculative import parse_speculative_config
 from minivllm.generation_fields import parse_override
 
 _HELP = {
@@ -54,6 +55,11 @@ _HELP = {
     "max_long_partial_prefills": "of those, the most with more than "
                                  "long_prefill_token_threshold prompt tokens left, so short "
                                  "prompts pass long ones (default: no limit)",
+    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 2, "
+                          "\"prompt_lookup_max\": 5, \"disable_by_batch_size\": 8}' "
+                          "(ngram: draft tokens looked up in the request's own prompt and "
+                          "output; exact: the output is the same tokens)",
     "generation_config": "sampling defaults: 'auto' (the model's generation_config.json), "
                          "'vllm' (ignore it: SamplingParams' defaults) or a folder holding a "
                          "generation_config.json",
@@ -62,12 +68,21 @@ _HELP = {
 }
 
 
-def _json_object(text: str) -> dict:
-    """argparse type of a dict field (--override-generation-config): a JSON object."""
-    try:
-        return parse_override(text, flag=None)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _json_object(parse):
+    """argparse type of a dict field: a JSON object, checked by `parse`."""
+    def parse_flag(text: str) -> dict:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse_flag
+
+
+# The dict fields' JSON flags: argparse types that check them.
+JSON_FLAGS = {
+    "override_generation_config": _json_object(lambda text: parse_override(text, flag=None)),
+    "speculative_config": _json_object(parse_speculative_config),
+}
 
 
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -82,7 +97,8 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ())
                                 help=help_text)
             continue
         if "dict" in hint:
-            parser.add_argument(flag, type=_json_object, default=default, metavar="JSON",
+            parser.add_argument(flag, type=JSON_FLAGS[arg.name], default=default,
+                                metavar="JSON",
                                 help=help_text)
             continue
         if "int" in hint:

@@ -37,6 +37,14 @@ class CachedRequestState:
         self.token_ids[self.num_tokens] = token_id
         self.num_tokens += 1
 
+    def put_drafts(self, draft_token_ids: list[int]) -> None:
+        """Draft tokens after the known ones, not counted in num_tokens: the step's inputs
+        read them there; the tokens the step accepts are appended over them."""
+        end = self.num_tokens + len(draft_token_ids)
+        if end > len(self.token_ids):
+            self.token_ids = np.resize(self.token_ids, 2 * end)
+        self.token_ids[self.num_tokens:end] = draft_token_ids
+
 
 @dataclass
 class StepInputs:

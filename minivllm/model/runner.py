@@ -25,6 +25,7 @@ from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.loader import load_state_dict, resolve_device, resolve_dtype
 from minivllm.model.models import build_model, head_dim
 from minivllm.model.sampler import Sampler, top_logprobs
+from minivllm.model.spec_verify import sample_with_drafts
 from minivllm.outputs import Logprob
 from minivllm.structured_output.manager import StructuredOutputManager
 
@@ -35,8 +36,11 @@ GiB = 1 << 30
 
 @dataclass
 class ModelRunnerOutput:
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, dict[int, Logprob]] = field(default_factory=dict)  # rows that asked
+    # request id -> its new tokens: one, or with draft tokens the accepted drafts and the
+    # target's next token (model/spec_verify.py)
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> one dict per new token, for requests that asked for logprobs
+    logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
     # request id -> (index of the first prompt token scored, one dict per scored token)
     prompt_logprobs: dict[str, tuple[int, list[dict[int, Logprob]]]] = field(default_factory=dict)
     # request id -> the final-norm hidden state of its last prompt token (float32 numpy row),
@@ -165,13 +169,17 @@ class ModelRunner:
                                      new.output_token_ids, new.banned_until_min_tokens,
                                      new.seed)
         self.copy_blocks(out)
+        drafts = out.scheduled_spec_decode_tokens
+        for req_id, tokens in drafts.items():
+            self.batch.requests[req_id].put_drafts(tokens)
         result = ModelRunnerOutput()
         if not out.num_scheduled_tokens:
             return result
         inputs = self.batch.prepare(out.num_scheduled_tokens)
         hidden = self._forward(inputs)
-        # Rows of `hidden` whose logits are needed: the last token of each sampling request,
-        # and every prompt position of requests that score their prompt.
+        # Rows of `hidden` whose logits are needed: the last token of each sampling request
+        # (and its draft tokens), and every prompt position of requests that score their
+        # prompt.
         wanted, sampling, prompt_spans, last_prompt_rows = [], [], [], {}
         ends = inputs.query_start_loc[1:].tolist()
         for i, req_id in enumerate(inputs.req_ids):
@@ -188,9 +196,10 @@ class ModelRunner:
                     prompt_spans.append((req_id, start + 1, len(wanted), targets,
                                          state.params.prompt_logprobs))
                     wanted.extend(range(end - n, end - n + num_scored))
-            if start + n == state.num_tokens:
-                sampling.append((req_id, len(wanted)))
-                wanted.append(end - 1)
+            k = len(drafts.get(req_id, ()))
+            if start + n == state.num_tokens + k:
+                sampling.append((req_id, len(wanted), drafts.get(req_id, [])))
+                wanted.extend(range(end - 1 - k, end))
         if last_prompt_rows:
             rows = hidden[torch.tensor(list(last_prompt_rows.values()), device=self.device)]
             result.prompt_hidden = dict(zip(last_prompt_rows, rows.float().cpu().numpy()))
@@ -205,18 +214,31 @@ class ModelRunner:
             logprobs = torch.log_softmax(logits[at:at + len(targets)], dim=-1)
             result.prompt_logprobs[req_id] = (first, [
                 top_logprobs(logprobs[j], token, num) for j, token in enumerate(targets)])
-        if sampling:
+        if drafts:
+            self._sample_with_drafts(logits, sampling, result)
+        elif sampling:
             sampled_logits = logits
             if len(sampling) < logits.shape[0]:  # else every row, in order: no copy
-                sampled_logits = logits[torch.tensor([at for _, at in sampling])]
-            ids = [req_id for req_id, _ in sampling]
+                sampled_logits = logits[torch.tensor([at for _, at, _ in sampling])]
+            ids = [req_id for req_id, _, _ in sampling]
             sampled = self.sampler.sample(sampled_logits.contiguous(), ids)
             for req_id, token_id, logprobs in zip(ids, sampled.token_ids, sampled.logprobs):
                 self.batch.requests[req_id].append(token_id)
-                result.sampled_token_ids[req_id] = token_id
+                result.sampled_token_ids[req_id] = [token_id]
                 if logprobs is not None:
-                    result.logprobs[req_id] = logprobs
+                    result.logprobs[req_id] = [logprobs]
         return result
+
+    def _sample_with_drafts(self, logits: torch.Tensor, sampling: list, result) -> None:
+        """A step with draft tokens: verify them (model/spec_verify.py) and keep what the
+        target model accepted."""
+        for req_id, verified in sample_with_drafts(self.sampler, logits, sampling).items():
+            state = self.batch.requests[req_id]
+            for token_id in verified.token_ids:
+                state.append(token_id)
+            result.sampled_token_ids[req_id] = verified.token_ids
+            if verified.logprobs[0] is not None:
+                result.logprobs[req_id] = verified.logprobs
 
 
 def _bf16_linears() -> str:

@@ -120,14 +120,26 @@ class Sim:
         known = {**self.requests, **self.scheduler.requests}  # the latter holds forked siblings
         return [(known[rid], n) for rid, n in out.num_scheduled_tokens.items()]
 
-    def sample(self, out: SchedulerOutput) -> dict[str, int]:
-        """A token for each request whose last token is computed this step."""
+    def sample(self, out: SchedulerOutput) -> dict[str, int | list[int]]:
+        """A token for each request whose last token is computed this step; with draft
+        tokens, the drafts the fake model agrees with and its own next token."""
         tokens = {}
         for r, n in self.scheduled(out):
-            if r.num_computed_tokens + n == r.num_tokens:
-                tokens[r.request_id] = (self.rng.randrange(997) if self.rng is not None
-                                        else sum(r.all_token_ids) % 997)
+            drafts = out.scheduled_spec_decode_tokens.get(r.request_id, [])
+            if r.num_computed_tokens + n != r.num_tokens + len(drafts):
+                continue
+            history, new = list(r.all_token_ids), []
+            for j in range(len(drafts) + 1):
+                new.append(self.next_token(history))
+                if j == len(drafts) or drafts[j] != new[-1]:
+                    break
+                history.append(new[-1])
+            tokens[r.request_id] = new if drafts else new[0]
         return tokens
+
+    def next_token(self, history: list[int]) -> int:
+        """The fake model: random with `sample_seed`, else a function of the history."""
+        return self.rng.randrange(997) if self.rng is not None else sum(history) % 997
 
     def abort(self, request_id: str) -> None:
         self.scheduler.finish_request(self.requests[request_id], RequestStatus.FINISHED_ABORTED)
@@ -166,9 +178,10 @@ class Sim:
             for position in range(start):  # attention reads the cached prefix ...
                 slots, i = self.slot(r, position)
                 assert slots[i] == tuple(r.all_token_ids[:position + 1]), (r, position)
-            for position in range(start, start + n):  # ... and writes the new
+            tokens = r.all_token_ids + out.scheduled_spec_decode_tokens.get(r.request_id, [])
+            for position in range(start, start + n):  # ... and writes the new (drafts too)
                 slots, i = self.slot(r, position)
-                slots[i] = tuple(r.all_token_ids[:position + 1])
+                slots[i] = tuple(tokens[:position + 1])
 
     # ---- invariants ----------------------------------------------------------------------
 
@@ -179,7 +192,9 @@ class Sim:
         assert out.total_num_scheduled_tokens <= config.max_num_batched_tokens
         for r, n in self.scheduled(out):
             assert r.status is RequestStatus.RUNNING and r in sched.running
-            assert 1 <= n <= r.num_tokens - r.num_computed_tokens
+            num_drafts = len(out.scheduled_spec_decode_tokens.get(r.request_id, ()))
+            assert 1 <= n <= r.num_tokens - r.num_computed_tokens + num_drafts
+            assert not num_drafts or n == 1 + num_drafts
             needed = r.num_computed_tokens + n
             assert len(r.block_ids) * config.block_size >= needed
         # Every unfinished request is in exactly the queue its status names.

@@ -1,0 +1,125 @@
+"""Speculative decoding on SmolLM2-135M-Instruct: output tok/s with `ngram` drafts against
+none, in one process, the two engines alternating (A B A B ...), the median ratio reported.
+
+    python benchmarks/spec_decode.py [--repeats 3] [--dtype bfloat16]
+
+Three workloads (benchmarks/data/spec_prompts.md):
+- repeat, batch 1: answers that repeat the prompt (rewrite, correct, quote, code edit), one
+  request at a time — where prompt lookup pays;
+- open, batch 1: open chat questions — where drafts are rarely right (the adaptive length);
+- batch 64: 64 random 128-token prompts, 128 output tokens, EOS ignored (the standard
+  trace's shape) — where disable_by_batch_size turns drafts off.
+Greedy, so the two engines' outputs must be the same tokens; the script counts the requests
+whose output differs (a near-tie decided differently by a one-token decode and a verification
+row, see model/spec_verify.py) and prints the acceptance counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_model import save_smollm2  # noqa: E402
+
+from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.bench.machine import cpu_description  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = Path(__file__).resolve().parent / "data" / "spec_prompts.jsonl"
+
+
+def workloads(tokenizer, max_tokens: int) -> dict[str, tuple[list, SamplingParams, bool]]:
+    """name -> (prompts, as token ids, params, one at a time?)."""
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+
+    def chat(text: str) -> dict:
+        templated = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                  add_generation_prompt=True, tokenize=False)
+        return {"prompt_token_ids": tokenizer.encode(templated, add_special_tokens=False)}
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
+    import random
+    rng = random.Random(0)
+    vocab = tokenizer.vocab_size
+    batch = [{"prompt_token_ids": [rng.randrange(100, vocab) for _ in range(128)]}
+             for _ in range(64)]
+    return {
+        "repeat, batch 1": ([chat(r["prompt"]) for r in rows if r["kind"] == "repeat"],
+                            greedy, True),
+        "open, batch 1": ([chat(r["prompt"]) for r in rows if r["kind"] == "open"], greedy,
+                          True),
+        "128/128, batch 64": (batch, SamplingParams(temperature=0, max_tokens=128,
+                                                    ignore_eos=True), False),
+    }
+
+
+def timed(llm: LLM, prompts: list, params: SamplingParams, one_at_a_time: bool):
+    """(output tokens per second, outputs' token ids)."""
+    start = time.perf_counter()
+    if one_at_a_time:
+        outputs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    else:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    ids = [o.outputs[0].token_ids for o in outputs]
+    return sum(map(len, ids)) / seconds, ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default=None,
+                        help="default: bfloat16 where the CPU has AVX512-BF16, else float32")
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--speculative-config", default='{"method": "ngram", '
+                        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+                        '"prompt_lookup_max": 5}')
+    parser.add_argument("--only", default=None, help="run the workloads whose name has this")
+    args = parser.parse_args()
+    cpu = cpu_description()
+    dtype = args.dtype or ("bfloat16" if "avx512_bf16" in cpu else "float32")
+    model = save_smollm2(ROOT / "results" / "smollm2-135m-instruct")
+    spec = json.loads(args.speculative_config)
+    engines = {"none": LLM(model=str(model), dtype=dtype),
+               "ngram": LLM(model=str(model), dtype=dtype, speculative_config=spec)}
+    tokenizer = engines["none"].get_tokenizer()
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()}, {cpu}")
+    print(f"dtype {dtype}, speculative_config {json.dumps(spec)}")
+    for name, (prompts, params, one) in workloads(tokenizer, args.max_tokens).items():
+        if args.only and args.only not in name:
+            continue
+        for llm in engines.values():  # warm-up, not measured
+            llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=8),
+                         use_tqdm=False)
+        rates = {k: [] for k in engines}
+        outputs = {}
+        before = engines["ngram"].stats()
+        for _ in range(args.repeats):
+            for key, llm in engines.items():  # alternating
+                rate, outputs[key] = timed(llm, prompts, params, one)
+                rates[key].append(rate)
+        after = engines["ngram"].stats()
+        ratios = [s / n for s, n in zip(rates["ngram"], rates["none"])]
+        differ = sum(a != b for a, b in zip(outputs["ngram"], outputs["none"]))
+        drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+        accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
+        drafts = after.spec_num_drafts - before.spec_num_drafts
+        print(f"{name}: none {' '.join(f'{r:.1f}' for r in rates['none'])} tok/s, ngram "
+              f"{' '.join(f'{r:.1f}' for r in rates['ngram'])} tok/s; ratio median "
+              f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}); "
+              f"drafted {drafted}, accepted {accepted} "
+              f"({100 * accepted / max(drafted, 1):.0f}%, mean acceptance length "
+              f"{1 + accepted / max(drafts, 1):.2f}); outputs differing {differ}/{len(prompts)}",
+              flush=True)
+    print(f"done, load {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Speculative decoding in the scheduler: what to propose, how much, and what was accepted.
+
+A running request that decodes may carry draft tokens into a step: it then computes its last
+token and the drafts (1 + k tokens, counted in the step's token budget, with KV slots), the
+runner verifies the drafts against the target model's own samples (model/spec_verify.py)
+and returns the tokens it accepted plus one of the target's. The scheduler rolls the
+request's computed count back past the rejected drafts and frees the blocks only they
+needed (Scheduler.update_from_output).
+
+`ngram` (prompt lookup, vLLM's method of that name): find the request's last n tokens
+(n from prompt_lookup_max down to prompt_lookup_min) earlier in its prompt and output, and
+propose the tokens that followed the latest such occurrence. Pure token arithmetic, so it
+lives here, beside the token ids, and the simulator runs it too.
+
+Where it does not pay it is turned off: above disable_by_batch_size running requests (a
+large batch is compute-bound: verifying drafts only adds work), and per request by its
+running acceptance rate (a request whose drafts keep failing proposes fewer, down to none,
+and probes again now and then).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+METHODS = ("ngram",)
+# The methods vLLM has that minivllm does not run yet: named in the refusal.
+_NOT_YET = ("suffix", "draft_model", "eagle", "eagle3", "mtp", "medusa")
+
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM's --speculative-config keys that minivllm reads."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    disable_by_batch_size: int | None = 8  # no drafts while more requests than this run
+    # The adaptive draft length (minivllm's): a request's drafts shrink while its running
+    # acceptance rate is below this, and stop below a quarter of it.
+    adaptive_min_acceptance: float = 0.4
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"speculative_config: {name} {why}, got {getattr(self, name)!r}")
+
+        if self.method in _NOT_YET:
+            raise bad("method", f"is not implemented in minivllm yet (it runs: "
+                                f"{', '.join(METHODS)})")
+        if self.method not in METHODS:
+            raise bad("method", f"must be one of {', '.join(METHODS)}")
+        if not isinstance(self.num_speculative_tokens, int) or not (
+                1 <= self.num_speculative_tokens <= 16):
+            raise bad("num_speculative_tokens", "must be an integer in [1, 16]")
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise bad(name, "must be an integer >= 1")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise bad("prompt_lookup_min", f"must be <= prompt_lookup_max "
+                                           f"({self.prompt_lookup_max})")
+        if self.disable_by_batch_size is not None and (
+                not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1):
+            raise bad("disable_by_batch_size", "must be an integer >= 1 (or null: never)")
+        if not 0.0 <= self.adaptive_min_acceptance < 1.0:
+            raise bad("adaptive_min_acceptance", "must be in [0, 1)")
+
+    @classmethod
+    def parse(cls, value: str | dict | None) -> SpeculativeConfig | None:
+        """The flag's JSON (or a dict, as LLM(speculative_config=...) takes it); a ValueError
+        names bad JSON, unknown keys and bad values."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config: not valid JSON ({e}): {value!r}") from None
+        if not isinstance(value, dict):
+            raise ValueError("speculative_config: must be a JSON object such as "
+                             f"'{{\"method\": \"ngram\", \"num_speculative_tokens\": 3}}', "
+                             f"got {value!r}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))}"
+                             f"; known: {', '.join(sorted(known))}")
+        return cls(**value)
+
+
+def parse_speculative_config(value: str | dict | None) -> dict[str, Any] | None:
+    """The engine argument's form (a dict, every key filled in), checked."""
+    config = SpeculativeConfig.parse(value)
+    return None if config is None else asdict(config)
+
+
+def ngram_propose(token_ids: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the sequence's last n
+    tokens, trying the longest n first; [] when none occurs."""
+    num = len(token_ids)
+    if k <= 0 or num < n_min + 1:
+        return []
+    tokens = np.asarray(token_ids, dtype=np.int64)
+    for n in range(min(n_max, num - 1), n_min - 1, -1):
+        suffix = tokens[num - n:]
+        # Candidate starts: where the suffix's first token occurs, not overlapping the end.
+        starts = np.flatnonzero(tokens[:num - n] == suffix[0])
+        for start in starts[::-1]:  # latest first
+            if np.array_equal(tokens[start:start + n], suffix):
+                follow = tokens[start + n:start + n + k]
+                if len(follow):
+                    return follow.tolist()
+    return []
+
+
+@dataclass
+class DraftTracker:
+    """One request's running acceptance rate (an exponential average over its verified
+    drafts), which sets how many tokens it proposes."""
+
+    rate: float = 1.0  # optimistic: a new request drafts the full length
+    skipped: int = 0  # steps without drafts since its rate fell below the floor
+
+    def draft_length(self, config: SpeculativeConfig) -> int:
+        k, floor = config.num_speculative_tokens, config.adaptive_min_acceptance
+        if self.rate >= floor:
+            return k
+        if self.rate < floor / 4:
+            # Off, but probe with one token every 16 steps: the text may start repeating.
+            self.skipped += 1
+            if self.skipped < 16:
+                return 0
+            self.skipped = 0
+            return 1
+        return max(1, round(k * self.rate / floor))
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        if num_drafted:
+            self.rate = 0.7 * self.rate + 0.3 * (num_accepted / num_drafted)
+
+
+@dataclass
+class SpecDecodingStats:
+    """Cumulative counters, by vLLM's names (vllm:spec_decode_*)."""
+
+    num_drafts: int = 0  # verifications: steps in which a request carried drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # Accepted drafts by their position in the draft (0: the first).
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        if len(self.num_accepted_tokens_per_pos) < num_drafted:
+            self.num_accepted_tokens_per_pos.extend(
+                [0] * (num_drafted - len(self.num_accepted_tokens_per_pos)))
+        for pos in range(num_accepted):
+            self.num_accepted_tokens_per_pos[pos] += 1

@@ -1,0 +1,101 @@
+"""Speculative decoding end to end, on the real stories260K model: with `ngram` drafts the
+output is the same tokens as without, greedy and seeded sampling alike (penalties, n > 1,
+logprobs, structured outputs), under prefix caching, chunked prefill, preemption (swap and
+recompute) and every policy; drafts are accepted (so the comparison exercises acceptance)
+and no KV block is left behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.sampling_params import StructuredOutputsParams
+from tests.conftest import assert_all_blocks_free
+
+# Stories repeat themselves: prompt lookup finds drafts in them.
+PROMPTS = ["Once upon a time, there was a little girl named Lily. Lily liked to play. "
+           "Once upon a time, there was a little",
+           "The dog ran to the park. The dog ran to the park. The dog",
+           "Tom and Sue", "One day, a big bird"]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+         "prompt_lookup_max": 4, "disable_by_batch_size": None}
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=7, ignore_eos=True,
+                         repetition_penalty=1.1, logprobs=2, n=2)
+
+
+def run(stories_dir, params, speculative_config=None, **kwargs):
+    llm = LLM(model=str(stories_dir), block_size=4, speculative_config=speculative_config,
+              **kwargs)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert_all_blocks_free(llm)
+    return llm, [[(c.token_ids, c.logprobs) for c in o.outputs] for o in outputs]
+
+
+def token_ids(outputs):
+    return [[ids for ids, _ in request] for request in outputs]
+
+
+@pytest.fixture(scope="module")
+def references(stories_dir):
+    return {name: run(stories_dir, params)[1]
+            for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))}
+
+
+@pytest.mark.parametrize("name, params", [("greedy", GREEDY), ("sampled", SAMPLED)])
+@pytest.mark.parametrize("engine", [
+    {},
+    {"enable_prefix_caching": False},
+    {"max_num_batched_tokens": 8},  # prompts in chunks, drafts inside a small budget
+    {"num_kv_blocks": 24, "preemption_mode": "recompute", "enable_prefix_caching": False},
+    {"num_kv_blocks": 24, "preemption_mode": "swap", "swap_space": 0.01},
+    {"scheduling_policy": "sjf"},
+    {"scheduling_policy": "priority", "max_num_seqs": 2},
+])
+def test_output_is_the_same_tokens_with_drafts(stories_dir, references, name, params, engine):
+    llm, outputs = run(stories_dir, params, NGRAM, **engine)
+    reference = references[name]
+    assert token_ids(outputs) == token_ids(reference)
+    stats = llm.stats()
+    assert stats.spec_num_accepted_tokens > 0, "no draft was accepted: nothing was compared"
+    if "num_kv_blocks" in engine:
+        assert stats.num_preemptions > 0, "the small cache preempted nobody"
+    if params.logprobs:  # the target model's, per token
+        for request, ref_request in zip(outputs, reference):
+            for (_, logprobs), (_, ref_logprobs) in zip(request, ref_request):
+                for entry, ref in zip(logprobs, ref_logprobs):
+                    assert entry.keys() == ref.keys()
+                    for token, logprob in entry.items():
+                        assert logprob.logprob == pytest.approx(ref[token].logprob, abs=1e-4)
+
+
+def test_structured_output_with_drafts_is_the_same(stories_dir):
+    params = SamplingParams(temperature=0, max_tokens=30, structured_outputs=(
+        StructuredOutputsParams(regex=r"(Once upon a time, )+[a-z ]{0,12}")))
+    _, reference = run(stories_dir, params)
+    llm, outputs = run(stories_dir, params, NGRAM)
+    assert token_ids(outputs) == token_ids(reference)
+    assert llm.stats().spec_num_draft_tokens > 0
+
+
+def test_spec_metrics_and_log_line(stories_dir, caplog):
+    from minivllm.engine.stat_loggers import PrometheusStatLogger, spec_decoding_line
+    from minivllm.engine.stats import SchedulerStats
+
+    llm, _ = run(stories_dir, GREEDY, NGRAM)
+    stats = llm.stats()
+    assert sum(stats.spec_num_accepted_tokens_per_pos) == stats.spec_num_accepted_tokens
+    line = spec_decoding_line(stats, SchedulerStats(), 2.0)
+    assert line.startswith("SpecDecoding metrics: Mean acceptance length: ")
+    assert f"Drafted: {stats.spec_num_draft_tokens} tokens" in line
+    prometheus = PrometheusStatLogger("m", 2048)
+    from minivllm.engine.stats import IterationStats
+
+    prometheus.record(stats, IterationStats(timestamp=0.0))
+    from prometheus_client import generate_latest
+
+    text = generate_latest(prometheus.registry).decode()
+    assert (f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} '
+            f'{float(stats.spec_num_draft_tokens)}') in text
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"}' \
+        in text
