@@ -134,9 +134,12 @@ class Scheduler:
         policy: SchedulingPolicy,
         clock: Callable[[], float] = time.time,
         eos_token_ids: Collection[int] = (),
+        proposer: Callable[[Request, int], list[int]] | None = None,
     ) -> None:
         """`eos_token_ids`: the model's end-of-sequence tokens, which stop a request
-        (unless it sets ignore_eos)."""
+        (unless it sets ignore_eos). `proposer(request, k)`: up to k draft tokens for it,
+        with speculative_config; default: its method's (ngram); the simulator's drafts come
+        true at a given acceptance rate (sim/replica.py)."""
         self.config = config
         self.policy = policy
         self.clock = clock
@@ -172,6 +175,7 @@ class Scheduler:
         self._scheduled: dict[str, tuple[Request, int]] = {}
         # Speculative decoding: its config, each decoding request's acceptance tracker.
         self.spec = SpeculativeConfig.parse(config.speculative_config)
+        self.proposer = proposer or self._ngram_drafts
         self.spec_stats = SpecDecodingStats()
         self._drafts: dict[str, DraftTracker] = {}
 
@@ -406,12 +410,15 @@ class Scheduler:
         k = min(tracker.draft_length(spec), room,
                 request.max_tokens - request.num_output_tokens - 1,
                 self.config.max_model_len - request.num_tokens - 1)
-        drafts = ngram_propose(request.all_token_ids, k, spec.prompt_lookup_min,
-                               spec.prompt_lookup_max)
+        drafts = self.proposer(request, k) if k > 0 else []
         if not drafts or self.kv.allocate_slots(request, 1 + len(drafts)) is None:
             return False
         out.scheduled_spec_decode_tokens[request.request_id] = drafts
         return True
+
+    def _ngram_drafts(self, request: Request, k: int) -> list[int]:
+        return ngram_propose(request.all_token_ids, k, self.spec.prompt_lookup_min,
+                             self.spec.prompt_lookup_max)
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
         for request in self.policy.order(self.swapped, now):

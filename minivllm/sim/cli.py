@@ -36,7 +36,7 @@ SIM_ENGINE_ARGS = ("block_size", "num_kv_blocks", "swap_space", "enable_prefix_c
                    "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "enable_chunked_prefill", "scheduling_policy", "preemption_mode",
                    "priority_aging_s", "active_preemption", "min_run_quantum",
-                   "length_predictor")
+                   "length_predictor", "speculative_config")
 DEFAULT_COST_MODEL = "roofline:rtx4090-qwen2.5-7b"
 
 
@@ -63,6 +63,10 @@ def _add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple
                         "truth); context: max_tokens = the rest of the context, the request "
                         "stops at its trace length as at EOS, unknown until then (for "
                         "comparing length predictors; default: trace)")
+    p.add_argument("--spec-acceptance-rate", type=float, default=None, metavar="P",
+                   help="with --speculative-config: each draft token is right with "
+                        "probability P (the simulator's stand-in model has nothing for "
+                        "prompt lookup to find)")
     p.add_argument("--router-policy", choices=sorted(ROUTER_POLICIES),
                    default=DEFAULT_ROUTER_POLICY,
                    help=f"which replica serves a request (default: {DEFAULT_ROUTER_POLICY})")
@@ -150,7 +154,7 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     options = config_from_args(args).policy_config.options()  # vtc_weights, edf_action, ...
     sim = Simulator(config, policy, cost, **common, data_parallel_size=size,
                     router_policy=args.router_policy, record_timeline=size == 1,
-                    policy_options=options)
+                    policy_options=options, spec_acceptance_rate=args.spec_acceptance_rate)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0

@@ -8,11 +8,18 @@ steps.
 The stand-in model samples like a greedy one, its outputs depending only on the prompt: a
 request's k-th token is -1-k (distinct from prompt ids), and EOS once the request reaches
 its trace output length (EngineCoreRequest.oracle_output_len).
+
+Speculative decoding (a speculative_config and an acceptance rate): the scheduler's drafts
+come from `SyntheticDrafts`, each draft token the stand-in's own next token with probability
+`acceptance_rate` (so a draft's first j tokens are accepted with probability rate**j), and
+the replica verifies them as the runner does: the stand-in's tokens, while they equal the
+drafts, then one more. The cost model prices a verification as the k + 1 rows it computes.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 
 from minivllm.core.request import Request
@@ -23,6 +30,31 @@ from minivllm.sim.cost_model import CostModel, step_batch
 
 # The stand-in model's EOS: far below the symbolic prompts' ids and the -1-k outputs.
 EOS_TOKEN_ID = -(1 << 62)
+
+
+def stand_in_token(request: Request, k: int) -> int:
+    """The stand-in model's k-th output token of the request: EOS at its trace length when
+    that is short of max_tokens, else -1-k."""
+    length = request.core_request.oracle_output_len
+    eos = length is not None and length <= k + 1 < request.max_tokens
+    return EOS_TOKEN_ID if eos else -1 - k
+
+
+class SyntheticDrafts:
+    """A proposer for the scheduler: k draft tokens, each the stand-in's next token with
+    probability `acceptance_rate`, else a token it never samples."""
+
+    WRONG = EOS_TOKEN_ID + 1
+
+    def __init__(self, acceptance_rate: float, seed: int = 0) -> None:
+        if not 0.0 <= acceptance_rate <= 1.0:
+            raise ValueError(f"spec_acceptance_rate must be in [0, 1], got {acceptance_rate}")
+        self.rate, self.rng = acceptance_rate, random.Random(seed)
+
+    def __call__(self, request: Request, k: int) -> list[int]:
+        first = request.num_output_tokens  # the drafts guess outputs first, first + 1, ...
+        return [stand_in_token(request, first + j) if self.rng.random() < self.rate
+                else self.WRONG for j in range(k)]
 
 
 class SimReplica:
@@ -38,7 +70,7 @@ class SimReplica:
         self.pending: list[Request] = []  # sent, not yet added to the scheduler
         self.step: ScheduledStep | None = None  # that step
         self.started = 0.0  # when it began
-        self._sampled: dict[str, int] = {}
+        self._sampled: dict[str, list[int]] = {}
         self._prompt_hidden: dict[str, list[float]] = {}
 
     def add_pending(self) -> None:
@@ -66,18 +98,21 @@ class SimReplica:
         step, self.step, self.busy_until = self.step, None, math.inf
         return self.engine_step.update(step, self._sampled, self._prompt_hidden)
 
-    def _sample(self, out: SchedulerOutput) -> dict[str, int]:
+    def _sample(self, out: SchedulerOutput) -> dict[str, list[int]]:
         """A request samples when the step computes its last known token (the runner's
-        rule). EOS comes at its trace length when that is short of max_tokens; at max_tokens
-        (--request-max-tokens trace sets it to the trace length) the request ends by length."""
+        rule): the stand-in's next token, and with drafts first the drafts it agrees with.
+        At max_tokens (--request-max-tokens trace sets it to the trace length) the request
+        ends by length."""
         sampled = {}
         for req_id, n in out.num_scheduled_tokens.items():
             r = self.scheduler.requests[req_id]
-            if r.num_computed_tokens + n == r.num_tokens:
-                k = r.num_output_tokens  # the index of the token it samples
-                length = r.core_request.oracle_output_len
-                eos = length is not None and length <= k + 1 < r.max_tokens
-                sampled[req_id] = EOS_TOKEN_ID if eos else -1 - k
+            drafts = out.scheduled_spec_decode_tokens.get(req_id, [])
+            if r.num_computed_tokens + n != r.num_tokens + len(drafts):
+                continue
+            tokens = [stand_in_token(r, r.num_output_tokens)]
+            while len(tokens) <= len(drafts) and drafts[len(tokens) - 1] == tokens[-1]:
+                tokens.append(stand_in_token(r, r.num_output_tokens + len(tokens)))
+            sampled[req_id] = tokens
         return sampled
 
     def _hidden(self, out: SchedulerOutput) -> dict[str, list[float]]:

@@ -45,7 +45,7 @@ from minivllm.core.request import Request
 from minivllm.core.router import DEFAULT_ROUTER_POLICY, make_router
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
 from minivllm.sim.cost_model import CostModel
-from minivllm.sim.replica import EOS_TOKEN_ID, SimReplica
+from minivllm.sim.replica import EOS_TOKEN_ID, SimReplica, SyntheticDrafts
 
 
 @dataclass
@@ -65,6 +65,8 @@ class SimStats:
     num_computed_tokens: int = 0
     num_requests_shed: int = 0  # edf: finished for a deadline they could no longer make
     num_requests_deprioritized: int = 0
+    spec_num_draft_tokens: int = 0  # speculative decoding: drafts proposed, and accepted
+    spec_num_accepted_tokens: int = 0
 
     @property
     def recompute_tax(self) -> float:
@@ -87,7 +89,9 @@ class SimStats:
                 "recomputed_tokens": self.num_recomputed_tokens,
                 "computed_tokens": self.num_computed_tokens,
                 "requests_shed": self.num_requests_shed,
-                "requests_deprioritized": self.num_requests_deprioritized}
+                "requests_deprioritized": self.num_requests_deprioritized,
+                "spec_draft_tokens": self.spec_num_draft_tokens,
+                "spec_accepted_tokens": self.spec_num_accepted_tokens}
 
 
 @dataclass
@@ -117,7 +121,11 @@ class Simulator:
                  send_priority: bool = False, progress: bool = False,
                  record_decisions: bool = False, max_concurrency: int | None = None,
                  length_predictor: str = "mean", request_max_tokens: str = "trace",
-                 record_timeline: bool = False, policy_options: dict | None = None) -> None:
+                 record_timeline: bool = False, policy_options: dict | None = None,
+                 spec_acceptance_rate: float | None = None) -> None:
+        """`spec_acceptance_rate`: with config.speculative_config, each draft token is right
+        with this probability (SyntheticDrafts); None: the method's own proposer, which finds
+        nothing in the stand-in's never-repeating tokens."""
         if request_max_tokens not in ("trace", "context"):
             raise ValueError(f"request_max_tokens must be trace or context, got "
                              f"{request_max_tokens!r}")
@@ -135,6 +143,9 @@ class Simulator:
         self.length_predictor, self.request_max_tokens = length_predictor, request_max_tokens
         self.record_timeline = record_timeline
         self.policy_options = policy_options or {}  # vtc_weights, edf_action, ...
+        if spec_acceptance_rate is not None and config.speculative_config is None:
+            raise ValueError("spec_acceptance_rate needs a speculative_config")
+        self.spec_acceptance_rate = spec_acceptance_rate
         self.now = 0.0
 
     def run(self, trace: Trace, prompts: list[list[int]] | None = None) -> SimResult:
@@ -150,8 +161,10 @@ class Simulator:
     def _replica(self, trace: Trace) -> SimReplica:
         policy = make_policy(self.policy_name, self.aging_s,
                              length_predictor=self.length_predictor, **self.policy_options)
+        drafts = (None if self.spec_acceptance_rate is None
+                  else SyntheticDrafts(self.spec_acceptance_rate))
         scheduler = Scheduler(self.config, policy, clock=lambda: self.now,
-                              eos_token_ids=(EOS_TOKEN_ID,))
+                              eos_token_ids=(EOS_TOKEN_ID,), proposer=drafts)
         entries = trace.entries
         return SimReplica(scheduler, self.cost_model, lambda request: probe_features(
             entries[int(request.request_id)], request, trace))
@@ -306,6 +319,8 @@ class Simulator:
             stats.num_computed_tokens += s.recompute_tax.num_computed_tokens_total
             stats.num_requests_shed += s.num_requests_shed
             stats.num_requests_deprioritized += s.num_requests_deprioritized
+            stats.spec_num_draft_tokens += s.spec_stats.num_draft_tokens
+            stats.spec_num_accepted_tokens += s.spec_stats.num_accepted_tokens
         return stats
 
 
