@@ -24,8 +24,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 METHODS = ("ngram",)
 # The methods vLLM has that minivllm does not run yet: named in the refusal.
 _NOT_YET = ("suffix", "draft_model", "eagle", "eagle3", "mtp", "medusa")
@@ -99,20 +97,16 @@ def parse_speculative_config(value: str | dict | None) -> dict[str, Any] | None:
 
 def ngram_propose(token_ids: list[int], k: int, n_min: int, n_max: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the sequence's last n
-    tokens, trying the longest n first; [] when none occurs."""
+    tokens, trying the longest n first; [] when none occurs. (Plain lists: core/ imports
+    neither torch nor numpy.)"""
     num = len(token_ids)
     if k <= 0 or num < n_min + 1:
         return []
-    tokens = np.asarray(token_ids, dtype=np.int64)
     for n in range(min(n_max, num - 1), n_min - 1, -1):
-        suffix = tokens[num - n:]
-        # Candidate starts: where the suffix's first token occurs, not overlapping the end.
-        starts = np.flatnonzero(tokens[:num - n] == suffix[0])
-        for start in starts[::-1]:  # latest first
-            if np.array_equal(tokens[start:start + n], suffix):
-                follow = tokens[start + n:start + n + k]
-                if len(follow):
-                    return follow.tolist()
+        suffix, first = token_ids[num - n:], token_ids[num - n]
+        for start in range(num - n - 1, -1, -1):  # latest first, not overlapping the end
+            if token_ids[start] == first and token_ids[start:start + n] == suffix:
+                return list(token_ids[start + n:start + n + k])
     return []
 
 
