@@ -9,7 +9,8 @@ Three workloads (benchmarks/data/spec_prompts.md):
 - open, batch 1: open chat questions — where drafts are rarely right (the adaptive length);
 - batch 64: 64 random 128-token prompts, 128 output tokens, EOS ignored (the standard
   trace's shape) — where disable_by_batch_size turns drafts off.
-Greedy, so the two engines' outputs must be the same tokens; the script counts the requests
+Greedy by default, or sampled (--temperature, --top-p; seeded); either way the two engines'
+outputs must be the same tokens; the script counts the requests
 whose output differs (a near-tie decided differently by a one-token decode and a verification
 row, see model/spec_verify.py) and prints the acceptance counters.
 """
@@ -35,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = Path(__file__).resolve().parent / "data" / "spec_prompts.jsonl"
 
 
-def workloads(tokenizer, max_tokens: int) -> dict[str, tuple[list, SamplingParams, bool]]:
+def workloads(tokenizer, max_tokens: int, temperature: float,
+              top_p: float) -> dict[str, tuple[list, SamplingParams, bool]]:
     """name -> (prompts, as token ids, params, one at a time?)."""
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
 
@@ -43,7 +45,8 @@ def workloads(tokenizer, max_tokens: int) -> dict[str, tuple[list, SamplingParam
         templated = tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                   add_generation_prompt=True, tokenize=False)
         return {"prompt_token_ids": tokenizer.encode(templated, add_special_tokens=False)}
-    greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
+    # seeded when sampled: the two engines' outputs are then the same tokens too
+    greedy = SamplingParams(temperature=temperature, top_p=top_p, seed=0, max_tokens=max_tokens)
     import random
     rng = random.Random(0)
     vocab = tokenizer.vocab_size
@@ -54,8 +57,9 @@ def workloads(tokenizer, max_tokens: int) -> dict[str, tuple[list, SamplingParam
                             greedy, True),
         "open, batch 1": ([chat(r["prompt"]) for r in rows if r["kind"] == "open"], greedy,
                           True),
-        "128/128, batch 64": (batch, SamplingParams(temperature=0, max_tokens=128,
-                                                    ignore_eos=True), False),
+        "128/128, batch 64": (batch, SamplingParams(temperature=temperature, top_p=top_p,
+                                                    seed=0, max_tokens=128, ignore_eos=True),
+                              False),
     }
 
 
@@ -82,6 +86,8 @@ def main() -> None:
                         '"num_speculative_tokens": 4, "prompt_lookup_min": 2, '
                         '"prompt_lookup_max": 5}')
     parser.add_argument("--only", default=None, help="run the workloads whose name has this")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args()
     cpu = cpu_description()
     dtype = args.dtype or ("bfloat16" if "avx512_bf16" in cpu else "float32")
@@ -92,7 +98,9 @@ def main() -> None:
     tokenizer = engines["none"].get_tokenizer()
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()}, {cpu}")
     print(f"dtype {dtype}, speculative_config {json.dumps(spec)}")
-    for name, (prompts, params, one) in workloads(tokenizer, args.max_tokens).items():
+    print(f"temperature {args.temperature}, top_p {args.top_p}")
+    for name, (prompts, params, one) in workloads(tokenizer, args.max_tokens, args.temperature,
+                                                  args.top_p).items():
         if args.only and args.only not in name:
             continue
         for llm in engines.values():  # warm-up, not measured
