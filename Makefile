@@ -35,8 +35,8 @@ test: install-test lint
 	# OpenMP threads on a busy 2-core machine cost far more than they bring.
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e and not real_model" --durations=15
 
-# The long whole-system suites (every runnable block of README.md and docs/, lm-eval, the
-# 2,000-request soak, schemathesis fuzzing), marked e2e: CI runs them beside `make test`.
+# The long suites (every runnable block of README.md and docs/, lm-eval, the 2,000-request
+# soak, schemathesis fuzzing, the kernel tests at every other ISA level), marked e2e: CI runs them beside `make test`.
 test-e2e: $(VENV)/.real-models-installed  # the README's SmolLM2 quick start runs too
 	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m e2e --durations=5
 

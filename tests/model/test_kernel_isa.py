@@ -287,6 +287,7 @@ KERNEL_TESTS = [
 AMX_ONLY = ["tests/model/test_gguf_kernel.py::test_amx_path_runs_from_its_row_count"]
 
 
+@pytest.mark.e2e  # minutes: one kernel suite per level; `make test-e2e` runs it in CI
 @needs_compiler
 def test_kernel_tests_pass_at_every_other_level_of_this_cpu():
     levels = [level for level in MACHINE_LEVELS if level != isa.select()[0]]
