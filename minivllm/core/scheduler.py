@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.core import sequence_group
+from minivllm.core.draft_proposers import DraftProposer, make_proposer
 from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.preemption import RecomputeTax, victim_rule
@@ -27,7 +28,6 @@ from minivllm.core.speculative import (
     DraftTracker,
     SpecDecodingStats,
     SpeculativeConfig,
-    ngram_propose,
     parse_speculative_config,
 )
 from minivllm.core.stop import check_stop
@@ -134,12 +134,12 @@ class Scheduler:
         policy: SchedulingPolicy,
         clock: Callable[[], float] = time.time,
         eos_token_ids: Collection[int] = (),
-        proposer: Callable[[Request, int], list[int]] | None = None,
+        proposer: DraftProposer | None = None,
     ) -> None:
         """`eos_token_ids`: the model's end-of-sequence tokens, which stop a request
         (unless it sets ignore_eos). `proposer(request, k)`: up to k draft tokens for it,
-        with speculative_config; default: its method's (ngram); the simulator's drafts come
-        true at a given acceptance rate (sim/replica.py)."""
+        with speculative_config; default: its method's (core/draft_proposers.py); the
+        simulator's drafts come true at a given acceptance rate (sim/replica.py)."""
         self.config = config
         self.policy = policy
         self.clock = clock
@@ -175,7 +175,7 @@ class Scheduler:
         self._scheduled: dict[str, tuple[Request, int]] = {}
         # Speculative decoding: its config, each decoding request's acceptance tracker.
         self.spec = SpeculativeConfig.parse(config.speculative_config)
-        self.proposer = proposer or self._ngram_drafts
+        self.proposer = proposer or (make_proposer(self.spec) if self.spec else None)
         self.spec_stats = SpecDecodingStats()
         self._drafts: dict[str, DraftTracker] = {}
 
@@ -233,6 +233,8 @@ class Scheduler:
         self.recompute_tax.forget(request)
         self._late.discard(request.request_id)
         self._drafts.pop(request.request_id, None)
+        if self.proposer is not None:
+            self.proposer.finish(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -415,10 +417,6 @@ class Scheduler:
             return False
         out.scheduled_spec_decode_tokens[request.request_id] = drafts
         return True
-
-    def _ngram_drafts(self, request: Request, k: int) -> list[int]:
-        return ngram_propose(request.all_token_ids, k, self.spec.prompt_lookup_min,
-                             self.spec.prompt_lookup_max)
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
         for request in self.policy.order(self.swapped, now):

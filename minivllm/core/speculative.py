@@ -10,7 +10,8 @@ needed (Scheduler.update_from_output).
 `ngram` (prompt lookup, vLLM's method of that name): find the request's last n tokens
 (n from prompt_lookup_max down to prompt_lookup_min) earlier in its prompt and output, and
 propose the tokens that followed the latest such occurrence. Pure token arithmetic, so it
-lives here, beside the token ids, and the simulator runs it too.
+lives here, beside the token ids, and the simulator runs it too. `suffix` and
+`draft_model`: core/draft_proposers.py.
 
 Where it does not pay it is turned off: above disable_by_batch_size running requests (a
 large batch is compute-bound: verifying drafts only adds work), and per request by its
@@ -24,9 +25,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "suffix", "draft_model")
 # The methods vLLM has that minivllm does not run yet: named in the refusal.
-_NOT_YET = ("suffix", "draft_model", "eagle", "eagle3", "mtp", "medusa")
+_NOT_YET = ("eagle", "eagle3", "mtp", "medusa")
 
 
 @dataclass
@@ -41,6 +42,15 @@ class SpeculativeConfig:
     # The adaptive draft length (minivllm's): a request's drafts shrink while its running
     # acceptance rate is below this, and stop below a quarter of it.
     adaptive_min_acceptance: float = 0.4
+    # suffix (core/suffix_tree.py), vLLM's keys. The cache of finished requests' outputs is
+    # smaller than vLLM's 10000 by default: a cached output token costs about depth tree
+    # nodes of ~200 bytes each in Python.
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 256
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    # draft_model: the drafting model's directory (same tokenizer as the target).
+    model: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -65,6 +75,19 @@ class SpeculativeConfig:
             raise bad("disable_by_batch_size", "must be an integer >= 1 (or null: never)")
         if not 0.0 <= self.adaptive_min_acceptance < 1.0:
             raise bad("adaptive_min_acceptance", "must be in [0, 1)")
+        if not isinstance(self.suffix_decoding_max_tree_depth, int) or not (
+                2 <= self.suffix_decoding_max_tree_depth <= 256):
+            raise bad("suffix_decoding_max_tree_depth", "must be an integer in [2, 256]")
+        if not isinstance(self.suffix_decoding_max_cached_requests, int) or (
+                self.suffix_decoding_max_cached_requests < 0):
+            raise bad("suffix_decoding_max_cached_requests", "must be an integer >= 0")
+        if not self.suffix_decoding_max_spec_factor > 0:
+            raise bad("suffix_decoding_max_spec_factor", "must be > 0")
+        if not 0.0 <= self.suffix_decoding_min_token_prob <= 1.0:
+            raise bad("suffix_decoding_min_token_prob", "must be in [0, 1]")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise bad("model", "must name the draft model's directory with method "
+                               "draft_model, and only then")
 
     @classmethod
     def parse(cls, value: str | dict | None) -> SpeculativeConfig | None:

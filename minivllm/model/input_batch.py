@@ -110,19 +110,23 @@ class InputBatch:
 
     # ---- a step's inputs ------------------------------------------------------------
 
-    def prepare(self, num_scheduled_tokens: dict[str, int]) -> StepInputs:
+    def prepare(self, num_scheduled_tokens: dict[str, int],
+                start_at: dict[str, int] | None = None) -> StepInputs:
+        """The step's inputs: each request's tokens from its computed count on (or from
+        `start_at`, the draft model's own positions: model/draft_model.py)."""
         decodes = [r for r, n in num_scheduled_tokens.items() if n == 1]
         prefills = [r for r, n in num_scheduled_tokens.items() if n > 1]
         req_ids = decodes + prefills
         states = [self.requests[r] for r in req_ids]
         counts = np.fromiter((num_scheduled_tokens[r] for r in req_ids), np.int64, len(req_ids))
-        starts = np.fromiter((s.num_computed_tokens for s in states), np.int64, len(states))
+        starts = np.fromiter((s.num_computed_tokens for s in states) if start_at is None
+                             else (start_at[r] for r in req_ids), np.int64, len(states))
         query_start_loc = np.zeros(len(req_ids) + 1, dtype=np.int64)
         np.cumsum(counts, out=query_start_loc[1:])
         total = int(query_start_loc[-1])
         token_ids = np.empty(total, dtype=np.int64)
-        token_ids[:len(decodes)] = [s.token_ids[s.num_computed_tokens]
-                                    for s in states[:len(decodes)]]
+        token_ids[:len(decodes)] = [s.token_ids[start]
+                                    for s, start in zip(states, starts[:len(decodes)])]
         for i in range(len(decodes), len(states)):
             s, at = states[i], query_start_loc[i]
             token_ids[at:at + counts[i]] = s.token_ids[starts[i]:starts[i] + counts[i]]

@@ -13,16 +13,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from transformers import AutoConfig
 
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata
+from minivllm.model.draft_model import DraftModel
 from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear import bucket_rows
 from minivllm.model.kernels.threads import ThreadGovernor
-from minivllm.model.loader import load_state_dict, resolve_device, resolve_dtype
+from minivllm.model.loader import (
+    load_state_dict,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
 from minivllm.model.models import build_model, head_dim
 from minivllm.model.sampler import Sampler, top_logprobs
 from minivllm.model.spec_verify import sample_with_drafts
@@ -73,29 +80,35 @@ class ModelRunner:
         if cpu_bf16:
             logger.info("bfloat16 on the CPU: bf16 linear weights (%s), fp32 activations, "
                         "bf16 KV cache", _bf16_linears())
-        weights = {k: v.to(self.device, self.dtype)
-                   for k, v in load_state_dict(
-                       model_path, keep_gguf_blocks=model_config.quantization == "gguf").items()}
-        self.model = build_model(hf_config, weights, model_config.quantization,
-                                 linear_weights="bf16" if cpu_bf16 else None).to(self.device)
+        self.model = self._load_model(model_path, hf_config, model_config.quantization,
+                                      cpu_bf16)
         self.block_size = config.scheduler_config.block_size
-        layers, kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
-        shape = (layers, self.block_size, kv_heads, head_dim(hf_config))
         cache_config = config.cache_config
         self.kv_dtype = dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16
-        self.block_bytes = block_bytes = 2 * torch.Size(shape).numel() * self.kv_dtype.itemsize
+        # draft_model speculation: the draft model's KV cache has the target's blocks.
+        spec = config.scheduler_config.speculative_config
+        draft_path, draft_config = None, None
+        if spec and spec["method"] == "draft_model":
+            draft_path = resolve_model_path(spec["model"])
+            draft_config = AutoConfig.from_pretrained(draft_path)
+            if draft_config.vocab_size != hf_config.vocab_size:
+                raise ValueError(f"speculative_config: the draft model {spec['model']!r} has a "
+                                 f"vocabulary of {draft_config.vocab_size} tokens, the target "
+                                 f"{hf_config.vocab_size}: they must share the tokenizer")
+        shapes = [self._block_shape(c) for c in (hf_config, draft_config) if c is not None]
+        self.block_bytes = block_bytes = sum(
+            2 * torch.Size(shape).numel() * self.kv_dtype.itemsize for shape in shapes)
         self.num_blocks = config.kv_cache_num_blocks(block_bytes, max_model_len)
         self.num_swap_blocks = int(cache_config.swap_space * GiB // block_bytes)
         # One block more than the scheduler hands out: padding rows write their K/V there.
-        cache_shape = (layers, self.num_blocks + 1, *shape[1:])
         self.padding_slot = self.num_blocks * self.block_size
-        self.k_cache = self._zeros(cache_shape)
-        self.v_cache = self._zeros(cache_shape)
-        # The host swap pool is filled lazily: only swapped-out blocks are ever read.
-        host_shape = (layers, self.num_swap_blocks, *shape[1:])
-        pin = self.device.type == "cuda"
-        self.k_host = torch.empty(host_shape, dtype=self.kv_dtype, pin_memory=pin)
-        self.v_host = torch.empty(host_shape, dtype=self.kv_dtype, pin_memory=pin)
+        self.k_cache, self.v_cache, self.k_host, self.v_host = self._kv_pools(shapes[0])
+        self.drafter = None
+        if draft_config is not None:
+            k, v, k_host, v_host = self._kv_pools(shapes[1])
+            self.drafter = DraftModel(
+                self._load_model(draft_path, draft_config, model_config.quantization, cpu_bf16),
+                (k, v), (k_host, v_host))
         self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
         # oneDNN linears run at a few row counts (linear.py): pad the batch to one once per
         # step, so that no layer pads (and copies) its input again.
@@ -107,6 +120,30 @@ class ModelRunner:
         self.batch = InputBatch(-(-max_len // self.block_size) + 1, self.block_size)
         # The per-request attention oracle instead of the batched fast path (tests).
         self.use_reference_attention = False
+
+    def _load_model(self, path, hf_config, quantization: str | None,
+                    cpu_bf16: bool) -> torch.nn.Module:
+        weights = {k: v.to(self.device, self.dtype)
+                   for k, v in load_state_dict(
+                       path, keep_gguf_blocks=quantization == "gguf").items()}
+        return build_model(hf_config, weights, quantization,
+                           linear_weights="bf16" if cpu_bf16 else None).to(self.device)
+
+    def _block_shape(self, hf_config) -> tuple[int, ...]:
+        """One KV block of one of K and V: [layers, block_size, kv_heads, head_dim]."""
+        return (hf_config.num_hidden_layers, self.block_size, hf_config.num_key_value_heads,
+                head_dim(hf_config))
+
+    def _kv_pools(self, block_shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        """K and V caches (with the padding block), and the host swap pool's K and V, which
+        is filled lazily: only swapped-out blocks are ever read."""
+        layers, *block = block_shape
+        shape = (layers, self.num_blocks + 1, *block)
+        host_shape = (layers, self.num_swap_blocks, *block)
+        pin = self.device.type == "cuda"
+        return (self._zeros(shape), self._zeros(shape),
+                torch.empty(host_shape, dtype=self.kv_dtype, pin_memory=pin),
+                torch.empty(host_shape, dtype=self.kv_dtype, pin_memory=pin))
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         """Zeroed, as the padded decode path masks unused slots and masked garbage must not
@@ -133,15 +170,20 @@ class ModelRunner:
         """Swap-outs first (their blocks may be handed out again this step), then the
         copy-on-write copies, then swap-ins — the order core/kv_cache.py relies on — all
         before the forward reads the cache."""
-        self._copy(out.swap_out, (self.k_cache, self.v_cache), (self.k_host, self.v_host))
-        self._copy(out.copies, (self.k_cache, self.v_cache), (self.k_cache, self.v_cache))
-        self._copy(out.swap_in, (self.k_host, self.v_host), (self.k_cache, self.v_cache))
+        device, host = (self.k_cache, self.v_cache), (self.k_host, self.v_host)
+        if self.drafter is not None:
+            device, host = device + self.drafter.caches, host + self.drafter.host_caches
+        self._copy(out.swap_out, device, host)
+        self._copy(out.copies, device, device)
+        self._copy(out.swap_in, host, device)
 
     # ---- one step ---------------------------------------------------------------------
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        """The model over the step's tokens, padded to a row bucket when the linears want
-        one (padding rows: token 0 at position 0, writing K/V into the padding block)."""
+    def _forward(self, inputs: StepInputs, model: torch.nn.Module | None = None,
+                 caches: tuple | None = None) -> torch.Tensor:
+        """The model (or the draft model, with its caches) over the step's tokens, padded to
+        a row bucket when the linears want one (padding rows: token 0 at position 0,
+        writing K/V into the padding block)."""
         tokens, positions, slots = inputs.token_ids, inputs.positions, inputs.slot_mapping
         num_tokens = len(tokens)
         pad = bucket_rows(num_tokens) - num_tokens if self.pad_rows else 0
@@ -154,8 +196,9 @@ class ModelRunner:
             seq_lens=as_tensor(inputs.seq_lens), query_start_loc=as_tensor(inputs.query_start_loc),
             num_decodes=inputs.num_decodes, num_tokens=num_tokens, block_size=self.block_size,
             use_reference=self.use_reference_attention, use_kernel=self.use_kernels)
-        return self.model(as_tensor(tokens), as_tensor(positions), (self.k_cache, self.v_cache),
-                          meta)
+        model = model or self.model
+        return model(as_tensor(tokens), as_tensor(positions),
+                     caches or (self.k_cache, self.v_cache), meta)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Apply the step's diffs, copies, one forward, sampling for the requests whose
@@ -164,12 +207,16 @@ class ModelRunner:
             self.threads.update()
         for req_id in out.finished_req_ids:
             self.sampler.remove_request(req_id)
+            if self.drafter is not None:
+                self.drafter.remove(req_id)
         for new in self.batch.apply(out):
             self.sampler.add_request(new.req_id, new.sampling_params, new.prompt_token_ids,
                                      new.output_token_ids, new.banned_until_min_tokens,
                                      new.seed)
         self.copy_blocks(out)
         drafts = out.scheduled_spec_decode_tokens
+        if self.drafter is not None and out.num_scheduled_tokens:
+            drafts = self.drafter.propose(out, self.batch, self._forward)
         for req_id, tokens in drafts.items():
             self.batch.requests[req_id].put_drafts(tokens)
         result = ModelRunnerOutput()

@@ -22,6 +22,7 @@ import math
 import random
 from collections.abc import Callable
 
+from minivllm.core.draft_proposers import DraftProposer
 from minivllm.core.request import Request
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.scheduler_output import SchedulerOutput
@@ -40,7 +41,7 @@ def stand_in_token(request: Request, k: int) -> int:
     return EOS_TOKEN_ID if eos else -1 - k
 
 
-class SyntheticDrafts:
+class SyntheticDrafts(DraftProposer):
     """A proposer for the scheduler: k draft tokens, each the stand-in's next token with
     probability `acceptance_rate`, else a token it never samples."""
 

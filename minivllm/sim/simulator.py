@@ -124,8 +124,8 @@ class Simulator:
                  record_timeline: bool = False, policy_options: dict | None = None,
                  spec_acceptance_rate: float | None = None) -> None:
         """`spec_acceptance_rate`: with config.speculative_config, each draft token is right
-        with this probability (SyntheticDrafts); None: the method's own proposer, which finds
-        nothing in the stand-in's never-repeating tokens."""
+        with this probability (SyntheticDrafts); None: the method's own proposer (ngram,
+        suffix), which finds nothing in the stand-in's never-repeating tokens."""
         if request_max_tokens not in ("trace", "context"):
             raise ValueError(f"request_max_tokens must be trace or context, got "
                              f"{request_max_tokens!r}")
@@ -143,8 +143,12 @@ class Simulator:
         self.length_predictor, self.request_max_tokens = length_predictor, request_max_tokens
         self.record_timeline = record_timeline
         self.policy_options = policy_options or {}  # vtc_weights, edf_action, ...
-        if spec_acceptance_rate is not None and config.speculative_config is None:
+        spec = config.speculative_config
+        if spec_acceptance_rate is not None and spec is None:
             raise ValueError("spec_acceptance_rate needs a speculative_config")
+        if spec and spec["method"] == "draft_model" and spec_acceptance_rate is None:
+            raise ValueError("the simulator runs no draft model: give draft_model's acceptance "
+                             "rate (spec_acceptance_rate, --spec-acceptance-rate)")
         self.spec_acceptance_rate = spec_acceptance_rate
         self.now = 0.0
 

@@ -58,6 +58,11 @@ def test_config_checks_name_the_key():
         ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be an integer in"),
         ('{"prompt_lookup_min": 4, "prompt_lookup_max": 2}', "prompt_lookup_min must be <="),
         ('{"disable_by_batch_size": 0}', "disable_by_batch_size must be"),
+        ('{"method": "draft_model"}', "model must name the draft model's directory"),
+        ('{"method": "suffix", "model": "x"}', "model must name .* only then"),
+        ('{"method": "suffix", "suffix_decoding_max_tree_depth": 1}',
+         "suffix_decoding_max_tree_depth must be an integer in"),
+        ('{"suffix_decoding_min_token_prob": 2}', "suffix_decoding_min_token_prob must be in"),
         ("[3]", "must be a JSON object"),
         ("{method: ngram}", "not valid JSON"),
     ]:
@@ -154,16 +159,18 @@ def test_draft_length_shrinks_with_the_acceptance_rate_and_probes_when_off():
        num_swap_blocks=st.integers(0, 12), max_num_batched_tokens=st.integers(2, 24),
        enable_prefix_caching=st.booleans(), enable_chunked_prefill=st.just(True),
        preemption_mode=st.sampled_from([None, "recompute", "swap"]),
+       method=st.sampled_from(["ngram", "suffix"]),
        k=st.integers(1, 5), period=st.integers(1, 4), noise=st.sampled_from([0.0, 0.2, 0.6]),
        seed=st.integers(0, 1000),
        requests=st.lists(st.tuples(st.integers(0, 6), st.integers(1, 12), st.integers(1, 12),
                                    st.integers(1, 3)), min_size=1, max_size=6))
 def test_random_speculation_loses_nothing_leaks_nothing_reads_only_its_own_kv(
-        policy, k, period, noise, seed, requests, **config):
+        policy, method, k, period, noise, seed, requests, **config):
     """Random traffic with drafts accepted and rejected at random: the Sim checks budgets,
     block accounting and every KV slot read at every step."""
     sim = RepeatingSim(period=period, noise=noise, seed=seed, policy=policy,
-                       speculative_config={**NGRAM, "num_speculative_tokens": k}, **config)
+                       speculative_config={**NGRAM, "method": method,
+                                           "num_speculative_tokens": k}, **config)
     capacity = config["num_blocks"] * config["block_size"]
     accepted = []
     for step in range(400):

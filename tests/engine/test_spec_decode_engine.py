@@ -1,12 +1,19 @@
-"""Speculative decoding end to end, on the real stories260K model: with `ngram` drafts the
-output is the same tokens as without, greedy and seeded sampling alike (penalties, n > 1,
-logprobs, structured outputs), under prefix caching, chunked prefill, preemption (swap and
-recompute) and every policy; drafts are accepted (so the comparison exercises acceptance)
-and no KV block is left behind."""
+"""Speculative decoding end to end, on the real stories260K model: with `ngram`, `suffix`
+and `draft_model` drafts the output is the same tokens as without, greedy and seeded
+sampling alike (penalties, n > 1, logprobs, structured outputs), under prefix caching,
+chunked prefill, preemption (swap and recompute) and every policy; drafts are accepted and
+rejected (so the comparison exercises both) and no KV block is left behind.
+
+The draft model is built here: stories260K without its last layer (same tokenizer, its own
+KV cache shape: 4 layers, not 5), which agrees with the target on about a quarter of its
+greedy drafts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from safetensors.torch import load_file, save_file
 
 from minivllm import LLM, SamplingParams
 from minivllm.sampling_params import StructuredOutputsParams
@@ -19,6 +26,11 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily. Lily liked to 
            "Tom and Sue", "One day, a big bird"]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
          "prompt_lookup_max": 4, "disable_by_batch_size": None}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "disable_by_batch_size": None,
+          "suffix_decoding_max_spec_factor": 2.0}
+# Every draft is verified, however few pass: the adaptive rule would stop a weak draft model.
+DRAFT_MODEL = {"method": "draft_model", "num_speculative_tokens": 3,
+               "disable_by_batch_size": None, "adaptive_min_acceptance": 0.0}
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=7, ignore_eos=True,
                          repetition_penalty=1.1, logprobs=2, n=2)
@@ -37,6 +49,28 @@ def token_ids(outputs):
 
 
 @pytest.fixture(scope="module")
+def draft_dir(stories_dir, tmp_path_factory):
+    """stories260K's first 4 layers (of 5), its tokenizer files linked."""
+    path = tmp_path_factory.mktemp("draft")
+    config = json.loads((stories_dir / "config.json").read_text())
+    config["num_hidden_layers"] = 4
+    (path / "config.json").write_text(json.dumps(config))
+    weights = load_file(stories_dir / "model.safetensors")
+    save_file({name: w for name, w in weights.items()
+               if not name.startswith("model.layers.4.")}, path / "model.safetensors")
+    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                 "generation_config.json"):
+        (path / name).symlink_to(stories_dir / name)
+    return path
+
+
+@pytest.fixture(scope="module", params=["ngram", "suffix", "draft_model"])
+def spec(request, draft_dir):
+    return {"ngram": NGRAM, "suffix": SUFFIX,
+            "draft_model": {**DRAFT_MODEL, "model": str(draft_dir)}}[request.param]
+
+
+@pytest.fixture(scope="module")
 def references(stories_dir):
     return {name: run(stories_dir, params)[1]
             for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))}
@@ -52,12 +86,14 @@ def references(stories_dir):
     {"scheduling_policy": "sjf"},
     {"scheduling_policy": "priority", "max_num_seqs": 2},
 ])
-def test_output_is_the_same_tokens_with_drafts(stories_dir, references, name, params, engine):
-    llm, outputs = run(stories_dir, params, NGRAM, **engine)
+def test_output_is_the_same_tokens_with_drafts(stories_dir, references, spec, name, params,
+                                               engine):
+    llm, outputs = run(stories_dir, params, spec, **engine)
     reference = references[name]
     assert token_ids(outputs) == token_ids(reference)
     stats = llm.stats()
     assert stats.spec_num_accepted_tokens > 0, "no draft was accepted: nothing was compared"
+    assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens, "none rejected"
     if "num_kv_blocks" in engine:
         assert stats.num_preemptions > 0, "the small cache preempted nobody"
     if params.logprobs:  # the target model's, per token
@@ -69,11 +105,11 @@ def test_output_is_the_same_tokens_with_drafts(stories_dir, references, name, pa
                         assert logprob.logprob == pytest.approx(ref[token].logprob, abs=1e-4)
 
 
-def test_structured_output_with_drafts_is_the_same(stories_dir):
+def test_structured_output_with_drafts_is_the_same(stories_dir, spec):
     params = SamplingParams(temperature=0, max_tokens=30, structured_outputs=(
         StructuredOutputsParams(regex=r"(Once upon a time, )+[a-z ]{0,12}")))
     _, reference = run(stories_dir, params)
-    llm, outputs = run(stories_dir, params, NGRAM)
+    llm, outputs = run(stories_dir, params, spec)
     assert token_ids(outputs) == token_ids(reference)
     assert llm.stats().spec_num_draft_tokens > 0
 
@@ -99,3 +135,21 @@ def test_spec_metrics_and_log_line(stories_dir, caplog):
             f'{float(stats.spec_num_draft_tokens)}') in text
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"}' \
         in text
+
+
+def test_the_target_as_its_own_draft_model_has_every_greedy_draft_accepted(stories_dir):
+    """Every draft right: each step's drafts and the target's next token are accepted, and
+    the draft model's K/V of a fully accepted draft is caught up on the next step."""
+    spec = {**DRAFT_MODEL, "model": str(stories_dir)}
+    llm, outputs = run(stories_dir, GREEDY, spec)
+    _, reference = run(stories_dir, GREEDY)
+    assert token_ids(outputs) == token_ids(reference)
+    stats = llm.stats()
+    assert stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens > 0
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_by_name(stories_dir, tmp_path):
+    config = json.loads((stories_dir / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    with pytest.raises(ValueError, match="vocabulary of 1000 tokens, the target 512"):
+        LLM(model=str(stories_dir), speculative_config={**DRAFT_MODEL, "model": str(tmp_path)})
