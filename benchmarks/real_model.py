@@ -4,6 +4,7 @@ reads), and real chat prompts of an exact token length."""
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -45,6 +46,32 @@ def save_smollm2(directory: Path) -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(model.state_dict())
     plain.save_pretrained(directory)  # config.json last: the directory is complete
+    return directory
+
+
+def save_first_layers(model_dir: Path, num_layers: int) -> Path:
+    """A draft model for `draft_model` speculation built from a model directory: its first
+    `num_layers` layers, final norm and head (same tokenizer), beside it, built once."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model_dir = Path(model_dir)
+    directory = model_dir.with_name(f"{model_dir.name}-first-{num_layers}-layers")
+    if (directory / "config.json").exists():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    keep = lambda name: not name.startswith("model.layers.") or (  # noqa: E731
+        int(name.split(".")[2]) < num_layers)
+    weights = load_file(model_dir / "model.safetensors")
+    save_file({name: w for name, w in weights.items() if keep(name)},
+              directory / "model.safetensors")
+    for path in model_dir.iterdir():
+        if path.name not in ("config.json", "model.safetensors"):
+            shutil.copy(path, directory / path.name)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["num_hidden_layers"] = num_layers
+    (directory / "config.json").write_text(json.dumps(config, indent=2))  # last: complete
     return directory
 
 

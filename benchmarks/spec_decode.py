@@ -1,7 +1,12 @@
-"""Speculative decoding on SmolLM2-135M-Instruct: output tok/s with `ngram` drafts against
-none, in one process, the two engines alternating (A B A B ...), the median ratio reported.
+"""Speculative decoding on SmolLM2-135M-Instruct: output tok/s with drafts against none, in
+one process, the engines alternating (A B C A B C ...), each one's median ratio to none.
 
-    python benchmarks/spec_decode.py [--repeats 3] [--dtype bfloat16]
+    python benchmarks/spec_decode.py [--repeats 3] [--dtype bfloat16] \
+        [--speculative-config JSON ...] [--draft-layers N]
+
+One engine per --speculative-config (default: ngram, then suffix). A draft_model config
+without "model" drafts with SmolLM2's first --draft-layers layers (a test-built draft: no
+smaller model of its family installs here).
 
 Three workloads (benchmarks/data/spec_prompts.md):
 - repeat, batch 1: answers that repeat the prompt (rewrite, correct, quote, code edit), one
@@ -9,7 +14,7 @@ Three workloads (benchmarks/data/spec_prompts.md):
 - open, batch 1: open chat questions — where drafts are rarely right (the adaptive length);
 - batch 64: 64 random 128-token prompts, 128 output tokens, EOS ignored (the standard
   trace's shape) — where disable_by_batch_size turns drafts off.
-Greedy by default, or sampled (--temperature, --top-p; seeded); either way the two engines'
+Greedy by default, or sampled (--temperature, --top-p; seeded); either way the engines'
 outputs must be the same tokens; the script counts the requests
 whose output differs (a near-tie decided differently by a one-token decode and a verification
 row, see model/spec_verify.py) and prints the acceptance counters.
@@ -27,13 +32,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import save_smollm2  # noqa: E402
+from real_model import save_first_layers, save_smollm2  # noqa: E402
 
 from minivllm import LLM, SamplingParams  # noqa: E402
 from minivllm.bench.machine import cpu_description  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = Path(__file__).resolve().parent / "data" / "spec_prompts.jsonl"
+DEFAULT_SPECS = [
+    '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+    '"prompt_lookup_max": 5}',
+    '{"method": "suffix", "num_speculative_tokens": 8}',
+]
 
 
 def workloads(tokenizer, max_tokens: int, temperature: float,
@@ -82,9 +92,10 @@ def main() -> None:
     parser.add_argument("--dtype", default=None,
                         help="default: bfloat16 where the CPU has AVX512-BF16, else float32")
     parser.add_argument("--max-tokens", type=int, default=160)
-    parser.add_argument("--speculative-config", default='{"method": "ngram", '
-                        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, '
-                        '"prompt_lookup_max": 5}')
+    parser.add_argument("--speculative-config", action="append", default=None,
+                        help="one engine per flag (default: ngram k=4, then suffix k=8)")
+    parser.add_argument("--draft-layers", type=int, default=8,
+                        help="draft_model without a model: SmolLM2's first N of 30 layers")
     parser.add_argument("--only", default=None, help="run the workloads whose name has this")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -92,12 +103,18 @@ def main() -> None:
     cpu = cpu_description()
     dtype = args.dtype or ("bfloat16" if "avx512_bf16" in cpu else "float32")
     model = save_smollm2(ROOT / "results" / "smollm2-135m-instruct")
-    spec = json.loads(args.speculative_config)
-    engines = {"none": LLM(model=str(model), dtype=dtype),
-               "ngram": LLM(model=str(model), dtype=dtype, speculative_config=spec)}
+    specs = [json.loads(text) for text in args.speculative_config or DEFAULT_SPECS]
+    for spec in specs:
+        if spec.get("method") == "draft_model" and "model" not in spec:
+            spec["model"] = str(save_first_layers(model, args.draft_layers))
+    engines = {"none": LLM(model=str(model), dtype=dtype)}
+    for spec in specs:
+        engines[f"{len(engines)}:{spec.get('method', 'ngram')}"] = LLM(
+            model=str(model), dtype=dtype, speculative_config=spec)
     tokenizer = engines["none"].get_tokenizer()
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()}, {cpu}")
-    print(f"dtype {dtype}, speculative_config {json.dumps(spec)}")
+    print(f"dtype {dtype}; engines: none, " + ", ".join(
+        f"{key} {json.dumps(spec)}" for key, spec in zip(list(engines)[1:], specs)))
     print(f"temperature {args.temperature}, top_p {args.top_p}")
     for name, (prompts, params, one) in workloads(tokenizer, args.max_tokens, args.temperature,
                                                   args.top_p).items():
@@ -108,24 +125,25 @@ def main() -> None:
                          use_tqdm=False)
         rates = {k: [] for k in engines}
         outputs = {}
-        before = engines["ngram"].stats()
+        before = {key: llm.stats() for key, llm in engines.items()}
         for _ in range(args.repeats):
             for key, llm in engines.items():  # alternating
                 rate, outputs[key] = timed(llm, prompts, params, one)
                 rates[key].append(rate)
-        after = engines["ngram"].stats()
-        ratios = [s / n for s, n in zip(rates["ngram"], rates["none"])]
-        differ = sum(a != b for a, b in zip(outputs["ngram"], outputs["none"]))
-        drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
-        accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
-        drafts = after.spec_num_drafts - before.spec_num_drafts
-        print(f"{name}: none {' '.join(f'{r:.1f}' for r in rates['none'])} tok/s, ngram "
-              f"{' '.join(f'{r:.1f}' for r in rates['ngram'])} tok/s; ratio median "
-              f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}); "
-              f"drafted {drafted}, accepted {accepted} "
-              f"({100 * accepted / max(drafted, 1):.0f}%, mean acceptance length "
-              f"{1 + accepted / max(drafts, 1):.2f}); outputs differing {differ}/{len(prompts)}",
-              flush=True)
+        print(f"{name}: none {' '.join(f'{r:.1f}' for r in rates['none'])} tok/s", flush=True)
+        for key in list(engines)[1:]:
+            after = engines[key].stats()
+            ratios = [s / n for s, n in zip(rates[key], rates["none"])]
+            differ = sum(a != b for a, b in zip(outputs[key], outputs["none"]))
+            drafted = after.spec_num_draft_tokens - before[key].spec_num_draft_tokens
+            accepted = after.spec_num_accepted_tokens - before[key].spec_num_accepted_tokens
+            drafts = after.spec_num_drafts - before[key].spec_num_drafts
+            print(f"  {key} {' '.join(f'{r:.1f}' for r in rates[key])} tok/s; ratio median "
+                  f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}); "
+                  f"drafted {drafted}, accepted {accepted} "
+                  f"({100 * accepted / max(drafted, 1):.0f}%, mean acceptance length "
+                  f"{1 + accepted / max(drafts, 1):.2f}); outputs differing "
+                  f"{differ}/{len(prompts)}", flush=True)
     print(f"done, load {os.getloadavg()}")
 
 

@@ -4,10 +4,12 @@ tokenizer proposes the drafts, greedily, in the runner, right before the target 
 It has a KV cache of its own laid out like the target's (the same number of blocks, its own
 layers and heads), so the scheduler's block tables, slots, copies and swaps serve both. The
 scheduler gives a drafting request KV slots for its last token and k placeholders
-(core/draft_proposers.py); here the draft model first runs over every token the target
-computes this step that it has not seen (a prefill chunk, the last token; after a fully
-accepted draft also the last draft), which leaves the logits for the first draft, then one
-token at a time for the rest, writing its K/V into the slots the target overwrites next.
+(core/draft_proposers.py); here the draft model first runs over the request's tokens it has
+not seen, up to that last token (the whole prompt the first time, one or two tokens a step
+after: it runs only for requests that draft, so a request whose drafts are off costs
+nothing), which leaves the logits for the first draft, then one token at a time for the
+rest, writing its K/V into the slots the target overwrites next. Its K/V in a block shared
+through the prefix cache is what any request writes there: the same tokens.
 
 Greedy drafts are deterministic, so the verification rule of model/spec_verify.py stays
 exact: the output is the target model's, whatever the draft model proposes.
@@ -41,22 +43,23 @@ class DraftModel:
         """The drafts for the step's placeholders (scheduled_spec_decode_tokens), as many per
         request as it has placeholders."""
         wanted = {r: len(d) for r, d in out.scheduled_spec_decode_tokens.items()}
+        if not wanted:
+            return {}
         counts, starts = {}, {}
-        for req_id, n in out.num_scheduled_tokens.items():
+        for req_id in wanted:
             state = batch.requests[req_id]
-            # Positions past the target's computed count were drafts, maybe rejected; a
-            # preempted request (recompute) starts again from 0.
-            start = min(self.computed.get(req_id, state.num_computed_tokens),
-                        state.num_computed_tokens)
-            end = state.num_computed_tokens + n - wanted.get(req_id, 0)
+            # From where its draft K/V ends: positions past the target's computed count were
+            # drafts, maybe rejected; a request preempted to recompute starts again at 0.
+            start = min(self.computed.get(req_id, 0), state.num_computed_tokens)
+            end = state.num_computed_tokens + 1  # its last token: the first draft's logits
             counts[req_id], starts[req_id] = end - start, start
             self.computed[req_id] = end
         inputs = batch.prepare(counts, starts)
         hidden = forward(inputs, self.model, self.caches)
         ends = inputs.query_start_loc[1:].tolist()
-        last_rows = {r: ends[i] - 1 for i, r in enumerate(inputs.req_ids) if r in wanted}
+        last_rows = {r: ends[i] - 1 for i, r in enumerate(inputs.req_ids)}
         drafts = {r: [] for r in last_rows}
-        for j in range(max(wanted.values(), default=0)):
+        for j in range(max(wanted.values())):
             if j:  # feed draft j at its position, for the requests that want more
                 alive = [r for r in drafts if wanted[r] > j]
                 for r in alive:
