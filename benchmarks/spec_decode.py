@@ -36,6 +36,7 @@ from real_model import save_first_layers, save_smollm2  # noqa: E402
 
 from minivllm import LLM, SamplingParams  # noqa: E402
 from minivllm.bench.machine import cpu_description  # noqa: E402
+from minivllm.core.draft_proposers import SuffixProposer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = Path(__file__).resolve().parent / "data" / "spec_prompts.jsonl"
@@ -73,8 +74,17 @@ def workloads(tokenizer, max_tokens: int, temperature: float,
     }
 
 
+def forget_recent_outputs(llm: LLM) -> None:
+    """A suffix engine starts each timed run with no outputs of earlier runs cached: the
+    same prompts again would find their own answers there."""
+    scheduler = llm.llm_engine.core.scheduler
+    if isinstance(scheduler.proposer, SuffixProposer):
+        scheduler.proposer = SuffixProposer(scheduler.spec)
+
+
 def timed(llm: LLM, prompts: list, params: SamplingParams, one_at_a_time: bool):
     """(output tokens per second, outputs' token ids)."""
+    forget_recent_outputs(llm)
     start = time.perf_counter()
     if one_at_a_time:
         outputs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.core import sequence_group
-from minivllm.core.draft_proposers import DraftProposer, make_proposer
+from minivllm.core.draft_proposers import DRAFT_PLACEHOLDER, DraftProposer, make_proposer
 from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.preemption import RecomputeTax, victim_rule
@@ -135,11 +135,14 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         eos_token_ids: Collection[int] = (),
         proposer: DraftProposer | None = None,
+        valid_drafts: Callable[[str, list[int]], int] | None = None,
     ) -> None:
         """`eos_token_ids`: the model's end-of-sequence tokens, which stop a request
         (unless it sets ignore_eos). `proposer(request, k)`: up to k draft tokens for it,
         with speculative_config; default: its method's (core/draft_proposers.py); the
-        simulator's drafts come true at a given acceptance rate (sim/replica.py)."""
+        simulator's drafts come true at a given acceptance rate (sim/replica.py).
+        `valid_drafts(request_id, drafts)`: how many leading drafts the request's grammar
+        accepts (structured outputs; the engine core's sampler knows the grammars)."""
         self.config = config
         self.policy = policy
         self.clock = clock
@@ -176,6 +179,7 @@ class Scheduler:
         # Speculative decoding: its config, each decoding request's acceptance tracker.
         self.spec = SpeculativeConfig.parse(config.speculative_config)
         self.proposer = proposer or (make_proposer(self.spec) if self.spec else None)
+        self.valid_drafts = valid_drafts
         self.spec_stats = SpecDecodingStats()
         self._drafts: dict[str, DraftTracker] = {}
 
@@ -413,6 +417,8 @@ class Scheduler:
                 request.max_tokens - request.num_output_tokens - 1,
                 self.config.max_model_len - request.num_tokens - 1)
         drafts = self.proposer(request, k) if k > 0 else []
+        if drafts and self.valid_drafts is not None and drafts[0] != DRAFT_PLACEHOLDER:
+            drafts = drafts[:self.valid_drafts(request.request_id, drafts)]
         if not drafts or self.kv.allocate_slots(request, 1 + len(drafts)) is None:
             return False
         out.scheduled_spec_decode_tokens[request.request_id] = drafts

@@ -6,9 +6,10 @@ what followed that context and how often. A sequence grows one token at a time i
 (the nodes of its last `max_depth` suffixes are kept open and each steps down one child),
 and can be removed again (the counts go back down; empty nodes are dropped).
 
-A proposal (SuffixDecoding, Oliaro et al. 2024; vLLM's `suffix` method): find the longest
-suffix of the context (up to max_depth) that occurs with a continuation, then follow the
-most frequent child while the product of the children's frequencies stays above a floor.
+A proposal (SuffixDecoding, Oliaro et al. 2024; vLLM's `suffix` method): for each suffix of
+the context (up to max_depth tokens) that occurs with a continuation, follow the most frequent
+child while the product of the children's frequencies stays above a floor; the path with the
+highest sum of those probabilities (the expected number of accepted tokens) wins.
 Plain Python over lists and dicts: core/ imports neither torch nor numpy.
 """
 
@@ -83,16 +84,21 @@ class SuffixTree:
 
     def propose(self, context: list[int], max_tokens: int, min_token_prob: float,
                 max_spec_factor: float) -> Proposal:
-        """Up to max_tokens tokens likely to follow `context`, from the longest suffix of
-        it that occurs in the tree with a continuation; at most max_spec_factor tokens per
-        matched token (a short match is a weak signal)."""
+        """Up to max_tokens tokens likely to follow `context`: of the suffixes of it that
+        occur in the tree with a continuation, the one whose proposal scores best (the
+        longer on a tie). A long match leaves little depth below it to draft from, a short
+        one is a weak signal: at most max_spec_factor tokens per matched token."""
+        best = Proposal([], 0.0, 0)
         longest = min(self.max_depth - 1, len(context))  # a match needs room for a child
         for length in range(longest, 0, -1):
             node = self._find(context[len(context) - length:])
-            if node is not None and node.children:
-                limit = min(max_tokens, int(length * max_spec_factor + 1e-9))
-                return self._follow(node, limit, min_token_prob, length)
-        return Proposal([], 0.0, 0)
+            if node is None or not node.children:
+                continue
+            limit = min(max_tokens, int(length * max_spec_factor + 1e-9))
+            proposal = self._follow(node, limit, min_token_prob, length)
+            if proposal.score > best.score:
+                best = proposal
+        return best
 
     def _find(self, tokens: list[int]) -> _Node | None:
         node = self.root

@@ -76,7 +76,8 @@ class EngineCore:
             config.scheduler_config, num_blocks=self.runner.num_blocks,
             num_swap_blocks=self.runner.num_swap_blocks, max_model_len=self.max_model_len)
         self.scheduler = Scheduler(scheduler_config, config.policy_config.make_policy(),
-                                   eos_token_ids=self.eos_token_ids)
+                                   eos_token_ids=self.eos_token_ids,
+                                   valid_drafts=self.runner.sampler.num_valid_drafts)
         self.engine_step = EngineStep(self.scheduler)
         self.groups = CoreRequests()  # by the caller's request id, and their sequences
         self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step

@@ -266,6 +266,15 @@ class Sampler:
     def remove_request(self, req_id: str) -> None:
         self._requests.pop(req_id, None)
 
+    def num_valid_drafts(self, req_id: str, draft_token_ids: list[int]) -> int:
+        """How many leading draft tokens the request's grammar accepts from where it is (all
+        of them without structured_outputs): the scheduler drafts no further (speculative
+        decoding), as a token the grammar forbids could only be rejected."""
+        state = self._requests.get(req_id)
+        if state is None or state.matcher is None:
+            return len(draft_token_ids)
+        return state.matcher.validate_tokens(draft_token_ids)
+
     def sample(self, logits: torch.Tensor, req_ids: list[str]) -> SamplerOutput:
         """logits: [N, vocab] fp32, row i for req_ids[i]. Samples one token per row and
         records it in the request's state."""

@@ -53,7 +53,7 @@ def test_counts_are_every_suffix_cut_to_depth_as_sequences_grow_and_go(seqs, dep
         [seq for i, seq in enumerate(seqs) if i not in removed], depth)
 
 
-def test_proposal_follows_the_most_frequent_child_of_the_longest_match():
+def test_proposal_follows_the_most_frequent_children_of_the_best_scored_match():
     tree = SuffixTree(8)
     tree.extend("a", [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5, 9, 1, 2])
     # (1, 2) occurs 4 times, 3 of them followed by 3 4, then 5 twice and 6 once, then 1 or 9:
@@ -64,10 +64,18 @@ def test_proposal_follows_the_most_frequent_child_of_the_longest_match():
     assert tree.propose([7, 1, 2], 5, 0.3, 4.0).token_ids == [3, 4, 5]  # 1/4 < 0.3 stops
     assert tree.propose([7, 1, 2], 5, 0.6, 4.0).token_ids == [3, 4]
     assert tree.propose([7, 1, 2], 5, 0.1, 1.0).token_ids == [3, 4]  # 1 token per match
-    # (9, 1, 2) ends the sequence: no continuation, so the shorter (1, 2) answers
+    # (9, 1, 2) ends the sequence: no continuation, so (1, 2) answers (and (2) would score
+    # the same: the longer match wins the tie)
     assert tree.propose([9, 1, 2], 5, 0.1, 4.0).match_len == 2
-    longer = tree.propose([4, 5, 1, 2], 5, 0.1, 4.0)  # seen once, followed by 3 4 6
-    assert longer.match_len == 4 and longer.token_ids[:3] == [3, 4, 6]
+    # (5, 1, 2) was seen once, followed by 3 4 6 1 2: five certain steps; (4, 5, 1, 2) too,
+    # but it leaves only 4 levels of the depth-8 tree below it
+    longer = tree.propose([4, 5, 1, 2], 5, 0.1, 4.0)
+    assert longer.match_len == 3 and longer.token_ids == [3, 4, 6, 1, 2]
+    assert longer.score == 5.0
+    # a long match leaves little depth below it: a shorter one drafts further
+    deep = SuffixTree(4)
+    deep.extend("a", [1, 2, 3, 4, 5, 6, 1, 2, 3])
+    assert deep.propose([1, 2, 3], 5, 0.1, 4.0).token_ids == [4, 5, 6]  # from (3), not (1 2 3)
     assert tree.propose([8, 8], 5, 0.0, 4.0).token_ids == []  # no match
 
 

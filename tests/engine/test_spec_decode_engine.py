@@ -153,3 +153,27 @@ def test_a_draft_model_with_another_vocabulary_is_refused_by_name(stories_dir, t
     (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
     with pytest.raises(ValueError, match="vocabulary of 1000 tokens, the target 512"):
         LLM(model=str(stories_dir), speculative_config={**DRAFT_MODEL, "model": str(tmp_path)})
+
+
+def test_drafts_the_grammar_forbids_are_cut_before_the_forward(stories_dir):
+    """Prompt lookup proposes the story again, capitals and all, where the regex allows
+    lowercase letters only: such drafts are cut at their first forbidden token — unless the
+    scheduler skips the grammar, and then they reach the forward pass only to be rejected."""
+    prompt = ["Once upon a time, Lily. Once upon a time, Lily. Once upon a time,"]
+    params = SamplingParams(temperature=0, max_tokens=20, structured_outputs=(
+        StructuredOutputsParams(regex=r"(Once upon a time, )+[a-z ]{0,12}")))
+    drafted, cuts, outputs = {}, [], {}
+    for check in (True, False):
+        llm = LLM(model=str(stories_dir), block_size=4, speculative_config=NGRAM)
+        scheduler = llm.llm_engine.core.scheduler
+        valid = scheduler.valid_drafts
+
+        def spy(req_id, drafts, valid=valid):
+            cuts.append((len(drafts), valid(req_id, drafts)))
+            return cuts[-1][1]
+        scheduler.valid_drafts = spy if check else None
+        outputs[check] = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+        drafted[check] = llm.stats().spec_num_draft_tokens
+    assert any(num_valid < num for num, num_valid in cuts), "no draft was cut"
+    assert drafted[True] < drafted[False]
+    assert outputs[True] == outputs[False]
