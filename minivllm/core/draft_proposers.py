@@ -59,8 +59,8 @@ class SuffixProposer(DraftProposer):
         tree.extend(0, tokens[tree.seq_len(0):])
         context = tokens[-depth:]
         proposals = [t.propose(context, k, config.suffix_decoding_min_token_prob,
-                               config.suffix_decoding_max_spec_factor)
-                     for t in (tree, self.cache)]
+                               config.suffix_decoding_max_spec_factor, context_included=own)
+                     for t, own in ((tree, True), (self.cache, False))]
         return max(proposals, key=lambda p: p.score).token_ids
 
     def finish(self, request: Request) -> None:

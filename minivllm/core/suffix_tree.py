@@ -83,11 +83,13 @@ class SuffixTree:
                 node = child
 
     def propose(self, context: list[int], max_tokens: int, min_token_prob: float,
-                max_spec_factor: float) -> Proposal:
+                max_spec_factor: float, context_included: bool = False) -> Proposal:
         """Up to max_tokens tokens likely to follow `context`: of the suffixes of it that
         occur in the tree with a continuation, the one whose proposal scores best (the
         longer on a tie). A long match leaves little depth below it to draft from, a short
-        one is a weak signal: at most max_spec_factor tokens per matched token."""
+        one is a weak signal: at most max_spec_factor tokens per matched token.
+        `context_included`: the context ends a sequence of this tree, an occurrence of the
+        match with no continuation yet, which does not count against the ones that have."""
         best = Proposal([], 0.0, 0)
         longest = min(self.max_depth - 1, len(context))  # a match needs room for a child
         for length in range(longest, 0, -1):
@@ -95,7 +97,7 @@ class SuffixTree:
             if node is None or not node.children:
                 continue
             limit = min(max_tokens, int(length * max_spec_factor + 1e-9))
-            proposal = self._follow(node, limit, min_token_prob, length)
+            proposal = self._follow(node, limit, min_token_prob, length, int(context_included))
             if proposal.score > best.score:
                 best = proposal
         return best
@@ -109,15 +111,16 @@ class SuffixTree:
         return node
 
     @staticmethod
-    def _follow(node: _Node, limit: int, min_token_prob: float, match_len: int) -> Proposal:
+    def _follow(node: _Node, limit: int, min_token_prob: float, match_len: int,
+                uncounted: int) -> Proposal:
         tokens: list[int] = []
-        prob, score = 1.0, 0.0
+        prob, score, seen = 1.0, 0.0, node.count - uncounted
         while len(tokens) < limit and node.children:
             token, child = max(node.children.items(), key=lambda item: item[1].count)
-            prob *= child.count / node.count
+            prob *= child.count / seen
             if prob < min_token_prob:
                 break
             tokens.append(token)
             score += prob
-            node = child
+            node, seen = child, child.count
         return Proposal(tokens, score, match_len)

@@ -62,6 +62,9 @@ def test_proposal_follows_the_most_frequent_children_of_the_best_scored_match():
     assert proposal.token_ids == [3, 4, 5, 1, 2]
     assert proposal.match_len == 2 and proposal.score == 0.75 + 0.75 + 0.5 + 0.25 + 0.25
     assert tree.propose([7, 1, 2], 5, 0.3, 4.0).token_ids == [3, 4, 5]  # 1/4 < 0.3 stops
+    # the tree's own last (1, 2) has no continuation yet: it does not count against 3
+    own = tree.propose([7, 1, 2], 5, 0.1, 4.0, context_included=True)
+    assert own.token_ids == [3, 4, 5, 1, 2] and own.score == 1 + 1 + 2 / 3 + 1 / 3 + 1 / 3
     assert tree.propose([7, 1, 2], 5, 0.6, 4.0).token_ids == [3, 4]
     assert tree.propose([7, 1, 2], 5, 0.1, 1.0).token_ids == [3, 4]  # 1 token per match
     # (9, 1, 2) ends the sequence: no continuation, so (1, 2) answers (and (2) would score
