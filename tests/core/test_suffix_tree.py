@@ -16,12 +16,13 @@ from minivllm.core.suffix_tree import SuffixTree
 
 def counts(tree: SuffixTree) -> dict[tuple[int, ...], int]:
     """Every path's count, by its tokens."""
-    out, stack = {}, [((), tree.root)]
+    out, stack = {}, [((), tree.ROOT)]
     while stack:
         path, node = stack.pop()
-        for token, child in node.children.items():
-            out[path + (token,)] = child.count
-            stack.append((path + (token,), child))
+        for child in tree._children(node):
+            key = path + (tree._token[child],)
+            out[key] = tree._count[child]
+            stack.append((key, child))
     return out
 
 
@@ -56,15 +57,15 @@ def test_counts_are_every_suffix_cut_to_depth_as_sequences_grow_and_go(seqs, dep
 def test_proposal_follows_the_most_frequent_children_of_the_best_scored_match():
     tree = SuffixTree(8)
     tree.extend("a", [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5, 9, 1, 2])
-    # (1, 2) occurs 4 times, 3 of them followed by 3 4, then 5 twice and 6 once, then 1 or 9:
-    # the path's probabilities 3/4, 3/4, 3/4 * 2/3 = 1/2, 1/2 * 1/2 = 1/4, ...
+    # (1, 2) occurs 4 times, 3 of them followed by 3 4, then 5 twice and 6 once, then 1 or 9
+    # (a tie: the later one, 9): the path's probabilities 3/4, 3/4, 3/4 * 2/3 = 1/2, 1/4, ...
     proposal = tree.propose([7, 1, 2], 5, 0.1, 4.0)
-    assert proposal.token_ids == [3, 4, 5, 1, 2]
+    assert proposal.token_ids == [3, 4, 5, 9, 1]
     assert proposal.match_len == 2 and proposal.score == 0.75 + 0.75 + 0.5 + 0.25 + 0.25
     assert tree.propose([7, 1, 2], 5, 0.3, 4.0).token_ids == [3, 4, 5]  # 1/4 < 0.3 stops
     # the tree's own last (1, 2) has no continuation yet: it does not count against 3
     own = tree.propose([7, 1, 2], 5, 0.1, 4.0, context_included=True)
-    assert own.token_ids == [3, 4, 5, 1, 2] and own.score == 1 + 1 + 2 / 3 + 1 / 3 + 1 / 3
+    assert own.token_ids == [3, 4, 5, 9, 1] and own.score == 1 + 1 + 2 / 3 + 1 / 3 + 1 / 3
     assert tree.propose([7, 1, 2], 5, 0.6, 4.0).token_ids == [3, 4]
     assert tree.propose([7, 1, 2], 5, 0.1, 1.0).token_ids == [3, 4]  # 1 token per match
     # (9, 1, 2) ends the sequence: no continuation, so (1, 2) answers (and (2) would score
