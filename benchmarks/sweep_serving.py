@@ -68,6 +68,10 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--goodput", nargs="+", default=["ttft:2000", "tpot:500"])
+    parser.add_argument("--minivllm-variant", action="append", default=[],
+                        metavar="LABEL=FLAGS",
+                        help="one more minivllm server (the first server's command) with "
+                             "these flags, e.g. 'tpot80=--target-tpot-ms 80'; repeatable")
     parser.add_argument("--model-dir", default=None)
     parser.add_argument("--output", default=str(ROOT / "results" / "sweep_serving"))
     args = parser.parse_args()
@@ -76,10 +80,17 @@ def main() -> None:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     max_model_len = args.input_len + args.output_len + 16
+    launches = [(name, name, ()) for name in servers]
+    for variant in args.minivllm_variant:
+        label, _, flags = variant.partition("=")
+        if not label or not flags:
+            parser.error(f"--minivllm-variant wants LABEL=FLAGS, got {variant!r}")
+        launches.append((label, servers[0], tuple(flags.split())))
     procs, urls = [], []
     try:
-        for port, name in enumerate(servers, start=8200):
-            proc, ready_s = start(name, model, port, max_model_len, out / f"{name}.log")
+        for port, (name, server, flags) in enumerate(launches, start=8200):
+            proc, ready_s = start(server, model, port, max_model_len, out / f"{name}.log",
+                                  flags)
             print(f"{name} ready in {ready_s:.1f} s on port {port}", flush=True)
             procs.append(proc)
             urls.append(f"{name}=http://127.0.0.1:{port}")

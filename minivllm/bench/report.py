@@ -202,13 +202,18 @@ def _per_user(rates: dict[str, float]) -> str:
 def policy_table(summaries: dict[str, dict]) -> str:
     """One row per run (policy, or policy/predictor): goodput, mean E2E and TTFT, p99 TTFT,
     short requests' mean TTFT, the longest queue wait, the length predictor's Kendall tau and
-    MAE, the recompute tax where the run counted it, output tok/s per user where users send
-    several requests each."""
+    MAE, the recompute tax where the run counted it, the prefix cache's hit rate where the
+    simulator counted it, output tok/s per user where users send several requests each."""
     s0 = next(iter(summaries.values()))
     def tax_of(s):  # the simulator's engine figures, or a server's /metrics (bench)
         return s.get("engine", {}).get("recompute_tax", s.get("recompute_tax"))
 
     tax = any(tax_of(s) is not None for s in summaries.values())
+
+    def hit_rate_of(s):  # the simulator's engine figures
+        return s.get("engine", {}).get("prefix_cache_hit_rate")
+
+    hits = any(hit_rate_of(s) is not None for s in summaries.values())
     users = any(1 < len(s.get("per_user_output_tokens_per_s") or {}) <= s["completed"] / 2
                 for s in summaries.values())  # tenants: users with several requests each
     slos = s0.get("slos_ms") or {}
@@ -216,7 +221,8 @@ def policy_table(summaries: dict[str, dict]) -> str:
                                if slos else "") + ")"
     head = ["run", "completed", good, "mean E2E (s)", "mean TTFT (s)", "p99 TTFT (s)",
             "short-request mean TTFT (s)", "max queue (s)", "Kendall tau", "MAE (tokens)"]
-    head += ["recompute tax"] * tax + ["output tok/s per user"] * users
+    head += (["recompute tax"] * tax + ["prefix cache hit rate"] * hits
+             + ["output tok/s per user"] * users)
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
 
     def sec(ms):
@@ -233,6 +239,9 @@ def policy_table(summaries: dict[str, dict]) -> str:
         if tax:
             share = tax_of(s)
             row.append("-" if share is None else f"{share:.2%}")
+        if hits:
+            rate = hit_rate_of(s)
+            row.append("-" if rate is None else f"{rate:.1%}")
         if users:
             row.append(_per_user(s.get("per_user_output_tokens_per_s") or {}))
         lines.append("| " + " | ".join(row) + " |")

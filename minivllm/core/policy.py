@@ -15,14 +15,17 @@ from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.policies.edf import EarliestDeadlineFirstPolicy
 from minivllm.core.policies.fcfs import FCFSPolicy
 from minivllm.core.policies.hrrn import HighestResponseRatioNextPolicy
+from minivllm.core.policies.lpm import LongestPrefixMatchPolicy
 from minivllm.core.policies.mlfq import MultiLevelFeedbackQueuePolicy
 from minivllm.core.policies.priority import PriorityPolicy
+from minivllm.core.policies.residual_sjf import ResidualPrefillSJFPolicy
 from minivllm.core.policies.sjf import ShortestJobFirstPolicy
 from minivllm.core.policies.vtc import VirtualTokenCounterPolicy
 
 POLICIES: dict[str, type[SchedulingPolicy]] = {cls.name: cls for cls in (
     FCFSPolicy, PriorityPolicy, ShortestJobFirstPolicy, EarliestDeadlineFirstPolicy,
-    HighestResponseRatioNextPolicy, MultiLevelFeedbackQueuePolicy, VirtualTokenCounterPolicy)}
+    HighestResponseRatioNextPolicy, MultiLevelFeedbackQueuePolicy, VirtualTokenCounterPolicy,
+    LongestPrefixMatchPolicy, ResidualPrefillSJFPolicy)}
 
 
 def check_policy(name: str) -> None:
@@ -67,6 +70,7 @@ class PolicyConfig:
     ttft_slo_ms: float | None = None
     e2e_slo_ms: float | None = None
     mlfq_base_quantum: int = 4
+    residual_sjf_max_wait_ms: float = 10000.0
 
     def __post_init__(self) -> None:
         check_policy(self.scheduling_policy)

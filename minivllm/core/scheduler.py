@@ -30,6 +30,8 @@ from minivllm.core.speculative import (
     SpeculativeConfig,
     parse_speculative_config,
 )
+from minivllm.core.step_batch import StepBatch, step_batch
+from minivllm.core.step_cost import OnlineStepCost
 from minivllm.core.stop import check_stop
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,12 @@ class SchedulerConfig:
     # long ones waiting behind the ones already prefilling.
     max_num_partial_prefills: int | None = None
     max_long_partial_prefills: int | None = None
+    # With chunked prefill, pack each step that carries decodes so its predicted time stays
+    # within this (core/step_cost.py learns the prediction from the steps run): a step's
+    # time is the TPOT of each of its decodes, and a prefill chunk that would pass the
+    # target is cut to what fits, never below one block for the step's first prefill, so
+    # prompts still start every step. None: off (steps fill max_num_batched_tokens).
+    target_tpot_ms: float | None = None
     preemption_mode: str | None = None  # None: swap multi-sequence requests, else recompute
     active_preemption: bool = False
     min_run_quantum: int = 8  # steps a request runs before it may be actively preempted
@@ -114,6 +122,11 @@ class SchedulerConfig:
                           "needs long_prefill_token_threshold > 0 (what counts as long)")
             if self.max_long_partial_prefills > (self.max_num_partial_prefills or 1 << 30):
                 raise bad("max_long_partial_prefills", "must be <= max_num_partial_prefills")
+        if self.target_tpot_ms is not None:
+            if not self.target_tpot_ms > 0:
+                raise bad("target_tpot_ms", "must be > 0 (None: off)")
+            if not self.enable_chunked_prefill:
+                raise bad("target_tpot_ms", "needs chunked prefill (it cuts prefill chunks)")
         if self.preemption_mode not in (None, "recompute", "swap"):
             raise bad("preemption_mode", "must be recompute or swap")
         if self.min_run_quantum < 0:
@@ -153,7 +166,8 @@ class Scheduler:
             config.enable_prefix_caching,
             config.num_swap_blocks,
         )
-        policy.attach(self.kv.num_cached_tokens_probe, config.max_num_batched_tokens)
+        policy.attach(self.kv.num_cached_tokens_probe, config.max_num_batched_tokens,
+                      config.block_size)
         self.victim_rule = victim_rule(config.preemption_victim)
         self.recompute_tax = RecomputeTax()
         # Deadline policies: requests shed (finished for missing their deadline while queued;
@@ -182,6 +196,10 @@ class Scheduler:
         self.valid_drafts = valid_drafts
         self.spec_stats = SpecDecodingStats()
         self._drafts: dict[str, DraftTracker] = {}
+        # target_tpot_ms: the step-time model, and the last step's composition, which
+        # record_step_time pairs with the time the step took.
+        self.step_cost = OnlineStepCost() if config.target_tpot_ms is not None else None
+        self._last_batch: StepBatch | None = None
 
     # ---- requests in and out ----------------------------------------------------------
 
@@ -283,7 +301,16 @@ class Scheduler:
         if not self.swapped and not out.preempted_req_ids:
             self._schedule_waiting(out, budget, now)
         self._emit(out)
+        if self.step_cost is not None:
+            self._last_batch = step_batch(out, self.requests, self.config.block_size)
         return out
+
+    def record_step_time(self, seconds: float) -> None:
+        """How long the step last scheduled took (its forward, as the engine or the
+        simulator's cost model timed it): what target_tpot_ms's model learns from."""
+        if self.step_cost is not None and self._last_batch is not None:
+            self.step_cost.observe(self._last_batch, seconds)
+            self._last_batch = None
 
     def _handle_late(self, now: float) -> None:
         """Requests the policy finds past their deadline: shed if queued and the policy sheds
@@ -333,7 +360,24 @@ class Scheduler:
             return num_new if num_new <= budget else 0
         if num_new > 1 and not self._prefill_seat_free(num_new):
             return 0
-        return min(num_new, budget, self._prefill_cap())
+        num_new = min(num_new, budget, self._prefill_cap())
+        return self._fit_step_time(num_new, computed) if num_new > 1 else num_new
+
+    def _fit_step_time(self, num_new: int, computed: int) -> int:
+        """target_tpot_ms: at most the tokens of a prefill chunk that keep the step's
+        predicted time within the target, where the step carries decodes; the step's first
+        prefill gets at least a block."""
+        if self.step_cost is None or not self.step_cost.ready:
+            return num_new
+        batch = StepBatch()
+        for request, n in self._scheduled.values():
+            batch.add(n, request.num_computed_tokens)
+        if batch.num_decode_seqs == 0:
+            return num_new  # no decode waits for this step: the prompt takes the budget
+        fits = self.step_cost.max_prefill_tokens(batch, computed, num_new,
+                                                 self.config.target_tpot_ms / 1e3)
+        floor = min(num_new, self.config.block_size) if self._prefills[0] == 0 else 0
+        return max(fits, floor)
 
     @staticmethod
     def _tokens_left(request: Request, computed: int) -> int:

@@ -301,6 +301,7 @@ class EngineCore:
             start = request.num_computed_tokens
             num_prompt_tokens += max(0, min(start + num_new, request.num_prompt_tokens) - start)
         result = self.runner.execute(sched_out)
+        self.scheduler.record_step_time(time.time() - started)
         outputs: dict[str, EngineCoreOutput] = {}
         for req_id, (first, scored) in result.prompt_logprobs.items():
             self._output(outputs, req_id).prompt_logprobs = (

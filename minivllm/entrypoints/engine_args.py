@@ -40,6 +40,8 @@ _HELP = {
     "e2e_slo_ms": "edf: the end-to-end deadline (ms after arrival) of requests that give none",
     "mlfq_base_quantum": "mlfq: the top level's quantum in decode iterations (doubling per "
                          "level)",
+    "residual_sjf_max_wait_ms": "residual_sjf: a request queued this long goes before "
+                                "younger ones, oldest first (0: FCFS)",
     "max_num_batched_tokens": "tokens per step (None: 512 with chunked prefill, else "
                               "max(2048, max_model_len))",
     "long_prefill_token_threshold": "with chunked prefill, the most tokens one request "
@@ -55,6 +57,9 @@ _HELP = {
     "max_long_partial_prefills": "of those, the most with more than "
                                  "long_prefill_token_threshold prompt tokens left, so short "
                                  "prompts pass long ones (default: no limit)",
+    "target_tpot_ms": "with chunked prefill, pack each step that carries decodes so its "
+                      "predicted time (learned from the steps run) stays within this: a "
+                      "prefill chunk that would pass it is cut (default: off)",
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 2, "
                           "\"prompt_lookup_max\": 5, \"disable_by_batch_size\": 8}' "

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from minivllm.sim.cost_model import StepBatch, step_batch
+from minivllm.core.step_batch import StepBatch, step_batch
 from minivllm.sim.profile import ProfileCostModel, features, fit
 from minivllm.sim.roofline import ModelShape
 

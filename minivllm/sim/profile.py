@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minivllm.sim.cost_model import CostModel, StepBatch
+from minivllm.core.step_batch import StepBatch
+from minivllm.sim.cost_model import CostModel
 
 FEATURES = ("step", "num_prefill_seqs", "num_prefill_tokens", "prefill_attention",
             "num_decode_seqs", "decode_context", "num_swap_tokens")

@@ -27,7 +27,8 @@ from minivllm.core.request import Request
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.step import EngineStep, ScheduledStep, StepResult
-from minivllm.sim.cost_model import CostModel, step_batch
+from minivllm.core.step_batch import step_batch
+from minivllm.sim.cost_model import CostModel
 
 # The stand-in model's EOS: far below the symbolic prompts' ids and the -1-k outputs.
 EOS_TOKEN_ID = -(1 << 62)
@@ -87,8 +88,10 @@ class SimReplica:
         out, requests = scheduled.scheduler_output, self.scheduler.requests
         if out.num_scheduled_tokens:
             self.step, self.started = scheduled, now
-            self.busy_until = now + self.cost_model.step_time(
+            seconds = self.cost_model.step_time(
                 step_batch(out, requests, self.scheduler.config.block_size))
+            self.busy_until = now + seconds
+            self.scheduler.record_step_time(seconds)
             # As the runner would: from the requests' state before the step's update.
             self._sampled = self._sample(out)
             self._prompt_hidden = self._hidden(out)

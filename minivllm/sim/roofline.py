@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from minivllm.sim.cost_model import CostModel, StepBatch
+from minivllm.core.step_batch import StepBatch
+from minivllm.sim.cost_model import CostModel
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -11,7 +11,8 @@ from minivllm.core.lifecycle import LifecycleTracer, block_map
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
-from minivllm.sim.cost_model import CostModel, StepBatch
+from minivllm.core.step_batch import StepBatch
+from minivllm.sim.cost_model import CostModel
 from minivllm.sim.simulator import Simulator
 
 

@@ -224,9 +224,11 @@ class Sim:
 
 
 def test_unknown_policy_names_the_known_ones():
-    with pytest.raises(ValueError, match="edf, fcfs, hrrn, mlfq, priority, sjf, vtc"):
+    with pytest.raises(ValueError, match="edf, fcfs, hrrn, lpm, mlfq, priority, "
+                                         "residual_sjf, sjf, vtc"):
         make_policy("lottery")
-    assert set(POLICIES) == {"fcfs", "priority", "sjf", "mlfq", "vtc", "edf", "hrrn"}
+    assert set(POLICIES) == {"fcfs", "priority", "sjf", "mlfq", "vtc", "edf", "hrrn", "lpm",
+                             "residual_sjf"}
 
 
 # ---- admission order ----------------------------------------------------------------------

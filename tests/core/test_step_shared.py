@@ -11,8 +11,9 @@ from minivllm import LLM, SamplingParams
 from minivllm.bench.workload import Trace, TraceEntry
 from minivllm.core.request import Request, RequestStatus
 from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.step_batch import StepBatch
 from minivllm.core.stop import check_stop
-from minivllm.sim.cost_model import CostModel, StepBatch
+from minivllm.sim.cost_model import CostModel
 from minivllm.sim.simulator import Simulator
 from tests.conftest import assert_all_blocks_free
 

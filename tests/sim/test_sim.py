@@ -11,7 +11,8 @@ import pytest
 from minivllm.bench.traces import trace_from_file
 from minivllm.bench.workload import Trace, TraceEntry, seed_trace
 from minivllm.core.scheduler import SchedulerConfig
-from minivllm.sim.cost_model import CostModel, StepBatch
+from minivllm.core.step_batch import StepBatch
+from minivllm.sim.cost_model import CostModel
 from minivllm.sim.simulator import Simulator, decision
 
 
@@ -76,10 +77,10 @@ def test_engine_and_simulator_make_the_same_decisions(tiny_llama, policy):
     """The real EngineCore (tiny model, real runner) on a virtual clock advanced by the same
     deterministic cost: every step's (request, tokens) list, preemptions and swaps match."""
     from minivllm.config import EngineConfig
+    from minivllm.core.step_batch import step_batch
     from minivllm.engine.core import EngineCore
     from minivllm.engine.messages import EngineCoreRequest
     from minivllm.sampling_params import SamplingParams
-    from minivllm.sim.cost_model import step_batch
 
     trace = seed_trace("high", seed=3, length_scale=1 / 256, max_model_len=128,
                        priority="length", num_prompts=40)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from minivllm.sim.cost_model import StepBatch
+from minivllm.core.step_batch import StepBatch
 from minivllm.sim.cost_model_spec import load_cost_model
 from minivllm.sim.roofline import GIB, HARDWARE, roofline_from_preset
 

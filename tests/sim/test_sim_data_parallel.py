@@ -13,7 +13,8 @@ import pytest
 from minivllm.bench.workload import Trace, TraceEntry
 from minivllm.cli import main
 from minivllm.core.scheduler import SchedulerConfig
-from minivllm.sim.cost_model import CostModel, StepBatch
+from minivllm.core.step_batch import StepBatch
+from minivllm.sim.cost_model import CostModel
 from minivllm.sim.simulator import Simulator
 
 

@@ -18,6 +18,7 @@ class SchedulingPolicy(ABC):
     option_names: tuple[str, ...] = ()  # its settings (PolicyConfig fields) make_policy passes
     shed_late = False  # finish queued requests late_requests() names
     token_budget = 512  # tokens per step; the scheduler's max_num_batched_tokens (attach)
+    block_size = 16  # tokens per KV block; the scheduler's (attach)
 
     def __init__(self, aging_s: float = 10.0, predictor: LengthPredictor | None = None) -> None:
         self.aging_s = aging_s
@@ -33,11 +34,13 @@ class SchedulingPolicy(ABC):
         option_names) is bad. PolicyConfig asks every policy when the engine's config is built,
         so a bad flag fails at start-up whichever policy runs; constructors ask too."""
 
-    def attach(self, cached_tokens: Callable[[Request], int], token_budget: int) -> None:
+    def attach(self, cached_tokens: Callable[[Request], int], token_budget: int,
+               block_size: int = 16) -> None:
         """Called by the scheduler that ranks with this policy: how many prompt tokens its
-        prefix cache would serve a request, and its tokens per step."""
+        prefix cache would serve a request, its tokens per step and per KV block."""
         self.cached_tokens = cached_tokens
         self.token_budget = token_budget
+        self.block_size = block_size
 
     @abstractmethod
     def sort_key(self, request: Request, now: float) -> tuple:

@@ -1,0 +1,53 @@
+"""What a step holds, in the terms a cost model prices: the prefill chunks (their new tokens
+and the context each reads), the decodes (one new token each, and the context each reads)
+and the KV swapped between device and host. The simulator's cost models (sim/cost_model.py),
+`minivllm sim calibrate` and the scheduler's own step-time model (core/step_cost.py) share
+this one vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from minivllm.core.scheduler_output import SchedulerOutput
+
+
+@dataclass
+class StepBatch:
+    num_prefill_seqs: int = 0
+    num_prefill_tokens: int = 0
+    # Query-key pairs of the prefill chunks (causal): a chunk of n new tokens after c cached
+    # ones attends n * c + n * (n + 1) / 2 pairs.
+    prefill_attention: int = 0
+    prefill_context: int = 0  # cached tokens the prefill chunks read (their KV), summed
+    num_decode_seqs: int = 0
+    decode_context: int = 0  # tokens each decode attends to (its KV read), summed
+    num_swap_tokens: int = 0  # token slots of the KV blocks swapped out plus in
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_seqs
+
+    def add(self, num_new: int, context: int) -> None:
+        """A request computing num_new tokens after `context` computed ones. One new token
+        is a decode (also the last prompt token of a request the prefix cache served)."""
+        if num_new == 1:
+            self.num_decode_seqs += 1
+            self.decode_context += context + 1
+        else:
+            self.num_prefill_seqs += 1
+            self.num_prefill_tokens += num_new
+            self.prefill_attention += num_new * context + num_new * (num_new + 1) // 2
+            self.prefill_context += context
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def step_batch(out: SchedulerOutput, requests: dict, block_size: int) -> StepBatch:
+    """The step's composition. `requests`: the scheduler's id -> Request, whose
+    num_computed_tokens is still the count before this step."""
+    b = StepBatch(num_swap_tokens=(len(out.swap_in) + len(out.swap_out)) * block_size)
+    for req_id, n in out.num_scheduled_tokens.items():
+        b.add(n, requests[req_id].num_computed_tokens)
+    return b
