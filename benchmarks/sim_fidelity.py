@@ -1,19 +1,29 @@
-"""How close is `minivllm sim` to the real engine? The same traces through both, per bucket.
+"""How close is `minivllm sim` to the real engine? The same traces through both, per bucket
+and per request.
 
-    python benchmarks/sim_fidelity.py [--model ../shared/models/stories260K]
-        [--profile PATH] [--workloads seed-low seed-medium seed-high azure]
+    python benchmarks/sim_fidelity.py [--model ../shared/models/stories260K] [--threads 1]
+        [--profile PATH] [--workloads seed-low seed-medium seed-high azure mooncake]
+        [--policies fcfs sjf lpm]
 
-1. A profile is calibrated on this machine (`minivllm sim calibrate`'s code; or --profile).
-2. Each workload (seed-* at CPU scale: length scale = context / 32768; `azure`: a slice of the
-   shared Azure code trace, rows --azure-start.. +--azure-rows, arrivals --azure-time-scale)
-   is replayed in real time through the real EngineCore (the scheduler and the model runner
-   in this process, requests added when their send time comes, token times taken when each
-   step returns: the engine, without the HTTP server in front) and through the simulator,
-   which is given the engine's exact scheduler configuration and the profile.
-3. Per bucket: mean and p90 TTFT and TPOT, engine beside simulator, with the relative error.
+1. The process is pinned to --threads cores (sched_setaffinity) and runs that many compute
+   threads; a profile is calibrated on this machine (`minivllm sim calibrate`'s code; or
+   --profile).
+2. Each workload (seed-* at CPU scale: length scale = context / 32768; `azure` / `mooncake`:
+   a window of the shared Azure code trace / Mooncake trace, rows --trace-start..
+   +--trace-rows, arrivals stretched by --azure-time-scale / --mooncake-time-scale, Mooncake's
+   shared blocks as shared tokens) under each policy is replayed in real time through the
+   real EngineCore (the scheduler and the model runner in this process, requests added when
+   their send time comes, token times taken when each step returns: the engine without the
+   HTTP server in front) and through the simulator, given the engine's exact scheduler
+   configuration and the profile.
+3. First, the cost model's own error on the engine's steps of that replay (each step timed,
+   described as the simulator describes it, predicted by the profile): median and p90
+   absolute percentage error. Then per request (the same request in both): median and p90
+   absolute percentage error of TTFT, TPOT and E2E; and per bucket the means, engine beside
+   simulator, with the error of each bucket's mean.
 
-The issue's target: mean TTFT and mean TPOT per bucket each within 10%. Writes the table to
-stdout and, with --output, as JSON. Date and load average are printed with it.
+The issue's targets: step-time error <= 5% median; mean TTFT and mean TPOT per bucket within
+10%. Writes the tables to stdout and, with --output, as JSON; date, load average, threads.
 """
 
 from __future__ import annotations
@@ -30,23 +40,38 @@ import numpy as np
 
 from minivllm.bench.client import RequestResult
 from minivllm.bench.metrics import BUCKETS, summarize
+from minivllm.bench.prompts import prefix_blocks
 from minivllm.bench.traces import build_trace
+from minivllm.core.step_batch import step_batch
 from minivllm.sim.calibrate import calibrate
 from minivllm.sim.profile import ProfileCostModel
 from minivllm.sim.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure-llm-2023-code.csv"
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake-synthetic.jsonl"
 
 
-def replay_engine(core, trace, prompts) -> tuple[list[RequestResult], float]:
-    """Real time: add each request at its send time, step while there is work."""
+def replay_engine(core, trace, prompts) -> tuple[list[RequestResult], float, list]:
+    """Real time: add each request at its send time, step while there is work. Also returns
+    each step's (StepBatch, seconds)."""
     from minivllm.engine.messages import EngineCoreRequest
     from minivllm.sampling_params import SamplingParams
 
     results = [RequestResult(i, e.user, e.priority, e.prompt_tokens, e.output_tokens,
                              e.send_time, start=e.send_time) for i, e in enumerate(trace.entries)]
     last: dict[int, float] = {}
+    steps: list = []
+    sched, batch = core.scheduler, [None]
+    schedule = sched.schedule
+
+    def described_schedule():  # as calibrate describes its steps
+        out = schedule()
+        batch[0] = (step_batch(out, sched.requests, sched.config.block_size)
+                    if out.num_scheduled_tokens else None)
+        return out
+
+    sched.schedule = described_schedule
     pending = deque(enumerate(trace.entries))
     t0 = time.perf_counter()
     while pending or core.has_unfinished_requests():
@@ -58,8 +83,11 @@ def replay_engine(core, trace, prompts) -> tuple[list[RequestResult], float]:
         if not core.has_unfinished_requests():
             time.sleep(max(0.0, pending[0][1].send_time - (time.perf_counter() - t0)))
             continue
+        before = time.perf_counter()
         outputs = core.step()
         t = time.perf_counter() - t0
+        if batch[0] is not None:
+            steps.append((batch[0], time.perf_counter() - before))
         for out in outputs.outputs:
             r = results[int(out.request_id)]
             if out.new_token_ids:
@@ -71,7 +99,8 @@ def replay_engine(core, trace, prompts) -> tuple[list[RequestResult], float]:
                 r.output_tokens += len(out.new_token_ids)
             if out.finish_reason is not None:
                 r.e2e, r.success = t - r.send_time, out.finish_reason == "length"
-    return results, time.perf_counter() - t0
+    sched.schedule = schedule
+    return results, time.perf_counter() - t0, steps
 
 
 def bucket_rows(real: dict, sim: dict) -> list[dict]:
@@ -94,58 +123,122 @@ def fmt(cell, scale=1.0) -> str:
     return f"{e / scale:.3g} | {s / scale:.3g} | {err:+.0%}"
 
 
+def ape(pairs) -> dict:
+    """Median and p90 absolute percentage error of (engine, sim) pairs, where both exist."""
+    errors = [abs(s - e) / e for e, s in pairs if e and s is not None]
+    if not errors:
+        return {"n": 0, "median": None, "p90": None}
+    return {"n": len(errors), "median": float(np.median(errors)),
+            "p90": float(np.percentile(errors, 90))}
+
+
+def tpot(r: RequestResult) -> float | None:
+    if r.ttft is None or r.e2e is None or r.output_tokens < 2:
+        return None
+    return (r.e2e - r.ttft) / (r.output_tokens - 1)
+
+
+def per_request_errors(real: list[RequestResult], sim: list[RequestResult]) -> dict:
+    by_index = {r.index: r for r in sim}
+    pairs = [(r, by_index.get(r.index)) for r in real if r.success]
+    pairs = [(e, s) for e, s in pairs if s is not None and s.success]
+    return {"ttft": ape((e.ttft, s.ttft) for e, s in pairs),
+            "tpot": ape((tpot(e), tpot(s)) for e, s in pairs),
+            "e2e": ape((e.e2e, s.e2e) for e, s in pairs)}
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def pin_threads(threads: int) -> str:
+    import torch
+
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+    return f"{threads} thread(s) pinned to core(s) {','.join(map(str, cores))}"
+
+
+def make_prompts(trace, vocab_size: int, seed: int) -> list[list[int]]:
+    """Random tokens, with a Mooncake trace's shared blocks as the same tokens."""
+    pool, blocks = np.arange(3, vocab_size), {}
+    prompts = []
+    for i, e in enumerate(trace.entries):
+        ids = prefix_blocks(e, trace.prefix_block_tokens, pool, seed, blocks) if e.hash_ids else []
+        rng = np.random.default_rng([seed, i])
+        prompts.append(ids + rng.integers(3, vocab_size, e.prompt_tokens - len(ids)).tolist())
+    return prompts
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=str(ROOT.parent / "shared" / "models" / "stories260K"))
     p.add_argument("--profile", default=None, help="a profile JSON (default: calibrate now)")
     p.add_argument("--workloads", nargs="+", default=["seed-low", "seed-medium", "seed-high",
-                                                      "azure"])
+                                                      "azure", "mooncake"])
+    p.add_argument("--policies", nargs="+", default=["fcfs", "sjf", "lpm"])
+    p.add_argument("--threads", type=int, default=1,
+                   help="compute threads, the process pinned to that many cores")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--azure-start", type=int, default=0)
-    p.add_argument("--azure-rows", type=int, default=300)
+    p.add_argument("--trace-start", type=int, default=0)
+    p.add_argument("--trace-rows", type=int, default=300)
     p.add_argument("--azure-time-scale", type=float, default=0.2)
+    p.add_argument("--mooncake-time-scale", type=float, default=0.05)
     p.add_argument("--output", default=None, help="write the results as JSON here")
     args = p.parse_args()
 
     from minivllm.config import EngineConfig
     from minivllm.engine.core import EngineCore
 
+    pinning = pin_threads(args.threads)
     profile = (ProfileCostModel.load(args.profile) if args.profile
-               else calibrate(args.model))
-    print(profile.report())
-    core = EngineCore(EngineConfig(model=args.model, seed=0))
-    config = core.scheduler.config
+               else calibrate(args.model, num_threads=args.threads))
+    print(f"{pinning}\n{profile.report()}")
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-           "model": args.model, "profile": profile.describe(), "workloads": {}}
-    for name in args.workloads:
-        spec = f"azure:{AZURE}" if name == "azure" else name
-        trace = build_trace(spec, seed=args.seed, max_model_len=config.max_model_len,
-                            start=args.azure_start, time_scale=args.azure_time_scale,
-                            num_prompts=args.azure_rows if name == "azure" else None)
-        rng = np.random.default_rng(args.seed)
-        prompts = [rng.integers(3, core.vocab_size, e.prompt_tokens).tolist()
-                   for e in trace.entries]
-        load = os.getloadavg()
-        real_results, real_s = replay_engine(core, trace, prompts)
-        real = summarize(real_results, real_s, trace.buckets)
-        sim = Simulator(config, core.config.scheduling_policy, profile).run(trace, prompts)
-        simulated = summarize(sim.results, sim.stats.simulated_wall_time_s, trace.buckets)
-        rows = bucket_rows(real, simulated)
-        doc["workloads"][name] = {"requests": len(trace.entries), "engine_s": real_s,
-                                  "simulated_s": sim.stats.simulated_wall_time_s,
-                                  "load_before": load, "rows": rows}
-        print(f"\n## {trace.workload}: {len(trace.entries)} requests, length scale "
-              f"{trace.length_scale:.4g}; engine {real_s:.1f} s, simulated "
-              f"{sim.stats.simulated_wall_time_s:.1f} s; load average before {load[0]:.2f}\n")
-        cols = " | ".join(f"{m} engine | sim | err" for m in (
-            "TTFT mean (s)", "TTFT p90 (s)", "TPOT mean (ms)", "TPOT p90 (ms)"))
-        print(f"| bucket | n | {cols} |\n" + "|---" * 14 + "|")
-        for r in rows:
-            print(f"| {r['bucket']} | {r['requests']} | {fmt(r['ttft_ms_mean'], 1000)} | "
-                  f"{fmt(r['ttft_ms_p90'], 1000)} | {fmt(r['tpot_ms_mean'])} | "
-                  f"{fmt(r['tpot_ms_p90'])} |")
-    print(f"\n{doc['date']}, {doc['machine']}, load average now {os.getloadavg()[0]:.2f}")
+           "threads": pinning, "model": args.model, "profile": profile.describe(), "runs": {}}
+    traces = {"azure": f"azure:{AZURE}", "mooncake": f"mooncake:{MOONCAKE}"}
+    for policy in args.policies:
+        core = EngineCore(EngineConfig(model=args.model, seed=0, num_threads=args.threads,
+                                       scheduling_policy=policy))
+        config = core.scheduler.config
+        for name in args.workloads:
+            trace = build_trace(traces.get(name, name), seed=args.seed,
+                                max_model_len=config.max_model_len, start=args.trace_start,
+                                time_scale=(args.mooncake_time_scale if name == "mooncake"
+                                            else args.azure_time_scale),
+                                num_prompts=args.trace_rows if name in traces else None)
+            prompts = make_prompts(trace, core.vocab_size, args.seed)
+            load = os.getloadavg()
+            real_results, real_s, steps = replay_engine(core, trace, prompts)
+            real = summarize(real_results, real_s, trace.buckets)
+            sim = Simulator(config, policy, profile).run(trace, prompts)
+            simulated = summarize(sim.results, sim.stats.simulated_wall_time_s, trace.buckets)
+            step_error = ape((s, profile.step_time(b)) for b, s in steps)
+            requests = per_request_errors(real_results, sim.results)
+            rows = bucket_rows(real, simulated)
+            doc["runs"][f"{name}/{policy}"] = {
+                "requests": len(trace.entries), "engine_s": real_s,
+                "simulated_s": sim.stats.simulated_wall_time_s, "load_before": load,
+                "step_time_error": step_error, "per_request_error": requests, "rows": rows}
+            print(f"\n## {trace.workload}, {policy}: {len(trace.entries)} requests, length "
+                  f"scale {trace.length_scale:.4g}; engine {real_s:.1f} s, simulated "
+                  f"{sim.stats.simulated_wall_time_s:.1f} s; load average before {load[0]:.2f}")
+            print(f"\nstep time (the profile on the engine's {step_error['n']} steps): median "
+                  f"error {pct(step_error['median'])}, p90 {pct(step_error['p90'])}")
+            print("per request (median / p90 absolute error): " + ", ".join(
+                f"{k.upper()} {pct(v['median'])} / {pct(v['p90'])}" for k, v in requests.items())
+                  + f" over {requests['ttft']['n']} requests\n")
+            cols = " | ".join(f"{m} engine | sim | err" for m in (
+                "TTFT mean (s)", "TTFT p90 (s)", "TPOT mean (ms)", "TPOT p90 (ms)"))
+            print(f"| bucket | n | {cols} |\n" + "|---" * 14 + "|")
+            for r in rows:
+                print(f"| {r['bucket']} | {r['requests']} | {fmt(r['ttft_ms_mean'], 1000)} | "
+                      f"{fmt(r['ttft_ms_p90'], 1000)} | {fmt(r['tpot_ms_mean'])} | "
+                      f"{fmt(r['tpot_ms_p90'])} |")
+    print(f"\n{doc['date']}, {doc['machine']}, {pinning}, load average now "
+          f"{os.getloadavg()[0]:.2f}")
     if args.output:
         Path(args.output).write_text(json.dumps(doc, indent=1))
 
