@@ -181,6 +181,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="compute threads, the process pinned to that many cores")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the engine's context (seed-* lengths scale to it: context / 32768)")
+    p.add_argument("--seed-prompts", type=int, default=None,
+                   help="seed-*: the first N requests of the trace (default: all)")
     p.add_argument("--trace-start", type=int, default=0)
     p.add_argument("--trace-rows", type=int, default=300)
     p.add_argument("--azure-time-scale", type=float, default=0.2)
@@ -194,6 +198,8 @@ def main() -> None:
     pinning = pin_threads(args.threads)
     profile = (ProfileCostModel.load(args.profile) if args.profile
                else calibrate(args.model, num_threads=args.threads))
+    if args.output and not args.profile:
+        profile.save(Path(args.output).with_suffix(".profile.json"))
     print(f"{pinning}\n{profile.report()}")
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
@@ -201,14 +207,16 @@ def main() -> None:
     traces = {"azure": f"azure:{AZURE}", "mooncake": f"mooncake:{MOONCAKE}"}
     for policy in args.policies:
         core = EngineCore(EngineConfig(model=args.model, seed=0, num_threads=args.threads,
-                                       scheduling_policy=policy))
+                                       scheduling_policy=policy,
+                                       max_model_len=args.max_model_len))
         config = core.scheduler.config
         for name in args.workloads:
             trace = build_trace(traces.get(name, name), seed=args.seed,
                                 max_model_len=config.max_model_len, start=args.trace_start,
                                 time_scale=(args.mooncake_time_scale if name == "mooncake"
                                             else args.azure_time_scale),
-                                num_prompts=args.trace_rows if name in traces else None)
+                                num_prompts=args.trace_rows if name in traces
+                                else args.seed_prompts)
             prompts = make_prompts(trace, core.vocab_size, args.seed)
             load = os.getloadavg()
             real_results, real_s, steps = replay_engine(core, trace, prompts)

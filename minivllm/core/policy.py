@@ -14,6 +14,7 @@ from minivllm.core.length_predictor import check_length_predictor, make_length_p
 from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.policies.edf import EarliestDeadlineFirstPolicy
 from minivllm.core.policies.fcfs import FCFSPolicy
+from minivllm.core.policies.goodput import GoodputAdmissionPolicy
 from minivllm.core.policies.hrrn import HighestResponseRatioNextPolicy
 from minivllm.core.policies.lpm import LongestPrefixMatchPolicy
 from minivllm.core.policies.mlfq import MultiLevelFeedbackQueuePolicy
@@ -25,7 +26,7 @@ from minivllm.core.policies.vtc import VirtualTokenCounterPolicy
 POLICIES: dict[str, type[SchedulingPolicy]] = {cls.name: cls for cls in (
     FCFSPolicy, PriorityPolicy, ShortestJobFirstPolicy, EarliestDeadlineFirstPolicy,
     HighestResponseRatioNextPolicy, MultiLevelFeedbackQueuePolicy, VirtualTokenCounterPolicy,
-    LongestPrefixMatchPolicy, ResidualPrefillSJFPolicy)}
+    LongestPrefixMatchPolicy, ResidualPrefillSJFPolicy, GoodputAdmissionPolicy)}
 
 
 def check_policy(name: str) -> None:

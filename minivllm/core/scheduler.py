@@ -168,6 +168,13 @@ class Scheduler:
         )
         policy.attach(self.kv.num_cached_tokens_probe, config.max_num_batched_tokens,
                       config.block_size)
+        # target_tpot_ms and policies that predict (goodput): the step-time model, and the
+        # last step's composition, which record_step_time pairs with the time it took.
+        self.step_cost = (OnlineStepCost() if config.target_tpot_ms is not None
+                          or policy.needs_step_cost else None)
+        self._last_batch: StepBatch | None = None
+        if policy.needs_step_cost:
+            policy.prefill_seconds = self._prefill_seconds
         self.victim_rule = victim_rule(config.preemption_victim)
         self.recompute_tax = RecomputeTax()
         # Deadline policies: requests shed (finished for missing their deadline while queued;
@@ -196,10 +203,6 @@ class Scheduler:
         self.valid_drafts = valid_drafts
         self.spec_stats = SpecDecodingStats()
         self._drafts: dict[str, DraftTracker] = {}
-        # target_tpot_ms: the step-time model, and the last step's composition, which
-        # record_step_time pairs with the time the step took.
-        self.step_cost = OnlineStepCost() if config.target_tpot_ms is not None else None
-        self._last_batch: StepBatch | None = None
 
     # ---- requests in and out ----------------------------------------------------------
 
@@ -363,11 +366,29 @@ class Scheduler:
         num_new = min(num_new, budget, self._prefill_cap())
         return self._fit_step_time(num_new, computed) if num_new > 1 else num_new
 
+    def _prefill_seconds(self, num_tokens: int) -> float | None:
+        """Predicted seconds to prefill num_tokens prompt tokens in steps beside the running
+        decodes (each step: the decodes and a budget's worth of prompt), None before the
+        step-time model is ready."""
+        if not self.step_cost.ready:
+            return None
+        decodes = StepBatch()
+        for request in self.running:
+            if request.num_tokens - request.num_computed_tokens <= 1:
+                decodes.add(1, request.num_computed_tokens)
+        chunk = max(2, self.config.max_num_batched_tokens - decodes.num_decode_seqs)
+        # The step that computes a prompt's last token is full whenever more prompts wait
+        # behind it, so every step counts whole, but for a prefill that fits one step.
+        steps = -(-num_tokens // chunk)
+        batch = StepBatch(**decodes.as_dict())
+        batch.add(max(2, min(num_tokens, chunk)), 0)  # (one token would count as a decode)
+        return steps * self.step_cost.step_time(batch)
+
     def _fit_step_time(self, num_new: int, computed: int) -> int:
         """target_tpot_ms: at most the tokens of a prefill chunk that keep the step's
         predicted time within the target, where the step carries decodes; the step's first
         prefill gets at least a block."""
-        if self.step_cost is None or not self.step_cost.ready:
+        if self.config.target_tpot_ms is None or not self.step_cost.ready:
             return num_new
         batch = StepBatch()
         for request, n in self._scheduled.values():

@@ -269,7 +269,8 @@ class EngineCore:
             self._failed.append(EngineCoreOutput(
                 group_id, finish_reason="abort", error_kind="deadline", error=(
                     "request shed: it could no longer meet its deadline "
-                    f"({slos or 'the server defaults'}) under scheduling_policy=edf, "
+                    f"({slos or 'the server defaults'}) under scheduling_policy="
+                    f"{self.scheduler.policy.name}, "
                     "edf_action=shed")))
 
     def has_unfinished_requests(self) -> bool:

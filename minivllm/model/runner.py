@@ -17,12 +17,12 @@ from transformers import AutoConfig
 
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.core.step_batch import padded_rows
 from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.draft_model import DraftModel
 from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear import bucket_rows
 from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.loader import (
     load_state_dict,
@@ -186,7 +186,7 @@ class ModelRunner:
         writing K/V into the padding block)."""
         tokens, positions, slots = inputs.token_ids, inputs.positions, inputs.slot_mapping
         num_tokens = len(tokens)
-        pad = bucket_rows(num_tokens) - num_tokens if self.pad_rows else 0
+        pad = padded_rows(num_tokens) - num_tokens if self.pad_rows else 0
         if pad:
             tokens, positions = np.pad(tokens, (0, pad)), np.pad(positions, (0, pad))
             slots = np.pad(slots, (0, pad), constant_values=self.padding_slot)

@@ -73,8 +73,9 @@ def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None
     for i, (prompt_len, num_seqs) in enumerate(points):
         _run_point(core, prompt_len, num_seqs, grid["output_len"], rng, f"p{i}", seconds)
     timed = [(b, s) for b, s in zip(batches, seconds, strict=True) if b is not None]
-    coefficients = fit([b for b, _ in timed], [s for _, s in timed])
-    predicted = np.asarray([np.dot(features(b), [coefficients[k] for k in coefficients])
+    pads_rows = bool(core.runner.pad_rows)
+    coefficients = fit([b for b, _ in timed], [s for _, s in timed], pads_rows)
+    predicted = np.asarray([np.dot(features(b, pads_rows), [coefficients[k] for k in coefficients])
                             for b, _ in timed])
     actual = np.asarray([s for _, s in timed])
     rel = np.abs(predicted - actual) / actual
@@ -84,7 +85,7 @@ def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None
               "block_size": sched.config.block_size, "max_model_len": sched.config.max_model_len,
               "max_num_batched_tokens": sched.config.max_num_batched_tokens,
               "kv_bytes_per_token": shape.kv_bytes_per_token, "dtype": dtype,
-              "num_threads": num_threads, "grid": grid,
+              "num_threads": num_threads, "grid": grid, "pads_rows": pads_rows,
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     fit_error = {"num_steps": len(timed), "mean": float(rel.mean()),
                  "p90": float(np.percentile(rel, 90))}

@@ -4,10 +4,12 @@ to the real engine's measured steps (`minivllm sim calibrate`), saved as JSON.
     time = c_step + c_prefill_seq x prefill seqs + c_prefill_token x prefill tokens
          + c_prefill_attention x query-key pairs + c_decode_seq x decode seqs
          + c_decode_context x decode context tokens + c_swap_token x swapped token slots
+         + c_pad_token x padding rows
 
 Each term is one cost the engine pays: a fixed step overhead, per-sequence bookkeeping, the
 weights' matmuls per token, attention per query-key pair (prefill) or per context token
-(decode). The fit is least squares on relative error (a 5 ms decode step counts as much as a
+(decode), and the rows an engine that pads its steps to oneDNN's buckets computes for
+nothing (core/step_batch.padded_rows; the profile records whether it pads). The fit is least squares on relative error (a 5 ms decode step counts as much as a
 500 ms prefill step), with no negative coefficient (a term that fits negative is dropped and
 the fit redone). The JSON also records the engine the steps were measured on (KV blocks,
 block size, context, KV bytes per token), which become the simulator's defaults.
@@ -21,21 +23,23 @@ from pathlib import Path
 
 import numpy as np
 
-from minivllm.core.step_batch import StepBatch
+from minivllm.core.step_batch import StepBatch, padded_rows
 from minivllm.sim.cost_model import CostModel
 
 FEATURES = ("step", "num_prefill_seqs", "num_prefill_tokens", "prefill_attention",
-            "num_decode_seqs", "decode_context", "num_swap_tokens")
+            "num_decode_seqs", "decode_context", "num_swap_tokens", "num_pad_tokens")
 
 
-def features(b: StepBatch) -> list[float]:
+def features(b: StepBatch, pads_rows: bool = False) -> list[float]:
+    pad = padded_rows(b.num_tokens) - b.num_tokens if pads_rows else 0
     return [1.0, b.num_prefill_seqs, b.num_prefill_tokens, b.prefill_attention,
-            b.num_decode_seqs, b.decode_context, b.num_swap_tokens]
+            b.num_decode_seqs, b.decode_context, b.num_swap_tokens, pad]
 
 
-def fit(batches: list[StepBatch], seconds: list[float]) -> dict[str, float]:
+def fit(batches: list[StepBatch], seconds: list[float],
+        pads_rows: bool = False) -> dict[str, float]:
     """Non-negative least squares on relative error, by dropping negative terms."""
-    x = np.asarray([features(b) for b in batches], dtype=float)
+    x = np.asarray([features(b, pads_rows) for b in batches], dtype=float)
     y = np.asarray(seconds, dtype=float)
     if len(y) < len(FEATURES):
         raise ValueError(f"need at least {len(FEATURES)} timed steps to fit, got {len(y)}")
@@ -62,12 +66,10 @@ class ProfileCostModel(CostModel):
     def __post_init__(self) -> None:
         self.name = self.source
         self._coef = [self.coefficients.get(f, 0.0) for f in FEATURES]
+        self._pads_rows = bool(self.engine.get("pads_rows"))
 
     def step_time(self, b: StepBatch) -> float:
-        c = self._coef
-        return (c[0] + c[1] * b.num_prefill_seqs + c[2] * b.num_prefill_tokens
-                + c[3] * b.prefill_attention + c[4] * b.num_decode_seqs
-                + c[5] * b.decode_context + c[6] * b.num_swap_tokens)
+        return sum(c * x for c, x in zip(self._coef, features(b, self._pads_rows), strict=True))
 
     def num_kv_blocks(self, block_size: int) -> int | None:
         total = self.engine.get("num_kv_blocks", 0) * self.engine.get("block_size", 0)

@@ -224,11 +224,11 @@ class Sim:
 
 
 def test_unknown_policy_names_the_known_ones():
-    with pytest.raises(ValueError, match="edf, fcfs, hrrn, lpm, mlfq, priority, "
+    with pytest.raises(ValueError, match="edf, fcfs, goodput, hrrn, lpm, mlfq, priority, "
                                          "residual_sjf, sjf, vtc"):
         make_policy("lottery")
     assert set(POLICIES) == {"fcfs", "priority", "sjf", "mlfq", "vtc", "edf", "hrrn", "lpm",
-                             "residual_sjf"}
+                             "residual_sjf", "goodput"}
 
 
 # ---- admission order ----------------------------------------------------------------------

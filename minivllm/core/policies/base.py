@@ -18,6 +18,7 @@ class SchedulingPolicy(ABC):
     option_names: tuple[str, ...] = ()  # its settings (PolicyConfig fields) make_policy passes
     shed_late = False  # finish queued requests late_requests() names
     token_budget = 512  # tokens per step; the scheduler's max_num_batched_tokens (attach)
+    needs_step_cost = False  # True: the scheduler learns its step times (core/step_cost.py)
     block_size = 16  # tokens per KV block; the scheduler's (attach)
 
     def __init__(self, aging_s: float = 10.0, predictor: LengthPredictor | None = None) -> None:
@@ -27,6 +28,10 @@ class SchedulingPolicy(ABC):
         self.predictor = predictor if predictor is not None else make_length_predictor("mean")
         # How many prompt tokens the prefix cache would serve (attach).
         self.cached_tokens: Callable[[Request], int] = lambda request: 0
+        # Seconds to prefill N tokens next to the running decodes, from the scheduler's
+        # step-time model (None before it has seen enough steps); attached where
+        # needs_step_cost.
+        self.prefill_seconds: Callable[[int], float | None] | None = None
 
     @classmethod
     def validate_options(cls, **options) -> None:

@@ -13,14 +13,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minivllm.core.step_batch import padded_rows
+
 # The batch size oneDNN's weight layout is chosen for; measured as good from 1 to 2048 rows.
 _PACK_BATCH = 64
 
 
-def bucket_rows(rows: int) -> int:
-    """Exact up to 16 rows, then multiples of 16 up to 64, then multiples of 64."""
-    step = 1 if rows <= 16 else 16 if rows <= 64 else 64
-    return -(-rows // step) * step
 
 
 def onednn_usable(weight: torch.Tensor) -> bool:
@@ -60,8 +58,8 @@ class Linear:
             y = F.linear(x, self.weight, bias)
             return y if residual is None else residual + y
         rows = x.shape[0]
-        if bucket_rows(rows) != rows:  # the runner pads a step's batch once; others here
-            pad = (0, 0, 0, bucket_rows(rows) - rows)
+        if padded_rows(rows) != rows:  # the runner pads a step's batch once; others here
+            pad = (0, 0, 0, padded_rows(rows) - rows)
             residual = None if residual is None else F.pad(residual, pad)
             return self._product(F.pad(x, pad), bias, residual)[:rows]
         if residual is None:
