@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from minivllm.core import sequence_group
@@ -175,6 +175,7 @@ class Scheduler:
         self._last_batch: StepBatch | None = None
         if policy.needs_step_cost:
             policy.prefill_seconds = self._prefill_seconds
+        self._decodes_at: tuple[int, StepBatch] = (-1, StepBatch())  # _prefill_seconds' cache
         self.victim_rule = victim_rule(config.preemption_victim)
         self.recompute_tax = RecomputeTax()
         # Deadline policies: requests shed (finished for missing their deadline while queued;
@@ -310,7 +311,7 @@ class Scheduler:
 
     def record_step_time(self, seconds: float) -> None:
         """How long the step last scheduled took (its forward, as the engine or the
-        simulator's cost model timed it): what target_tpot_ms's model learns from."""
+        simulator's cost model timed it): what the step-time model learns from."""
         if self.step_cost is not None and self._last_batch is not None:
             self.step_cost.observe(self._last_batch, seconds)
             self._last_batch = None
@@ -372,15 +373,18 @@ class Scheduler:
         step-time model is ready."""
         if not self.step_cost.ready:
             return None
-        decodes = StepBatch()
-        for request in self.running:
-            if request.num_tokens - request.num_computed_tokens <= 1:
-                decodes.add(1, request.num_computed_tokens)
+        if self._decodes_at[0] != self.step_count:  # the running decodes, once a step
+            decodes = StepBatch()
+            for request in self.running:
+                if request.num_tokens - request.num_computed_tokens <= 1:
+                    decodes.add(1, request.num_computed_tokens)
+            self._decodes_at = (self.step_count, decodes)
+        decodes = self._decodes_at[1]
         chunk = max(2, self.config.max_num_batched_tokens - decodes.num_decode_seqs)
         # The step that computes a prompt's last token is full whenever more prompts wait
         # behind it, so every step counts whole, but for a prefill that fits one step.
         steps = -(-num_tokens // chunk)
-        batch = StepBatch(**decodes.as_dict())
+        batch = replace(decodes)
         batch.add(max(2, min(num_tokens, chunk)), 0)  # (one token would count as a decode)
         return steps * self.step_cost.step_time(batch)
 

@@ -13,6 +13,8 @@ old steps forgotten geometrically (the machine's speed drifts) and no negative c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from minivllm.core.step_batch import StepBatch
 
 _NUM_FEATURES = 4
@@ -92,7 +94,7 @@ class OnlineStepCost:
         tokens may add to `batch` with the step's predicted time still within `seconds`
         (the prediction grows with the chunk: every coefficient is >= 0)."""
         def fits(n: int) -> bool:
-            b = StepBatch(**batch.as_dict())
+            b = replace(batch)
             b.add(n, context)
             return self.step_time(b) <= seconds
 
