@@ -2,7 +2,8 @@
 
 It holds one section per part of the engine, as vLLM's VllmConfig does: `model_config`,
 `cache_config`, `scheduler_config` (core/scheduler.py's, what the scheduler runs with),
-`policy_config` (core/policy.py's; each policy checks its own options) and `parallel_config`.
+`policy_config` (core/policy.py's; each policy checks its own options), `lora_config` and
+`parallel_config`.
 The keyword arguments stay flat, named as vLLM's, and the CLI flags are the same names with
 dashes: EngineConfig(model=..., max_num_seqs=...) hands each name to the section that holds
 it (ENGINE_ARGS), and config.max_num_seqs reads config.scheduler_config.max_num_seqs.
@@ -101,6 +102,22 @@ class CacheConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA adapters on the base model (lora/): vLLM's flags. How many adapters one step may
+    run is the scheduler's max_loras."""
+
+    enable_lora: bool = False
+    max_lora_rank: int = 16  # adapters of a higher rank are refused
+    max_cpu_loras: int | None = None  # adapters kept loaded (LRU beyond); None: max_loras
+
+    def __post_init__(self) -> None:
+        if self.max_lora_rank < 1:
+            raise _bad(self, "max_lora_rank", "must be >= 1")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < 1:
+            raise _bad(self, "max_cpu_loras", "must be >= 1")
+
+
+@dataclass
 class ParallelConfig:
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
 
@@ -108,7 +125,8 @@ class ParallelConfig:
 # EngineConfig's sections, in the order of the CLI flags.
 SECTIONS: dict[str, type] = {"model_config": ModelConfig, "cache_config": CacheConfig,
                              "scheduler_config": SchedulerConfig,
-                             "policy_config": PolicyConfig, "parallel_config": ParallelConfig}
+                             "policy_config": PolicyConfig, "lora_config": LoRAConfig,
+                             "parallel_config": ParallelConfig}
 # SchedulerConfig fields that are not engine arguments: the engine sets them from the KV cache
 # the model runner allocated.
 _SET_BY_ENGINE = ("num_blocks", "num_swap_blocks")
@@ -148,6 +166,7 @@ class EngineConfig:
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     policy_config: PolicyConfig
+    lora_config: LoRAConfig
     parallel_config: ParallelConfig
 
     def __init__(self, **kwargs: Any) -> None:
@@ -163,14 +182,28 @@ class EngineConfig:
         self.cache_config = CacheConfig(**given["cache_config"])
         self.scheduler_config = SchedulerConfig(**{**_ARG_DEFAULTS, **given["scheduler_config"]})
         self.policy_config = PolicyConfig(**given["policy_config"])
+        self.lora_config = LoRAConfig(**given["lora_config"])
         self.parallel_config = ParallelConfig(**given["parallel_config"])
         scheduler = self.scheduler_config
+        self._check_lora()
         if not scheduler.enable_chunked_prefill and scheduler.max_model_len is not None:
             if scheduler.max_num_batched_tokens < scheduler.max_model_len:
                 raise ValueError(
                     f"max_num_batched_tokens ({scheduler.max_num_batched_tokens}) must be >= "
                     f"max_model_len ({scheduler.max_model_len}) when chunked prefill is disabled"
                 )
+
+    def _check_lora(self) -> None:
+        lora, scheduler = self.lora_config, self.scheduler_config
+        if lora.max_cpu_loras is None:
+            lora.max_cpu_loras = scheduler.max_loras
+        if lora.max_cpu_loras < scheduler.max_loras:
+            raise ValueError(f"max_cpu_loras ({lora.max_cpu_loras}) must be >= max_loras "
+                             f"({scheduler.max_loras}): a step's adapters stay loaded")
+        spec = scheduler.speculative_config
+        if lora.enable_lora and spec and spec["method"] == "draft_model":
+            raise ValueError("enable_lora: speculative_config's draft_model method does not "
+                             "run LoRA adapters (ngram does)")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -23,9 +23,10 @@ from minivllm.core.request import Request
 
 
 def extend_block_hashes(hashes: list[int], token_ids: list[int], block_size: int,
-                        cache_salt: str | None = None) -> list[int]:
+                        cache_salt: str | tuple | None = None) -> list[int]:
     """Append to `hashes` the chained hashes of the full blocks of `token_ids` it lacks, and
-    return it: a block's hash covers its parent's hash, its tokens and (first block) the salt.
+    return it: a block's hash covers its parent's hash, its tokens and (first block) the salt
+    (EngineCoreRequest.prefix_cache_key: the cache_salt, and the LoRA adapter if any).
     The prefix cache keys blocks by them; the data-parallel router (core/router.py) tracks
     what each replica has cached by the same ones."""
     for index in range(len(hashes), len(token_ids) // block_size):
@@ -91,7 +92,7 @@ class KVCacheManager:
     def block_hashes(self, request: Request) -> list[int]:
         """The chained hashes of the request's full blocks, each computed once, as it fills."""
         return extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
-                                   request.core_request.cache_salt)
+                                   request.core_request.prefix_cache_key)
 
     def _max_hit_blocks(self, request: Request) -> int:
         """A hit leaves at least one token to compute; prompt logprobs need every position."""

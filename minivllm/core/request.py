@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 
@@ -61,6 +62,19 @@ class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
     user: str | None = None
     ttft_slo_ms: float | None = None
     e2e_slo_ms: float | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
+
+    @property
+    def lora_int_id(self) -> int:
+        return 0 if self.lora_request is None else self.lora_request.lora_int_id
+
+    @property
+    def prefix_cache_key(self) -> str | tuple | None:
+        """What a prompt's first block hash covers beside its tokens: blocks are shared only
+        within one cache_salt and one adapter (an adapter changes every layer's K/V)."""
+        if self.lora_request is None:
+            return self.cache_salt
+        return (self.cache_salt, self.lora_request.lora_int_id)
 
 
 class Request:

@@ -138,7 +138,7 @@ class RouterPolicy(ABC):
 
     # ---- routing ------------------------------------------------------------------------
 
-    def route(self, prompt_token_ids: list[int], cache_salt: str | None = None,
+    def route(self, prompt_token_ids: list[int], cache_salt: str | tuple | None = None,
               user: str | None = None) -> RouteDecision:
         """The replica for a request; RuntimeError when none is up."""
         candidates = self.available_replicas

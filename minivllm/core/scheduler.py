@@ -83,6 +83,9 @@ class SchedulerConfig:
     max_num_waiting_requests: int | None = None
     max_num_waiting_tokens: int | None = None
     request_timeout: float | None = None
+    # LoRA (--enable-lora): the most adapters the requests of one step may use; a waiting
+    # request of another adapter waits until one of the running adapters has no request.
+    max_loras: int = 1
     # vLLM's --speculative-config (core/speculative.py): {"method": "ngram",
     # "num_speculative_tokens": 3, ...}; None: no speculative decoding.
     speculative_config: dict[str, Any] | None = None
@@ -137,6 +140,8 @@ class SchedulerConfig:
                 raise bad(name, "must be >= 1")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise bad("request_timeout", "must be > 0")
+        if self.max_loras < 1:
+            raise bad("max_loras", "must be >= 1")
         self.speculative_config = parse_speculative_config(self.speculative_config)
 
 
@@ -343,7 +348,8 @@ class Scheduler:
                 out.scheduled_new_reqs.append(NewRequestData(
                     req_id, request.prompt_token_ids, list(request.output_token_ids),
                     list(request.block_ids), request.num_computed_tokens,
-                    request.sampling_params, request.seed, request.banned_until_min_tokens))
+                    request.sampling_params, request.seed, request.banned_until_min_tokens,
+                    request.core_request.lora_int_id))
             else:
                 # A copy-on-write replaced its last block of the previous step (with draft
                 # tokens, blocks may have been appended after it).
@@ -493,10 +499,22 @@ class Scheduler:
         out.scheduled_spec_decode_tokens[request.request_id] = drafts
         return True
 
+    def _loras_running(self) -> set[int]:
+        return {r.core_request.lora_int_id for r in self.running} - {0}
+
+    def _lora_full(self, request: Request, loras: set[int]) -> bool:
+        """max_loras: a request of an adapter no running request uses waits while the running
+        requests already use max_loras adapters."""
+        lora_id = request.core_request.lora_int_id
+        return bool(lora_id) and lora_id not in loras and len(loras) >= self.config.max_loras
+
     def _schedule_swapped(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
+        loras = self._loras_running()
         for request in self.policy.order(self.swapped, now):
             if self._seats_taken() >= self.config.max_num_seqs or budget[0] <= 0:
                 return
+            if self._lora_full(request, loras):
+                continue
             num_new = self._chunk(request, request.num_computed_tokens, budget[0])
             # It may hold more blocks than it needs: those allocated in the step it was
             # preempted, for a chunk it then gave back.
@@ -508,11 +526,16 @@ class Scheduler:
             self.kv.allocate_slots(request, num_new)
             self.swapped.remove(request)
             self._admit(request, budget, num_new)
+            if request.core_request.lora_int_id:
+                loras.add(request.core_request.lora_int_id)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: list[int], now: float) -> None:
+        loras = self._loras_running()
         for request in self.policy.order(self.waiting, now):
             if budget[0] <= 0:
                 return
+            if self._lora_full(request, loras):
+                continue  # a request of a running adapter (or none) behind it may go
             cached = self.kv.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
             num_cached = len(cached) * self.config.block_size
             # All but the last prompt token cached (or a one-token prompt): the group forks
@@ -543,6 +566,8 @@ class Scheduler:
             request.num_computed_tokens = num_cached
             self.waiting.remove(request)
             self._admit(request, budget, num_new)
+            if request.core_request.lora_int_id:
+                loras.add(request.core_request.lora_int_id)
             if fork_now:
                 self._fork(request)
 

@@ -21,6 +21,7 @@ class NewRequestData:
     sampling_params: Any
     seed: int | None
     banned_until_min_tokens: tuple[int, ...]
+    lora_int_id: int = 0  # its LoRA adapter (0: the base model)
 
 
 @dataclass

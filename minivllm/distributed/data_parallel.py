@@ -175,7 +175,7 @@ class DataParallelClient:
         """Route a request and send it; parked while no replica is up."""
         request = self._sent[request_id]
         try:
-            decision = self.router.route(request.prompt_token_ids, request.cache_salt,
+            decision = self.router.route(request.prompt_token_ids, request.prefix_cache_key,
                                          request.user)
         except RuntimeError:  # every replica is down: Ray is restarting them
             self._parked.append(request_id)

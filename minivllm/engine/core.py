@@ -33,6 +33,7 @@ from minivllm.engine.messages import (
 )
 from minivllm.engine.parallel_sampling import CoreRequests, make_sequences, num_sequences
 from minivllm.engine.stats import SchedulerStats
+from minivllm.lora.request import LoRARequest
 from minivllm.model.loader import resolve_model_path
 from minivllm.model.runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
@@ -131,6 +132,8 @@ class EngineCore:
         self.scheduler.check_fits(len(prompt), max_tokens, num_sequences(params))
         self._check_queue_bounds(len(prompt))
         banned = self._stop_ids(params)  # until min_tokens
+        if req.lora_request is not None:  # last: nothing after it may fail
+            self._acquire_lora(req.lora_request)
         requests = make_sequences(req, max_tokens, banned)
         head = requests[0]
         if params.structured_outputs is not None:
@@ -139,6 +142,13 @@ class EngineCore:
         else:
             self.scheduler.add_request(head)
         self.groups.add(request_id, requests)
+
+    def _acquire_lora(self, lora: LoRARequest) -> None:
+        """Load the request's adapter if need be and hold it until the request ends."""
+        if self.runner.lora is None:
+            raise ValueError(f"the request asks for the LoRA adapter {lora.lora_name!r}, but "
+                             "LoRA is not enabled (--enable-lora)")
+        self.runner.lora.acquire(lora)
 
     def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if not prompt_token_ids:
@@ -200,9 +210,13 @@ class EngineCore:
         blocks): log its prediction, drop its group when the last sequence ends."""
         if self._prediction_log is not None and status is not RequestStatus.FINISHED_ABORTED:
             self._log_prediction(request, status)
+        group = self.groups.of(request.request_id)
         group_id = self.groups.forget(request.request_id)
         if group_id is not None:
             self._compiling.pop(group_id, None)
+            lora = group.requests[0].core_request.lora_request
+            if lora is not None:
+                self.runner.lora.release(lora.lora_int_id)
 
     def _log_prediction(self, request: Request, status: RequestStatus) -> None:
         """One JSON line for --length-prediction-log: what the predictor said (at arrival,

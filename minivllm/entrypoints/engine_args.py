@@ -34,6 +34,9 @@ _HELP = {
     "preemption_victim": "lowest_rank (the policy's worst) | latest_arrival | least_work_done "
                          "(fewest computed tokens: the least recompute)",
     "vtc_weights": "vtc: W_P,W_Q, the service counted per prompt and per output token",
+    "vtc_tenant_weights": "vtc: TENANT=WEIGHT,... (or a JSON object): a tenant of weight 2 "
+                          "gets twice the service of one of weight 1; unlisted tenants "
+                          "weigh 1",
     "edf_action": "edf: shed (finish with an error) | deprioritize (rank last) a request "
                   "that can no longer make its deadline",
     "ttft_slo_ms": "edf: the TTFT deadline (ms after arrival) of requests that give none",
@@ -60,6 +63,14 @@ _HELP = {
     "target_tpot_ms": "with chunked prefill, pack each step that carries decodes so its "
                       "predicted time (learned from the steps run) stays within this: a "
                       "prefill chunk that would pass it is cut (default: off)",
+    "enable_lora": "serve LoRA adapters (PEFT folders) on the base model: a request names "
+                   "one by its \"model\" field (--lora-modules) or with a LoRARequest "
+                   "(offline)",
+    "max_loras": "with --enable-lora, the most adapters the running requests may use at "
+                 "once (a request of another adapter waits)",
+    "max_lora_rank": "with --enable-lora, the highest adapter rank accepted",
+    "max_cpu_loras": "with --enable-lora, the adapters kept loaded (least recently used idle "
+                     "ones dropped beyond; default: --max-loras)",
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 2, "
                           "\"prompt_lookup_max\": 5, \"disable_by_batch_size\": 8}' "

@@ -15,6 +15,7 @@ from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.messages import make_core_request
 from minivllm.engine.stats import SchedulerStats
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def _per_prompt(value, num_prompts: int, name: str) -> list:
     """One value for every prompt, or a sequence of one per prompt."""
-    if value is None or isinstance(value, (str, int, float)):
+    if value is None or isinstance(value, (str, int, float, LoRARequest)):
         return [value] * num_prompts
     if len(value) != num_prompts:
         raise ValueError(f"got {len(value)} {name} values for {num_prompts} prompts")
@@ -63,9 +64,11 @@ class LLM:
         user: str | Sequence[str | None] | None = None,
         ttft_slo_ms: float | Sequence[float | None] | None = None,
         e2e_slo_ms: float | Sequence[float | None] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """`user` (vtc's tenant), `ttft_slo_ms` and `e2e_slo_ms` (edf's deadlines): one value
-        for every prompt, or one per prompt."""
+        """`user` (vtc's tenant), `ttft_slo_ms` and `e2e_slo_ms` (edf's deadlines),
+        `lora_request` (the adapter, with LLM(enable_lora=True)): one value for every prompt,
+        or one per prompt."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -78,7 +81,8 @@ class LLM:
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
         scheduling = {name: _per_prompt(value, len(prompts), name) for name, value in
-                      (("user", user), ("ttft_slo_ms", ttft_slo_ms), ("e2e_slo_ms", e2e_slo_ms))}
+                      (("user", user), ("ttft_slo_ms", ttft_slo_ms), ("e2e_slo_ms", e2e_slo_ms),
+                       ("lora_request", lora_request))}
         ids = []
         try:
             for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):

@@ -17,7 +17,7 @@ class CachedRequestState:
     """One request's token ids, kept until it finishes (also while it is preempted)."""
 
     __slots__ = ("req_id", "params", "token_ids", "num_tokens", "num_prompt_tokens",
-                 "num_computed_tokens", "row", "num_blocks")
+                 "num_computed_tokens", "row", "num_blocks", "lora_int_id")
 
     def __init__(self, new: NewRequestData, row: int) -> None:
         tokens = new.prompt_token_ids + new.output_token_ids
@@ -30,6 +30,7 @@ class CachedRequestState:
         self.num_computed_tokens = new.num_computed_tokens
         self.row = row
         self.num_blocks = 0
+        self.lora_int_id = new.lora_int_id
 
     def append(self, token_id: int) -> None:
         if self.num_tokens == len(self.token_ids):

@@ -18,6 +18,7 @@ from transformers import AutoConfig
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.step_batch import padded_rows
+from minivllm.lora.manager import LoRAManager
 from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.draft_model import DraftModel
@@ -109,6 +110,10 @@ class ModelRunner:
             self.drafter = DraftModel(
                 self._load_model(draft_path, draft_config, model_config.quantization, cpu_bf16),
                 (k, v), (k_host, v_host))
+        # LoRA adapters (--enable-lora): their deltas ride on the decoder's linears.
+        lora = config.lora_config
+        self.lora = LoRAManager(self.model, hf_config, lora.max_lora_rank, lora.max_cpu_loras,
+                                self.dtype, self.device) if lora.enable_lora else None
         self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
         # oneDNN linears run at a few row counts (linear.py): pad the batch to one once per
         # step, so that no layer pads (and copies) its input again.
@@ -223,6 +228,9 @@ class ModelRunner:
         if not out.num_scheduled_tokens:
             return result
         inputs = self.batch.prepare(out.num_scheduled_tokens)
+        if self.lora is not None:
+            self.lora.set_step([self.batch.requests[r].lora_int_id for r in inputs.req_ids],
+                               inputs.query_start_loc)
         hidden = self._forward(inputs)
         # Rows of `hidden` whose logits are needed: the last token of each sampling request
         # (and its draft tokens), and every prompt position of requests that score their

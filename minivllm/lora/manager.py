@@ -1,0 +1,77 @@
+"""The engine core's adapters: loaded on the first request that names one, kept while any
+request holds it, and beyond max_cpu_loras the least recently used idle ones dropped (a
+later request loads it again from its path). Each step it tells the LoRALinears which rows
+run which adapter (set_step)."""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+import numpy as np
+import torch
+
+from minivllm.lora.layers import LoRAStep, install
+from minivllm.lora.peft_format import read_adapter
+from minivllm.lora.request import LoRARequest
+from minivllm.lora.weights import LoRAWeights
+
+
+class LoRAManager:
+    def __init__(self, model: torch.nn.Module, hf_config, max_lora_rank: int,
+                 max_cpu_loras: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.hf_config, self.max_lora_rank, self.max_cpu_loras = hf_config, max_lora_rank, \
+            max_cpu_loras
+        self.dtype, self.device = dtype, device
+        self.step = LoRAStep()
+        self.dense_mlp_layers = install(model, self.step)
+        self.adapters: OrderedDict[int, tuple[LoRARequest, LoRAWeights]] = OrderedDict()
+        self.holders: Counter[int] = Counter()  # lora_int_id -> live requests naming it
+
+    def acquire(self, lora: LoRARequest) -> None:
+        """Load the adapter if it is not loaded (a ValueError naming what is wrong with its
+        files) and hold it for one more request until release()."""
+        loaded = self.adapters.get(lora.lora_int_id)
+        if loaded is not None and (loaded[0].lora_name, loaded[0].lora_path) != (
+                lora.lora_name, lora.lora_path):
+            raise ValueError(f"lora_int_id {lora.lora_int_id} is already the adapter "
+                             f"{loaded[0].lora_name!r} ({loaded[0].lora_path}); each adapter "
+                             "needs its own id")
+        if loaded is None:
+            spec = read_adapter(lora.lora_path, self.max_lora_rank)
+            weights = LoRAWeights(spec, self.hf_config, self.dtype, self.device,
+                                  self.dense_mlp_layers)
+            self.adapters[lora.lora_int_id] = (lora, weights)
+        self.adapters.move_to_end(lora.lora_int_id)
+        self.holders[lora.lora_int_id] += 1
+        self._evict()
+
+    def release(self, lora_int_id: int) -> None:
+        self.holders[lora_int_id] -= 1
+        if self.holders[lora_int_id] <= 0:
+            del self.holders[lora_int_id]
+        self._evict()
+
+    def _evict(self) -> None:
+        """Past max_cpu_loras, drop the least recently used adapters no request holds."""
+        idle = [i for i in self.adapters if i not in self.holders]
+        for lora_int_id in idle[:max(0, len(self.adapters) - self.max_cpu_loras)]:
+            del self.adapters[lora_int_id]
+
+    def set_step(self, lora_ids: list[int], query_start_loc: np.ndarray) -> None:
+        """The step's rows per adapter: request i (its LoRA id, 0 for none) owns rows
+        query_start_loc[i]:query_start_loc[i + 1] of the flattened batch."""
+        step = self.step
+        step.groups, step.all_rows = [], None
+        distinct = set(lora_ids)
+        if distinct == {0}:
+            return
+        if len(distinct) == 1:
+            step.all_rows = self.adapters[lora_ids[0]][1]
+            return
+        rows: dict[int, list[np.ndarray]] = {}
+        for i, lora_id in enumerate(lora_ids):
+            if lora_id:
+                rows.setdefault(lora_id, []).append(
+                    np.arange(query_start_loc[i], query_start_loc[i + 1]))
+        step.groups = [(torch.from_numpy(np.concatenate(spans)).to(self.device),
+                        self.adapters[lora_id][1]) for lora_id, spans in rows.items()]
