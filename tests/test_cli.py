@@ -47,6 +47,7 @@ ENGINE_FLAGS = {
     "--preemption-mode": (None, str), "--priority-aging-s": (10.0, float),
     "--active-preemption": (False, None), "--min-run-quantum": (8, int),
     "--preemption-victim": ("lowest_rank", str), "--vtc-weights": ("1,2", str),
+    "--vtc-tenant-weights": (None, str),
     "--edf-action": ("shed", str), "--ttft-slo-ms": (None, float),
     "--e2e-slo-ms": (None, float), "--mlfq-base-quantum": (4, int), "--residual-sjf-max-wait-ms": (10000.0, float),
     "--max-num-waiting-requests": (None, int), "--max-num-waiting-tokens": (None, int),

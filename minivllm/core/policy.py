@@ -54,9 +54,10 @@ def own_options(cls: type[SchedulingPolicy], options: dict) -> dict:
 @dataclass
 class PolicyConfig:
     """Which policy ranks requests, with what output-length predictor, and every policy's
-    options (vtc's token weights "W_P,W_Q"; edf's action on a request past its deadline,
-    and the deadlines, ms after arrival, of requests that give none; mlfq's first quantum in
-    decode iterations). Each is checked by the policy that takes it, whichever one runs."""
+    options (vtc's token weights "W_P,W_Q" and tenant weights "TENANT=W,..."; edf's action on
+    a request past its deadline, and the deadlines, ms after arrival, of requests that give
+    none; mlfq's first quantum in decode iterations). Each is checked by the policy that
+    takes it, whichever one runs."""
 
     scheduling_policy: str = "fcfs"
     priority_aging_s: float = 10.0  # waiting this long improves effective priority by one level
@@ -67,6 +68,7 @@ class PolicyConfig:
     # what bench reads to report the predictor's Kendall tau and error.
     length_prediction_log: str | None = None
     vtc_weights: str = "1,2"
+    vtc_tenant_weights: str | None = None  # None: every tenant weighs 1
     edf_action: str = "shed"
     ttft_slo_ms: float | None = None
     e2e_slo_ms: float | None = None

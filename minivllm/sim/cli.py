@@ -31,9 +31,9 @@ from minivllm.sim.simulator import SimResult, Simulator
 
 # The engine flags that change what the scheduler does; the rest are the model runner's.
 SIM_ENGINE_ARGS = ("block_size", "num_kv_blocks", "swap_space", "enable_prefix_caching",
-                   "preemption_victim", "vtc_weights", "edf_action", "ttft_slo_ms",
-                   "e2e_slo_ms", "mlfq_base_quantum", "residual_sjf_max_wait_ms", "target_tpot_ms",
-                   "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                   "preemption_victim", "vtc_weights", "vtc_tenant_weights", "edf_action",
+                   "ttft_slo_ms", "e2e_slo_ms", "mlfq_base_quantum", "residual_sjf_max_wait_ms",
+                   "target_tpot_ms", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "enable_chunked_prefill", "scheduling_policy", "preemption_mode",
                    "priority_aging_s", "active_preemption", "min_run_quantum",
                    "length_predictor", "speculative_config")

@@ -1,13 +1,14 @@
 """vtc on the fake clock: counters lifted when a tenant joins, service weighted w_p * prompt +
 w_q * output, two backlogged tenants served within the paper's bound while one sends 10x
-more, and a light tenant served as if alone."""
+more, a light tenant served as if alone, and per-tenant weights sharing service in their
+ratio."""
 
 from __future__ import annotations
 
 import pytest
 
-from minivllm.core.policies.vtc import parse_vtc_weights
-from minivllm.core.policy import make_policy
+from minivllm.core.policies.vtc import parse_vtc_tenant_weights, parse_vtc_weights
+from minivllm.core.policy import PolicyConfig, make_policy
 from minivllm.core.request import Request
 from tests.core.test_scheduler_policies import Sim
 
@@ -108,3 +109,43 @@ def test_bad_weights_are_named(bad):
     with pytest.raises(ValueError, match="vtc_weights"):
         parse_vtc_weights(bad)
     assert parse_vtc_weights("1,2") == (1.0, 2.0)
+
+
+@pytest.mark.parametrize("weights, ratio", [(None, 1.0), ("heavy=2,light=1", 2.0),
+                                            ('{"light": 2}', 0.5)])
+def test_tenant_weights_share_service_in_their_ratio(weights, ratio):
+    """Both tenants always backlogged: heavy gets `ratio` times light's service (none given:
+    equal shares, as before weights existed). Every request has one shape, so served tokens
+    go in the same ratio."""
+    *_, (sim, backlogged) = two_tenants("vtc", 200, heavy_per_step=2, light_every=1,
+                                        light_per=2,
+                                        policy_options={"vtc_tenant_weights": weights})
+    assert backlogged
+    assert served(sim, "heavy") / served(sim, "light") == pytest.approx(ratio, rel=0.05)
+
+
+def test_a_tenant_weight_slows_its_counter():
+    policy = make_policy("vtc", vtc_tenant_weights="alice=2")
+    a = Request.make("a", [1] * 10, 5, 0.0, user="alice")
+    b = Request.make("b", [1] * 10, 5, 0.0, user="bob")
+    for r in (a, b):
+        policy.on_arrival(r, 0.0)
+        r.first_scheduled_step = 1
+    policy.on_step([a, b], 1.0)
+    assert policy.counters == {"alice": 5.0, "bob": 10.0}
+
+
+@pytest.mark.parametrize("bad", ["alice", "alice=0", "alice=-1", "alice=x", "alice=1,alice=2",
+                                 "alice=inf", '{"alice": "heavy"}', "{bad json", ""])
+def test_bad_tenant_weights_name_the_flag(bad):
+    with pytest.raises(ValueError, match="--vtc-tenant-weights"):
+        parse_vtc_tenant_weights(bad)
+    with pytest.raises(ValueError, match="vtc_tenant_weights"):
+        PolicyConfig(scheduling_policy="fcfs", vtc_tenant_weights=bad)
+
+
+def test_tenant_weights_spellings():
+    assert parse_vtc_tenant_weights(None) == {}
+    assert parse_vtc_tenant_weights(" alice=2, bob=0.5") == {"alice": 2.0, "bob": 0.5}
+    assert parse_vtc_tenant_weights('{"alice": 2, "": 3}') == {"alice": 2.0, "": 3.0}
+    assert parse_vtc_tenant_weights({"alice": 2}) == {"alice": 2.0}

@@ -11,6 +11,10 @@ did not ask for while it was away. The paper's bound: two tenants that stay back
 service within 2 * max(w_p * L_input, w_q * M) of each other over any interval, with L_input
 the longest prompt and M the most tokens a batch holds.
 
+Per-tenant weights (`--vtc-tenant-weights alice=2,bob=1`, the paper's weighted VTC): a
+tenant's counter advances by its service divided by its weight, so of two backlogged tenants
+one with weight 2 gets twice the service of one with weight 1. Unlisted tenants weigh 1.
+
 Admission in one step picks requests one at a time, charging each one's prompt before the
 next is picked; `order` plays that out so that a single step cannot admit a whole burst of
 one tenant on a stale counter.
@@ -19,6 +23,8 @@ one tenant on a stale counter.
 from __future__ import annotations
 
 import heapq
+import json
+import math
 from collections import Counter, defaultdict
 
 from minivllm.core.policies.base import SchedulingPolicy
@@ -39,6 +45,29 @@ def parse_vtc_weights(value) -> tuple[float, float]:
     return weights
 
 
+def parse_vtc_tenant_weights(value) -> dict[str, float]:
+    """'tenant=weight,tenant=weight', a JSON object or a mapping -> {tenant: positive float};
+    None -> {}. A ValueError names the setting. The anonymous tenant (no `user`) is ''."""
+    if value is None:
+        return {}
+    error = ValueError("vtc_tenant_weights (--vtc-tenant-weights) must be TENANT=WEIGHT pairs "
+                       "separated by commas, or a JSON object, with positive weights (e.g. "
+                       f"alice=2,bob=1), got {value!r}")
+    try:
+        if isinstance(value, str) and value.lstrip().startswith("{"):
+            pairs = list(json.loads(value).items())
+        elif isinstance(value, str):
+            pairs = [item.rsplit("=", 1) for item in value.split(",")]
+        else:
+            pairs = list(dict(value).items())
+        weights = {str(name).strip(): float(w) for name, w in pairs}
+    except (AttributeError, TypeError, ValueError):  # JSONDecodeError is a ValueError
+        raise error from None
+    if len(weights) != len(pairs) or not all(w > 0 and math.isfinite(w) for w in weights.values()):
+        raise error  # a tenant named twice, or a weight not positive and finite
+    return weights
+
+
 def tenant(request: Request) -> str:
     return request.core_request.user or ""
 
@@ -46,19 +75,26 @@ def tenant(request: Request) -> str:
 class VirtualTokenCounterPolicy(SchedulingPolicy):
     name = "vtc"
     uses_length_predictor = False
-    option_names = ("vtc_weights",)
+    option_names = ("vtc_weights", "vtc_tenant_weights")
 
-    def __init__(self, aging_s: float = 10.0, predictor=None, vtc_weights=(1.0, 2.0)) -> None:
+    def __init__(self, aging_s: float = 10.0, predictor=None, vtc_weights=(1.0, 2.0),
+                 vtc_tenant_weights=None) -> None:
         super().__init__(aging_s, predictor)
         self.prompt_weight, self.output_weight = parse_vtc_weights(vtc_weights)
+        self.tenant_weights = parse_vtc_tenant_weights(vtc_tenant_weights)
         self.counters: defaultdict[str, float] = defaultdict(float)  # tenant -> service
         self.active: Counter[str] = Counter()  # tenant -> its unfinished requests
         self._members: set[str] = set()  # request ids counted in `active`
         self._charged: dict[str, float] = {}  # request id -> service charged so far
 
     @classmethod
-    def validate_options(cls, vtc_weights="1,2") -> None:
-        parse_vtc_weights(vtc_weights)  # its error names the setting
+    def validate_options(cls, vtc_weights="1,2", vtc_tenant_weights=None) -> None:
+        parse_vtc_weights(vtc_weights)  # their errors name the setting
+        parse_vtc_tenant_weights(vtc_tenant_weights)
+
+    def advance(self, counters: dict[str, float], user: str, service: float) -> None:
+        """Add service to a tenant's counter, scaled down by its weight."""
+        counters[user] += service / self.tenant_weights.get(user, 1.0)
 
     def cost(self, request: Request) -> float:
         """The service a request has had: its prompt once admitted (the head of a parallel
@@ -71,7 +107,7 @@ class VirtualTokenCounterPolicy(SchedulingPolicy):
         cost = self.cost(request)
         delta = cost - self._charged.get(request.request_id, 0.0)
         if delta > 0:
-            self.counters[tenant(request)] += delta
+            self.advance(self.counters, tenant(request), delta)
             self._charged[request.request_id] = cost
 
     def on_arrival(self, request: Request, now: float) -> None:
@@ -113,7 +149,7 @@ class VirtualTokenCounterPolicy(SchedulingPolicy):
             request = queues[user][position[user]]
             ordered.append(request)
             if request.first_scheduled_step is None:
-                projected[user] += self.prompt_weight * request.num_prompt_tokens
+                self.advance(projected, user, self.prompt_weight * request.num_prompt_tokens)
             position[user] += 1
             if position[user] < len(queues[user]):
                 nxt = queues[user][position[user]]
