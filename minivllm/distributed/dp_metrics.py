@@ -4,6 +4,8 @@ beside the router's own counters."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from minivllm.engine.stat_loggers import (
@@ -22,14 +24,19 @@ def sum_stats(stats: list[SchedulerStats]) -> SchedulerStats:
     """The replicas' snapshots as one: queues and counters add up, KV usage is over all
     their blocks."""
     total = SchedulerStats()
+    # Every int field is a queue length, block count or counter: all of them add up, so a
+    # counter added to SchedulerStats (the recompute tax's, edf's sheds) is summed too.
+    counts = [f.name for f in fields(SchedulerStats) if isinstance(f.default, int)]
     for s in stats:
-        for name in ("num_running", "num_waiting", "num_swapped", "num_total_blocks",
-                     "num_free_blocks", "num_total_swap_blocks", "num_free_swap_blocks",
-                     "num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
-                     "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens"):
+        for name in counts:
             setattr(total, name, getattr(total, name) + getattr(s, name))
         total.spec_num_accepted_tokens_per_pos = add_per_position(
             total.spec_num_accepted_tokens_per_pos, s.spec_num_accepted_tokens_per_pos)
+        total.max_lora = max(total.max_lora, s.max_lora)
+        for name in ("running_lora_adapters", "waiting_lora_adapters", "lora_requests_received"):
+            merged = getattr(total, name)
+            for adapter, count in getattr(s, name).items():
+                merged[adapter] = merged.get(adapter, 0) + count
     if total.num_total_blocks:
         total.kv_cache_usage = 1.0 - total.num_free_blocks / total.num_total_blocks
     return total

@@ -1,5 +1,6 @@
 """Data parallel without Ray: the metrics page with an `engine` label per replica, the summed
-stats, and `serve --data-parallel-size 2` without ray installed (a clear message, exit 2)."""
+stats (the recompute tax's and edf's counters included), and `serve --data-parallel-size 2`
+without ray installed (a clear message, exit 2)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ def test_sum_stats_adds_queues_and_weighs_kv_usage_by_blocks():
     total = sum_stats([stats(2, 90, 5), stats(3, 50, 7)])
     assert (total.num_running, total.num_total_blocks, total.prefix_cache_hits) == (5, 200, 12)
     assert abs(total.kv_cache_usage - 0.3) < 1e-12
+
+
+def test_sum_stats_adds_the_recompute_tax_and_shed_counts():
+    """What `get_stats` of a data-parallel server reports: every replica's counters, not
+    only the queues (these were left at 0)."""
+    a = SchedulerStats(num_recomputed_tokens=3, num_computed_tokens=40, num_requests_shed=1)
+    b = SchedulerStats(num_recomputed_tokens=7, num_computed_tokens=60,
+                       num_requests_deprioritized=2)
+    total = sum_stats([a, b])
+    assert (total.num_recomputed_tokens, total.num_computed_tokens) == (10, 100)
+    assert (total.num_requests_shed, total.num_requests_deprioritized) == (1, 2)
 
 
 def test_metrics_label_every_replica_and_count_the_router():

@@ -71,6 +71,24 @@ def test_more_replicas_serve_a_saturated_trace_sooner():
     assert walls[1] < 0.7 * walls[0]
 
 
+def test_the_recompute_tax_is_summed_over_replicas():
+    """Two replicas, round robin, each given the same two requests that do not fit its KV
+    cache together: each recomputes what one replica alone with two requests does."""
+    tight = config(num_blocks=4, max_num_batched_tokens=8, max_model_len=64,
+                   enable_prefix_caching=False)
+
+    def engine(n: int) -> dict:
+        trace = Trace("tight", [TraceEntry(0.0, i, 6, 4) for i in range(2 * n)])
+        return Simulator(tight, "fcfs", FakeCost(), data_parallel_size=n,
+                         router_policy="round_robin").run(trace).stats.as_dict()
+
+    one, two = engine(1), engine(2)
+    assert one["recomputed_tokens"] > 0
+    assert two["recomputed_tokens"] == 2 * one["recomputed_tokens"]
+    assert two["computed_tokens"] == 2 * one["computed_tokens"]
+    assert two["recompute_tax"] == pytest.approx(one["recompute_tax"])
+
+
 def test_sim_serve_cli_with_replicas(tmp_path, capsys):
     rows = [{"timestamp": 100 * i, "input_length": 1536, "output_length": 4,
              "hash_ids": [i % 3, 10 + i % 3, 100 + i]} for i in range(24)]
