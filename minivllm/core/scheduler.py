@@ -188,6 +188,7 @@ class Scheduler:
         self.shed: list[Request] = []
         self.num_requests_shed = 0
         self.num_requests_deprioritized = 0
+        self.lora_requests_received: dict[str, int] = {}  # by LoRA adapter name
         self._late: set[str] = set()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -240,6 +241,10 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.predicted_output_len = self.policy.predictor.predict(request)
         self.requests[request.request_id] = request
+        lora = request.core_request.lora_request
+        if lora is not None:
+            self.lora_requests_received[lora.lora_name] = \
+                self.lora_requests_received.get(lora.lora_name, 0) + 1
         self.waiting.append(request)
         self.policy.on_arrival(request, self.clock())
 
@@ -290,7 +295,27 @@ class Scheduler:
             spec_num_draft_tokens=self.spec_stats.num_draft_tokens,
             spec_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
             spec_num_accepted_tokens_per_pos=tuple(self.spec_stats.num_accepted_tokens_per_pos),
+            **self._lora_stats(),
         )
+
+    def _lora_stats(self) -> dict:
+        """Requests by LoRA adapter name (only once a request named one: no queue walk
+        otherwise)."""
+        if not self.lora_requests_received:
+            return {}
+
+        def by_adapter(queue) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for r in queue:
+                if r.core_request.lora_request is not None:
+                    name = r.core_request.lora_request.lora_name
+                    counts[name] = counts.get(name, 0) + 1
+            return counts
+
+        return dict(max_lora=self.config.max_loras,
+                    running_lora_adapters=by_adapter(self.running),
+                    waiting_lora_adapters=by_adapter(self.waiting),
+                    lora_requests_received=dict(self.lora_requests_received))
 
     # ---- one step ---------------------------------------------------------------------
 

@@ -209,6 +209,20 @@ class PrometheusStatLogger(StatLoggerBase):
         self.spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                     "Draft tokens accepted, by their position in the draft.",
                                     labels + ["position"], registry=r)
+        # LoRA: vLLM's info gauge (its labels name the adapters, its value is the time), and
+        # requests per adapter.
+        self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on LoRA requests.",
+                               ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                               registry=r)
+        self.lora_running = Gauge("minivllm:lora_requests_running",
+                                  "Running requests, by LoRA adapter.", labels + ["lora_name"],
+                                  registry=r)
+        self.lora_waiting = Gauge("minivllm:lora_requests_waiting",
+                                  "Waiting requests, by LoRA adapter.", labels + ["lora_name"],
+                                  registry=r)
+        self.lora_received = Counter("minivllm:lora_requests",
+                                     "Requests received, by LoRA adapter.",
+                                     labels + ["lora_name"], registry=r)
         # SchedulerStats counters are cumulative; Prometheus counters take increments.
         self._last = SchedulerStats()
 
@@ -234,6 +248,8 @@ class PrometheusStatLogger(StatLoggerBase):
         for position, delta in enumerate(per_pos):
             if delta > 0:
                 self.spec_per_pos.labels(self._model_name, str(position)).inc(delta)
+        if s.lora_requests_received:
+            self._record_lora(s)
         self._last = s
 
         it = iteration_stats
@@ -251,6 +267,19 @@ class PrometheusStatLogger(StatLoggerBase):
             self.decode_time.observe(req.decode_time)
             self.request_prompt_tokens.observe(req.num_prompt_tokens)
             self.request_generation_tokens.observe(req.num_generation_tokens)
+
+    def _record_lora(self, s: SchedulerStats) -> None:
+        self.lora_info.clear()  # one series: the adapters now
+        self.lora_info.labels(str(s.max_lora), ",".join(sorted(s.waiting_lora_adapters)),
+                              ",".join(sorted(s.running_lora_adapters))).set(time.time())
+        for gauge, counts in ((self.lora_running, s.running_lora_adapters),
+                              (self.lora_waiting, s.waiting_lora_adapters)):
+            for name in s.lora_requests_received:
+                gauge.labels(self._model_name, name).set(counts.get(name, 0))
+        for name, count in s.lora_requests_received.items():
+            delta = count - self._last.lora_requests_received.get(name, 0)
+            if delta > 0:
+                self.lora_received.labels(self._model_name, name).inc(delta)
 
     def record_rejected(self, reason: str, engine_idx: int = 0) -> None:
         self.requests_rejected.labels(self._model_name, reason).inc()

@@ -32,6 +32,11 @@ class SchedulerStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    # LoRA: requests by adapter name, running and waiting now, and received (cumulative).
+    max_lora: int = 0
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    lora_requests_received: dict[str, int] = field(default_factory=dict)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -120,3 +120,26 @@ def _read_targets(path: Path, rank: int) -> dict:
                        f"are not [r, in] and [out, r] with r={rank}")
         targets[key] = (names["A"], names["B"], a, b)
     return targets
+
+
+def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """Each projection's (in, out) features in the model `cfg` (a transformers config)."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    hidden, q = cfg.hidden_size, cfg.num_attention_heads * head_dim
+    kv, inter = cfg.num_key_value_heads * head_dim, cfg.intermediate_size
+    return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+            "o_proj": (q, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden)}
+
+
+def check_shapes(spec: AdapterSpec, cfg) -> None:
+    """A ValueError unless every target fits the model `cfg` describes."""
+    shapes = projection_shapes(cfg)
+    for (layer, proj), (name_a, _, a, b) in spec.targets.items():
+        if layer >= cfg.num_hidden_layers:
+            raise _bad(spec.path, f"{name_a} is for layer {layer}, the model has "
+                       f"{cfg.num_hidden_layers}")
+        if (a[1], b[0]) != shapes[proj]:
+            raise _bad(spec.path, f"{proj} of layer {layer} maps {a[1]} -> {b[0]} features, "
+                       f"the model's {shapes[proj][0]} -> {shapes[proj][1]}: an adapter for "
+                       "another model?")

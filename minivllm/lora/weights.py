@@ -9,20 +9,11 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from minivllm.lora.peft_format import AdapterSpec
+from minivllm.lora.peft_format import AdapterSpec, check_shapes, projection_shapes
 
 # The decoder's linears (models/decoder.py) and the projections each one fuses.
 FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
          "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
-
-
-def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
-    """Each projection's (in, out) features in the model `cfg` describes."""
-    hidden, q = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
-    kv, inter = cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
-    return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
-            "o_proj": (q, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden)}
 
 
 class LoRAWeights:
@@ -31,15 +22,9 @@ class LoRAWeights:
     def __init__(self, spec: AdapterSpec, cfg, dtype: torch.dtype, device: torch.device,
                  dense_mlp_layers: set[int]) -> None:
         """`dense_mlp_layers`: the layers whose MLP is a plain gated MLP (not experts)."""
+        check_shapes(spec, cfg)
         shapes = projection_shapes(cfg)
-        for (layer, proj), (name_a, _, a, b) in spec.targets.items():
-            if layer >= cfg.num_hidden_layers:
-                raise ValueError(f"LoRA adapter {str(spec.path)!r}: {name_a} is for layer "
-                                 f"{layer}, the model has {cfg.num_hidden_layers}")
-            if (a[1], b[0]) != shapes[proj]:
-                raise ValueError(f"LoRA adapter {str(spec.path)!r}: {proj} of layer {layer} "
-                                 f"maps {a[1]} -> {b[0]} features, the model's {shapes[proj][0]}"
-                                 f" -> {shapes[proj][1]}: an adapter for another model?")
+        for layer, proj in spec.targets:
             if proj in FUSED["gate_up"] + FUSED["down"] and layer not in dense_mlp_layers:
                 raise ValueError(f"LoRA adapter {str(spec.path)!r}: {proj} of layer {layer} "
                                  "targets a mixture-of-experts MLP, which is not supported")

@@ -21,6 +21,7 @@ from minivllm.entrypoints.dashboard.routes import BROWSER_PATHS, add_dashboard_r
 from minivllm.entrypoints.openai.cli_tools import parsers_from_args
 from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from minivllm.entrypoints.openai.limits import RequestLimits
+from minivllm.entrypoints.openai.lora_routes import add_lora_routes, serving_models
 from minivllm.entrypoints.openai.middleware import (
     ApiKeyMiddleware,
     BodySizeLimitMiddleware,
@@ -36,6 +37,7 @@ from minivllm.entrypoints.openai.request_timing import ReceivedTimeMiddleware
 from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minivllm.entrypoints.openai.serving_models import runtime_updating_allowed
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info
 
 if TYPE_CHECKING:
@@ -76,6 +78,8 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     completions = OpenAIServingCompletion(engine, model_name, chat_template, limits, defaults)
     chat = OpenAIServingChat(engine, model_name, chat_template, limits, defaults)
     chat.tool_parser, chat.reasoning_parser = parsers_from_args(args)
+    models = serving_models(engine, args)
+    base.models = completions.models = chat.models = models
     # PrometheusStatLogger, or (data parallel) one with every replica's series
     prometheus = next((s for s in engine.stat_loggers
                        if isinstance(s, (PrometheusStatLogger, DataParallelMetrics))), None)
@@ -102,10 +106,10 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models() -> dict:
-        card = {"id": model_name, "object": "model", "created": created, "owned_by": "minivllm",
-                "root": engine.config.model, "parent": None,
-                "max_model_len": engine.max_model_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": models.cards(created)}
+
+    add_lora_routes(app, models, runtime_updating_allowed(
+        getattr(args, "allow_runtime_lora_updating", False)))
 
     @app.get("/metrics")
     async def metrics() -> Response:

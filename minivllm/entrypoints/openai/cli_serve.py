@@ -60,6 +60,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--engine-threads", type=_positive_int, default=None, metavar="N",
                         help="torch threads of the engine (the thread governor may use fewer "
                              "while other processes keep cores busy); default: torch's")
+    parser.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                        help="with --enable-lora, LoRA adapters (PEFT folders) served under "
+                             "these names: name=path, or a JSON object {\"name\": ..., "
+                             "\"path\": ..., \"base_model_name\": ...}")
+    parser.add_argument("--allow-runtime-lora-updating", action="store_true",
+                        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                             "(also on with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); default: "
+                             "off, they answer 403")
     add_data_parallel_args(parser)
     add_limit_args(parser)
     add_tool_args(parser)
