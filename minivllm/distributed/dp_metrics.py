@@ -26,7 +26,9 @@ def sum_stats(stats: list[SchedulerStats]) -> SchedulerStats:
     total = SchedulerStats()
     # Every int field is a queue length, block count or counter: all of them add up, so a
     # counter added to SchedulerStats (the recompute tax's, edf's sheds) is summed too.
-    counts = [f.name for f in fields(SchedulerStats) if isinstance(f.default, int)]
+    # max_lora is a setting, the same on every replica.
+    counts = [f.name for f in fields(SchedulerStats)
+              if isinstance(f.default, int) and f.name != "max_lora"]
     for s in stats:
         for name in counts:
             setattr(total, name, getattr(total, name) + getattr(s, name))
