@@ -70,6 +70,10 @@ class SamplingRequest(OpenAIModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's: the prompt's and the output's token ids in the answer (a stream's first chunk
+    # carries the prompt's, each chunk its new tokens'); the prompt's logprobs (not streamed)
+    return_token_ids: bool | None = None
+    prompt_logprobs: int | None = None
     # Lab only (bench replaying a trace): the true output length, for a server run with
     # --length-predictor oracle; any other server refuses it (400).
     oracle_output_len: int | None = Field(None, ge=1)
@@ -156,12 +160,32 @@ class CompletionLogProbs(OpenAIModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIModel):
+    """vLLM's Logprob as its prompt_logprobs field writes it."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One per prompt token, None for the first (nothing before it predicts it). Left out of the
+# JSON when not asked for, as are the token id fields below.
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
+def _unless_asked(default=None):
+    return Field(default, exclude_if=lambda value: value is None)
+
+
 class CompletionChoice(OpenAIModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = _unless_asked()
+    prompt_logprobs: PromptLogprobs | None = _unless_asked()
+    prompt_token_ids: list[int] | None = _unless_asked()
 
 
 class CompletionResponse(OpenAIModel):
@@ -200,6 +224,7 @@ class ChatChoice(OpenAIModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = _unless_asked()
 
 
 class ChatCompletionResponse(OpenAIModel):
@@ -209,6 +234,8 @@ class ChatCompletionResponse(OpenAIModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = _unless_asked()
+    prompt_token_ids: list[int] | None = _unless_asked()
 
 
 class DeltaMessage(OpenAIModel):
@@ -224,6 +251,7 @@ class ChatStreamChoice(OpenAIModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = _unless_asked()
 
 
 class ChatCompletionChunk(OpenAIModel):
@@ -233,6 +261,7 @@ class ChatCompletionChunk(OpenAIModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = _unless_asked()
 
 
 class ErrorInfo(OpenAIModel):

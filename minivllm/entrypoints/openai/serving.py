@@ -22,7 +22,12 @@ from minivllm.entrypoints.openai.errors import (
     to_openai_error,
 )
 from minivllm.entrypoints.openai.limits import RequestLimits
-from minivllm.entrypoints.openai.protocol import ChatMessage, SamplingRequest
+from minivllm.entrypoints.openai.protocol import (
+    ChatMessage,
+    PromptLogprob,
+    PromptLogprobs,
+    SamplingRequest,
+)
 from minivllm.entrypoints.openai.structured import request_constraint
 from minivllm.outputs import Logprob, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -89,6 +94,9 @@ class OpenAIServing:
         if req.stream_options is not None and not req.stream:
             raise OpenAIError("stream_options: only allowed when stream is true", 400,
                               "stream_options")
+        if req.stream and req.prompt_logprobs is not None:  # as vLLM: whole answers only
+            raise OpenAIError("prompt_logprobs: not supported when stream is true", 400,
+                              "prompt_logprobs")
         self.check_limit("n", req.n, "max_n")
         if best_of is not None:
             self.check_limit("best_of", best_of, "max_n")
@@ -166,6 +174,16 @@ class OpenAIServing:
         if logprob is not None and logprob.decoded_token is not None:
             return logprob.decoded_token
         return self.tokenizer.decode([token_id])
+
+    def prompt_logprobs(self, req: SamplingRequest, steps: list[dict[int, Logprob] | None]
+                        ) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs field, when the request asked for it."""
+        if req.prompt_logprobs is None:
+            return None
+        return [None if step is None else {
+            tid: PromptLogprob(logprob=max(lp.logprob, LOGPROB_FLOOR), rank=lp.rank,
+                               decoded_token=self.token_str(tid, lp))
+            for tid, lp in step.items()} for step in steps or []]
 
     # ---- engine calls -------------------------------------------------------------------
 

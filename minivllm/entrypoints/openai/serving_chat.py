@@ -40,6 +40,7 @@ from minivllm.entrypoints.openai.serving import (
 )
 from minivllm.entrypoints.openai.structured import tool_choice_constraint
 from minivllm.outputs import Logprob, RequestOutput
+from minivllm.sampling_params import SamplingParams
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -70,29 +71,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, req: ChatCompletionRequest, received: float | None = None) -> Response:
         """`received`: when the HTTP request reached the server (the stream's `timing`)."""
         timing = FirstTokenTiming(received, self.ttft_sink)
-        self.check_model(req.model)
-        if req.top_logprobs is not None and not req.logprobs:
-            raise OpenAIError("top_logprobs: requires logprobs to be true", 400, "top_logprobs")
-        if req.top_logprobs is not None and req.top_logprobs < 0:
-            raise OpenAIError("top_logprobs must be >= 0", 400, "top_logprobs")
-        max_tokens = req.max_tokens if req.max_completion_tokens is None \
-            else req.max_completion_tokens
-        params = self.sampling_params(req, max_tokens,
-                                      (req.top_logprobs or 0) if req.logprobs else None,
-                                      logprobs_param="top_logprobs")
-        self.choice_parser(req)  # a tool_choice this server cannot serve: 400 now
-        forced = tool_choice_constraint(req)
-        if forced is not None:
-            if params.structured_outputs is not None:
-                raise OpenAIError("tool_choice: a forced tool call cannot be combined with "
-                                  "response_format or structured_outputs", 400, "tool_choice")
-            params = dataclasses.replace(params, structured_outputs=forced)
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        prompt = self.render_chat(req.messages, req.add_generation_prompt, tools)
-        # The template writes the special tokens (BOS ...) itself.
-        token_ids = self.encode(prompt, "messages", add_special_tokens=False)
-        self.check_token_ids(token_ids, "messages")
-        self.check_context(len(token_ids), max_tokens, "messages")
+        prompt, token_ids, params = self.prepare(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         gen = self.generate(request_id, prompt, token_ids, params, req)
         if req.stream:
@@ -107,10 +86,41 @@ class OpenAIServingChat(OpenAIServing):
                 index=c.index, message=ChatResponseMessage(
                     content=content, reasoning_content=reasoning, tool_calls=tool_calls),
                 logprobs=self._logprobs(req, c.token_ids, c.logprobs), finish_reason=finish,
-                stop_reason=c.stop_reason))
-        response = ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                          usage=self._usage(final))
+                stop_reason=c.stop_reason,
+                token_ids=list(c.token_ids) if req.return_token_ids else None))
+        response = ChatCompletionResponse(
+            id=request_id, model=self.model_name, choices=choices, usage=self._usage(final),
+            prompt_logprobs=self.prompt_logprobs(req, final.prompt_logprobs),
+            prompt_token_ids=token_ids if req.return_token_ids else None)
         return JSONResponse(response.model_dump())
+
+    def prepare(self, req: ChatCompletionRequest) -> tuple[str, list[int], SamplingParams]:
+        """The request checked and turned into the engine's input: (prompt, its token ids,
+        sampling params), tool calls forced by a grammar where tool_choice asks."""
+        self.check_model(req.model)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise OpenAIError("top_logprobs: requires logprobs to be true", 400, "top_logprobs")
+        if req.top_logprobs is not None and req.top_logprobs < 0:
+            raise OpenAIError("top_logprobs must be >= 0", 400, "top_logprobs")
+        max_tokens = req.max_tokens if req.max_completion_tokens is None \
+            else req.max_completion_tokens
+        params = self.sampling_params(req, max_tokens,
+                                      (req.top_logprobs or 0) if req.logprobs else None,
+                                      req.prompt_logprobs, logprobs_param="top_logprobs")
+        self.choice_parser(req)  # a tool_choice this server cannot serve: 400 now
+        forced = tool_choice_constraint(req)
+        if forced is not None:
+            if params.structured_outputs is not None:
+                raise OpenAIError("tool_choice: a forced tool call cannot be combined with "
+                                  "response_format or structured_outputs", 400, "tool_choice")
+            params = dataclasses.replace(params, structured_outputs=forced)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        prompt = self.render_chat(req.messages, req.add_generation_prompt, tools)
+        # The template writes the special tokens (BOS ...) itself.
+        token_ids = self.encode(prompt, "messages", add_special_tokens=False)
+        self.check_token_ids(token_ids, "messages")
+        self.check_context(len(token_ids), max_tokens, "messages")
+        return prompt, token_ids, params
 
     def _logprobs(self, req: ChatCompletionRequest, token_ids: list[int],
                   steps: list[dict[int, Logprob]] | None) -> ChatLogprobs | None:
@@ -141,16 +151,21 @@ class OpenAIServingChat(OpenAIServing):
         created = int(time.time())
 
         def chunk(index: int, delta: DeltaMessage, logprobs=None, finish_reason=None,
-                  stop_reason=None):
+                  stop_reason=None, token_ids=None, prompt_token_ids=None):
             choice = ChatStreamChoice(index=index, delta=delta, logprobs=logprobs,
-                                      finish_reason=finish_reason, stop_reason=stop_reason)
+                                      finish_reason=finish_reason, stop_reason=stop_reason,
+                                      token_ids=token_ids if req.return_token_ids else None)
             return sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
-                                           choices=[choice]))
+                                           choices=[choice], prompt_token_ids=prompt_token_ids))
 
         try:
             parsers = [self.choice_parser(req) for _ in range(req.n)]
             for index in range(req.n):
-                yield chunk(index, DeltaMessage(role="assistant", content=""))
+                # return_token_ids: the first chunk carries the prompt's ids
+                prompt_ids = first.prompt_token_ids if req.return_token_ids and index == 0 \
+                    else None
+                yield chunk(index, DeltaMessage(role="assistant", content=""), token_ids=[],
+                            prompt_token_ids=prompt_ids)
             num_completion_tokens = 0
             async for _, output in merge_streams([gen], [first]):
                 for c in output.outputs:  # deltas: only what is new
@@ -169,7 +184,7 @@ class OpenAIServingChat(OpenAIServing):
                             timing.token_sent(output.metrics)
                         yield chunk(c.index, delta,
                                     self._logprobs(req, c.token_ids, c.logprobs),
-                                    finish, c.stop_reason)
+                                    finish, c.stop_reason, list(c.token_ids))
                 if output.finished and req.stream_options and req.stream_options.include_usage:
                     prompt = len(output.prompt_token_ids)
                     usage = UsageInfo.count(prompt, num_completion_tokens,

@@ -50,7 +50,9 @@ class OpenAIServingCompletion(OpenAIServing):
         # logprobs. The engine needs one token to generate; it is dropped from the answer.
         echo_only = req.echo and req.max_tokens == 0
         max_tokens = 1 if echo_only else req.max_tokens
-        prompt_logprobs = req.logprobs if req.echo else None
+        prompt_logprobs = req.prompt_logprobs
+        if prompt_logprobs is None and req.echo:
+            prompt_logprobs = req.logprobs
         # One SamplingParams each: the engine fills in per-request fields.
         params = [self.sampling_params(req, max_tokens, req.logprobs, prompt_logprobs,
                                        best_of=req.best_of)
@@ -73,7 +75,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 choices.append(CompletionChoice(
                     index=i * req.n + c.index, text=text,
                     logprobs=self._logprobs(req, token_ids, steps, 0),
-                    finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                    prompt_logprobs=self.prompt_logprobs(req, final.prompt_logprobs),
+                    **self._token_ids(req, prompts[i], c, echo_only, first=True)))
         response = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                       usage=self._usage(finals, echo_only))
         return JSONResponse(response.model_dump())
@@ -108,6 +112,18 @@ class OpenAIServingCompletion(OpenAIServing):
             token_ids = prompt_ids + token_ids
             steps = list(output.prompt_logprobs or [None] * len(prompt_ids)) + steps
         return text, token_ids, steps
+
+    @staticmethod
+    def _token_ids(req: CompletionRequest, prompt: tuple[str | None, list[int]],
+                   c: CompletionOutput, echo_only: bool, first: bool) -> dict:
+        """return_token_ids: the generated ids (of this delta), the prompt's with the first.
+        echo with max_tokens 0 drops the one token the engine had to generate: its id too."""
+        if not req.return_token_ids:
+            return {}
+        ids = {"token_ids": [] if echo_only else list(c.token_ids)}
+        if first:
+            ids["prompt_token_ids"] = prompt[1]
+        return ids
 
     def _logprobs(self, req: CompletionRequest, token_ids: list[int],
                   steps: list[dict[int, Logprob] | None], offset: int) -> CompletionLogProbs | None:
@@ -149,15 +165,17 @@ class OpenAIServingCompletion(OpenAIServing):
                 for c in output.outputs:  # deltas: only what is new
                     index = i * req.n + c.index
                     num_completion_tokens += 0 if echo_only else len(c.token_ids)
+                    first = index not in started
                     text, token_ids, steps = self._answer(
-                        req, prompts[i], output, c, echo_only, index not in started)
-                    started.add(index)
+                        req, prompts[i], output, c, echo_only, first)
                     if not (text or token_ids or c.finish_reason):
                         continue
+                    started.add(index)  # after the first chunk sent: it carries the prompt
                     choice = CompletionChoice(
                         index=index, text=text,
                         logprobs=self._logprobs(req, token_ids, steps, offsets[index]),
-                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                        **self._token_ids(req, prompts[i], c, echo_only, first))
                     offsets[index] += len(text)
                     if c.token_ids and not echo_only:
                         timing.token_sent(output.metrics)
