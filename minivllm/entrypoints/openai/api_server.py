@@ -34,6 +34,7 @@ from minivllm.entrypoints.openai.protocol import (
     TokenizeRequest,
 )
 from minivllm.entrypoints.openai.request_timing import ReceivedTimeMiddleware
+from minivllm.entrypoints.openai.responses_routes import add_responses_routes
 from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -153,6 +154,8 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
         return await cancel_on_disconnect(raw, chat.create(req, raw.state.received))
+
+    add_responses_routes(app, chat, args)  # /v1/responses
 
     hub = add_dashboard_routes(app, engine, getattr(args, "dashboard_interval", 1.0),
                                page=not getattr(args, "disable_dashboard", False))

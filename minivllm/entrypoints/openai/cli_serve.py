@@ -12,6 +12,7 @@ import os
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.entrypoints.openai.cli_tools import add_tool_args, parsers_from_args
 from minivllm.entrypoints.openai.limits import RequestLimits, add_limit_args
+from minivllm.entrypoints.openai.responses_store import add_responses_args
 
 logger = logging.getLogger("minivllm.serve")
 
@@ -71,6 +72,7 @@ def add_parser(subparsers) -> None:
     add_data_parallel_args(parser)
     add_limit_args(parser)
     add_tool_args(parser)
+    add_responses_args(parser)
     add_engine_args(parser)
     parser.set_defaults(func=run)
 
