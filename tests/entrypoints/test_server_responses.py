@@ -13,6 +13,7 @@ import jsonschema
 import openai
 import pytest
 
+from minivllm.cli import main
 from minivllm.entrypoints.openai.errors import OpenAIError
 from minivllm.entrypoints.openai.protocol_responses import ResponseObject, ResponsesRequest
 from minivllm.entrypoints.openai.responses_store import ResponseStore, StoredResponse
@@ -255,3 +256,10 @@ def test_a_server_without_a_store_refuses_previous_response_id():
     with pytest.raises(OpenAIError) as err:
         serving._history(req)
     assert err.value.param == "previous_response_id" and err.value.status == 400
+
+
+def test_a_negative_store_size_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:  # argparse's refusal, status 2
+        main(["serve", "--responses-store-size", "-1"])
+    assert exit_.value.code == 2
+    assert "must be >= 0, got -1" in capsys.readouterr().err

@@ -14,8 +14,15 @@ from minivllm.entrypoints.openai.protocol_responses import ResponseObject
 DEFAULT_STORE_SIZE = 1000
 
 
+def _store_size(text: str) -> int:
+    size = int(text)
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {size}")
+    return size
+
+
 def add_responses_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--responses-store-size", type=int, default=DEFAULT_STORE_SIZE,
+    parser.add_argument("--responses-store-size", type=_store_size, default=DEFAULT_STORE_SIZE,
                         metavar="N",
                         help="how many /v1/responses answers are kept in memory for GET and "
                              "previous_response_id, least recently used evicted first; 0 "
@@ -32,8 +39,6 @@ class StoredResponse:
 
 class ResponseStore:
     def __init__(self, capacity: int) -> None:
-        if capacity < 0:
-            raise ValueError(f"--responses-store-size must be >= 0, got {capacity}")
         self.capacity = capacity
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()
 
