@@ -14,7 +14,6 @@ from minivllm.bench.sampling import sampling_fields
 from minivllm.bench.server_process import (
     engine_flags,
     free_port,
-    scrape_recompute_tax,
     server_command,
     stop_server,
     wait_healthy,
@@ -71,8 +70,6 @@ def run_policies(args) -> int:
                 runs[name] = measure(args, trace, texts, counts, base_url, model, run_dir,
                                      title, send_priority=policy == "priority",
                                      oracle_lengths=oracle, prediction_log=str(predictions))
-                tax = scrape_recompute_tax(base_url)
-                runs[name][0]["recompute_tax"] = tax  # the server's, from /metrics
                 if generated is None and all(r.success for r in runs[name][1]):
                     generated = [r.output_tokens for r in runs[name][1]]
                 print(report.markdown_summary(runs[name][0], title))

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import aiohttp
 
-from minivllm.bench import client, metrics, prediction, prompt_file, prompts, report, traces
+from minivllm.bench import (
+    client,
+    metrics,
+    prediction,
+    prompt_file,
+    prompts,
+    report,
+    server_metrics,
+    traces,
+)
 from minivllm.bench.args import describe_trace, trace_args
 from minivllm.bench.sampling import describe, sampling_fields
 from minivllm.bench.timeline_html import record_engine_events, write_run_timeline
@@ -52,10 +61,12 @@ def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path
             send_priority: bool = True, oracle_lengths: list[int] | None = None,
             prediction_log: str | None = None) -> tuple[dict, list]:
     """Replay the trace; `prediction_log`: the server's --length-prediction-log, whose lines
-    this run adds give the predictor's ranking quality and the longest queue wait."""
+    this run adds give the predictor's ranking quality and the longest queue wait. The
+    server's /metrics, read before and after, give its recompute tax and shed counts."""
     sampling = sampling_fields(args)
     log_start = Path(prediction_log).stat().st_size if (
         prediction_log and Path(prediction_log).exists()) else 0
+    counters_before = server_metrics.scrape(base_url)
     (results, duration), engine_events = asyncio.run(record_engine_events(client.run_trace(
         trace, texts, counts, base_url, model, endpoint=args.endpoint,
         max_concurrency=args.max_concurrency, send_priority=send_priority,
@@ -63,6 +74,9 @@ def measure(args, trace, texts, counts, base_url: str, model: str, out_dir: Path
         request_seed=args.request_seed, oracle_lengths=oracle_lengths,
         stop_token_ids=args.stop_token_ids), base_url))
     summary = metrics.summarize(results, duration, trace.buckets, metrics.parse_goodput(args.goodput))
+    # The recompute tax and shed counts of this run; None from a server that is not minivllm.
+    summary["server_metrics"] = server_metrics.over_run(counters_before,
+                                                        server_metrics.scrape(base_url))
     if prediction_log:
         rows = prediction.read_prediction_log(prediction_log, start=log_start)
         q = prediction.quality_from_log(rows)

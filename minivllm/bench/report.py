@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from minivllm.bench import server_metrics  # noqa: E402
 from minivllm.bench.metrics import BUCKETS, TTFT_PARTS, bucket_of, tpot_ms  # noqa: E402
 
 
@@ -80,6 +81,8 @@ def markdown_summary(summary: dict, title: str = "Run") -> str:
                      f"{_f(b['ttft_ms']['mean'] and b['ttft_ms']['mean'] / 1000, 3)} | "
                      f"{_f(b['tpot_ms']['mean'], 2)} | {_f(_rate(b['tpot_ms']['mean']))} | "
                      f"{_f(b['output_tokens_per_s']['mean'])} |")
+    if "server_metrics" in s:  # a run against a server (absent from simulated runs)
+        lines += ["", server_metrics.describe(s["server_metrics"])]
     lines += ttft_split_table(s)
     if s.get("engine"):
         lines += ["", ENGINE_HEADER, "|---" * ENGINE_COLUMNS + "|", engine_row(s["engine"])]
@@ -206,7 +209,7 @@ def policy_table(summaries: dict[str, dict]) -> str:
     simulator counted it, output tok/s per user where users send several requests each."""
     s0 = next(iter(summaries.values()))
     def tax_of(s):  # the simulator's engine figures, or a server's /metrics (bench)
-        return s.get("engine", {}).get("recompute_tax", s.get("recompute_tax"))
+        return (s.get("engine") or s.get("server_metrics") or {}).get("recompute_tax")
 
     tax = any(tax_of(s) is not None for s in summaries.values())
 

@@ -1,6 +1,5 @@
 """A minivllm server as a child process, for `bench policies` (one per policy) and the soak
-benchmark: its command line, its port, waiting for /health, stopping it, and reading its
-recompute tax from /metrics."""
+benchmark: its command line, its port, waiting for /health and stopping it."""
 
 from __future__ import annotations
 
@@ -74,22 +73,3 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def scrape_recompute_tax(base_url: str) -> float | None:
-    """The server's recompute tax from /metrics (its counters since it started), or None
-    where it does not count one."""
-    try:
-        with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    totals = {}
-    for line in text.splitlines():
-        for name in ("minivllm:num_recomputed_tokens_total", "minivllm:num_computed_tokens_total"):
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    computed = totals.get("minivllm:num_computed_tokens_total")
-    if computed is None or "minivllm:num_recomputed_tokens_total" not in totals:
-        return None
-    return totals["minivllm:num_recomputed_tokens_total"] / computed if computed else 0.0
