@@ -51,7 +51,8 @@ ENGINE_FLAGS = {
     "--edf-action": ("shed", str), "--ttft-slo-ms": (None, float),
     "--e2e-slo-ms": (None, float), "--mlfq-base-quantum": (4, int), "--residual-sjf-max-wait-ms": (10000.0, float),
     "--max-num-waiting-requests": (None, int), "--max-num-waiting-tokens": (None, int),
-    "--request-timeout": (None, float), "--max-logprobs": (20, int),
+    "--request-timeout": (None, float), "--max-loras": (1, int), "--max-logprobs": (20, int),
+    "--enable-lora": (False, None), "--max-lora-rank": (16, int), "--max-cpu-loras": (None, int),
     "--num-threads": (None, int), "--generation-config": ("auto", str),
     "--override-generation-config": (None, "json"),
 }

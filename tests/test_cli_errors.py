@@ -18,6 +18,8 @@ from minivllm.cli import main
      "--chat-template: no such file: no-such-template.jinja"),
     (["generate", "--model", "/no/such/model", "hello"],
      "model '/no/such/model' is neither a local directory nor a loadable hub id"),
+    (["serve", "--lora-modules", "a=/somewhere"], "--lora-modules needs --enable-lora"),
+    (["serve", "--enable-lora", "--lora-modules", "a"], "must be name=path or a JSON object"),
     (["bench", "serve", "--backend", "openai-chat", "--endpoint", "completions"],
      "--backend openai-chat contradicts --endpoint completions"),
 ])

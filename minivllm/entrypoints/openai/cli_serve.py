@@ -13,6 +13,7 @@ from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.entrypoints.openai.cli_tools import add_tool_args, parsers_from_args
 from minivllm.entrypoints.openai.limits import RequestLimits, add_limit_args
 from minivllm.entrypoints.openai.responses_store import add_responses_args
+from minivllm.entrypoints.openai.serving_models import check_lora_modules
 
 logger = logging.getLogger("minivllm.serve")
 
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     load_chat_template(args.chat_template)  # a bad path fails now, not on the first chat
     parsers_from_args(args)  # so does --enable-auto-tool-choice without a parser
+    check_lora_modules(args.lora_modules, config)  # and a misspelt --lora-modules
     engine = make_engine(config, args)
     try:
         app = build_app(engine, args)

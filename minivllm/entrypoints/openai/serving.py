@@ -34,6 +34,8 @@ from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.entrypoints.openai.serving_models import OpenAIServingModels
+    from minivllm.lora.request import LoRARequest
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 
@@ -53,14 +55,22 @@ class OpenAIServing:
         self.max_model_len = engine.max_model_len
         self.chat_template = chat_template
         self.limits = limits
+        # The base model and its LoRA adapters (serving_models.py); None: the base alone
+        self.models: OpenAIServingModels | None = None
         # Where each stream's TTFT parts go once its first token is sent (the dashboard)
         self.ttft_sink: Callable[[dict], None] | None = None
 
     # ---- checks -------------------------------------------------------------------------
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter the request's model field names (None: the base model); 404 for
+        a name this server does not serve."""
+        if model is None or model == self.model_name:
+            return None
+        lora = self.models.lora_requests.get(model) if self.models is not None else None
+        if lora is None:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
+        return lora
 
     def check_token_ids(self, token_ids: list[int], param: str, allow_empty: bool = False
                         ) -> None:
@@ -197,7 +207,7 @@ class OpenAIServing:
             max_tokens_cap=self.default_sampling.get("max_tokens"),
             priority=req.priority, cache_salt=req.cache_salt, user=req.user,
             ttft_slo_ms=req.ttft_slo_ms, e2e_slo_ms=req.e2e_slo_ms,
-            oracle_output_len=req.oracle_output_len)
+            oracle_output_len=req.oracle_output_len, lora_request=self.check_model(req.model))
         return self.engine.generate(request, params, request_id, prompt_text=prompt)
 
 

@@ -64,6 +64,13 @@ def parse_lora_module(text: str) -> LoRAModule:
     return LoRAModule(name, path)
 
 
+def check_lora_modules(values: list[str] | None, config) -> None:
+    """--lora-modules spelt right and with --enable-lora, before the engine starts."""
+    modules = [parse_lora_module(m) for m in values or ()]
+    if modules and not config.lora_config.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
+
+
 def runtime_updating_allowed(flag: bool) -> bool:
     return flag or os.environ.get(RUNTIME_UPDATING_ENV, "").lower() in ("1", "true")
 
