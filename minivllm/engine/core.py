@@ -42,7 +42,9 @@ from minivllm.structured_output.manager import StructuredOutputManager
 logger = logging.getLogger(__name__)
 
 
-def _eos_token_ids(path, tokenizer) -> set[int]:
+def eos_token_ids(path, tokenizer) -> set[int]:
+    """The model's EOS ids: its generation config's and its tokenizer's (also what beam
+    search ends a beam at, minivllm/beam_search.py)."""
     ids: set[int] = set()
     try:
         eos = GenerationConfig.from_pretrained(path).eos_token_id
@@ -62,7 +64,7 @@ class EngineCore:
         self.hf_config = AutoConfig.from_pretrained(path)
         tokenizer_path = resolve_model_path(model.tokenizer) if model.tokenizer else path
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        self.eos_token_ids = _eos_token_ids(path, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(path, self.tokenizer)
         self.max_model_len = self._max_model_len()
         self.vocab_size = self.hf_config.vocab_size
         # Grammars of structured_outputs requests compile on a worker thread; meanwhile the
