@@ -10,7 +10,7 @@ from collections import Counter, OrderedDict
 import numpy as np
 import torch
 
-from minivllm.lora.layers import LoRAStep, install
+from minivllm.lora.layers import MAX_PADDING, LoRAStep, install
 from minivllm.lora.peft_format import read_adapter
 from minivllm.lora.request import LoRARequest
 from minivllm.lora.weights import LoRAWeights
@@ -61,17 +61,33 @@ class LoRAManager:
         """The step's rows per adapter: request i (its LoRA id, 0 for none) owns rows
         query_start_loc[i]:query_start_loc[i + 1] of the flattened batch."""
         step = self.step
-        step.groups, step.all_rows = [], None
+        step.groups, step.all_rows, step.gather = [], None, None
         distinct = set(lora_ids)
         if distinct == {0}:
             return
         if len(distinct) == 1:
             step.all_rows = self.adapters[lora_ids[0]][1]
             return
-        rows: dict[int, list[np.ndarray]] = {}
+        spans: dict[int, list[np.ndarray]] = {}
         for i, lora_id in enumerate(lora_ids):
             if lora_id:
-                rows.setdefault(lora_id, []).append(
+                spans.setdefault(lora_id, []).append(
                     np.arange(query_start_loc[i], query_start_loc[i + 1]))
-        step.groups = [(torch.from_numpy(np.concatenate(spans)).to(self.device),
-                        self.adapters[lora_id][1]) for lora_id, spans in rows.items()]
+        rows = {lora_id: np.concatenate(s) for lora_id, s in spans.items()}
+        longest = max(len(r) for r in rows.values())
+        total = sum(len(r) for r in rows.values())
+        if len(rows) * longest > MAX_PADDING * total:
+            step.groups = [(self._tensor(r), self.adapters[i][1]) for i, r in rows.items()]
+            return
+        adapters = tuple(self.adapters[i][1] for i in rows)
+        if adapters != step.adapters:  # another set: stack its weights again
+            step.adapters, step.stacks = adapters, {}
+        # Pad each adapter's rows to the longest with its own first row; `keep` drops them.
+        gather = np.stack([np.pad(r, (0, longest - len(r)), mode="edge") for r in rows.values()])
+        step.gather = self._tensor(gather)
+        step.rows = self._tensor(np.concatenate(list(rows.values())))
+        step.keep = None if longest * len(rows) == total else self._tensor(np.concatenate(
+            [k * longest + np.arange(len(r)) for k, r in enumerate(rows.values())]))
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)

@@ -1,0 +1,72 @@
+"""The batched LoRA delta (both of its ways: stacked bmm for even row counts, a matmul pair
+per adapter otherwise) against the plain per-row sum, on random rows and adapters of
+different ranks, one of which does not target every linear."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from minivllm.lora.manager import LoRAManager
+from minivllm.lora.request import LoRARequest
+
+IN, OUT = 24, 40
+
+
+class FakeWeights:
+    def __init__(self, rank: int, targets_qkv: bool, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        pair = lambda: (torch.randn(rank, IN, generator=g), torch.randn(OUT, rank, generator=g))  # noqa: E731
+        self.pairs = {(0, "o_proj"): pair()}
+        if targets_qkv:
+            self.pairs[(0, "qkv")] = pair()
+
+
+def manager_with(adapters: dict[int, FakeWeights]):
+    weight = torch.randn(OUT, IN)
+    base = lambda x, residual=None: x @ weight.t() + (0 if residual is None else residual)  # noqa: E731
+    layer = SimpleNamespace(self_attn=SimpleNamespace(qkv=base), o_proj=base,
+                            mlp=SimpleNamespace(gate_up=base, down=base))
+    manager = LoRAManager(SimpleNamespace(layers=[layer]), None, 16, 8, torch.float32,
+                          torch.device("cpu"))
+    for i, w in adapters.items():
+        manager.adapters[i] = (LoRARequest(f"a{i}", i, "/x"), w)
+    return manager, layer, base
+
+
+@pytest.mark.parametrize("counts", [
+    [1, 1, 1, 1, 1, 1],  # decodes of three adapters and the base: batched, no padding
+    [1, 1, 2, 1, 1, 1],  # nearly even: batched with padding
+    [9, 1, 1, 1],  # one long prefill: a matmul pair per adapter
+    [3, 3],  # one adapter and the base
+    [5],  # one adapter alone
+])
+def test_every_way_equals_the_per_row_sum(counts):
+    rng = np.random.default_rng(len(counts) + sum(counts))
+    adapters = {1: FakeWeights(4, True, 1), 2: FakeWeights(8, False, 2), 3: FakeWeights(2, True, 3)}
+    manager, layer, base = manager_with(adapters)
+    lora_ids = [int(rng.integers(0, 4)) for _ in counts]
+    if len(counts) == 1:
+        lora_ids = [1]
+    query_start_loc = np.concatenate([[0], np.cumsum(counts)])
+    x = torch.randn(int(query_start_loc[-1]), IN)
+    manager.set_step(lora_ids, query_start_loc)
+    for name, linear in (("qkv", layer.self_attn.qkv), ("o_proj", layer.o_proj)):
+        want = base(x).clone()
+        for i, lora_id in enumerate(lora_ids):
+            pair = adapters[lora_id].pairs.get((0, name)) if lora_id else None
+            if pair is not None:
+                rows = slice(query_start_loc[i], query_start_loc[i + 1])
+                want[rows] += x[rows] @ pair[0].t() @ pair[1].t()
+        torch.testing.assert_close(linear(x), want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_ways_are_both_taken():
+    manager, _, _ = manager_with({1: FakeWeights(4, True, 1), 2: FakeWeights(8, True, 2)})
+    manager.set_step([1, 2, 1, 2], np.array([0, 1, 2, 3, 4]))
+    assert manager.step.gather is not None and not manager.step.groups
+    manager.set_step([1, 2], np.array([0, 9, 10]))
+    assert manager.step.gather is None and len(manager.step.groups) == 2
