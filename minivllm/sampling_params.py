@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Literal
 
 from minivllm.structured_output.params import StructuredOutputsParams
 
@@ -105,3 +106,29 @@ class SamplingParams:
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
         )
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's BeamSearchParams, plus transformers' (and old vLLM's) early_stopping."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_width, int) or self.beam_width < 1:
+            raise ValueError(f"beam_width must be >= 1, got {self.beam_width!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        # The search ranks by the model's own logprobs; a temperature would only reshape
+        # them, and transformers' beam search without sampling ignores it too.
+        if self.temperature != 0.0:
+            raise ValueError(f"temperature must be 0 for beam search (sampled beam search is "
+                             f"not supported), got {self.temperature!r}")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be true, false or 'never', "
+                             f"got {self.early_stopping!r}")

@@ -10,6 +10,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from minivllm.beam_search import (
+    BeamSearch,
+    BeamSearchOutput,
+    advance_all,
+    check_beam_search,
+    step_params,
+)
 from minivllm.config import EngineConfig
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.llm_engine import LLMEngine
@@ -17,7 +24,7 @@ from minivllm.engine.messages import make_core_request
 from minivllm.engine.stats import SchedulerStats
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 PromptType = str | dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -103,6 +110,31 @@ class LLM:
             self._run(set(ids), use_tqdm=False)
             raise
         return self._run(set(ids), use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType],
+                    params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's: each prompt's beam_width best hypotheses, as transformers' beam search
+        finds them (minivllm/beam_search.py). Every step runs each live beam of every prompt
+        as one request of one token; they share their KV blocks through the prefix cache."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        core = self.llm_engine.core
+        searches = []
+        for prompt in prompts:
+            text, token_ids = self._split_prompt(prompt)
+            if token_ids is None:
+                token_ids = self.get_tokenizer()(text).input_ids
+            check_beam_search(params, core.eos_token_ids, self.llm_engine.config.max_logprobs,
+                              len(token_ids), self.llm_engine.max_model_len)
+            searches.append(BeamSearch(token_ids, params, core.eos_token_ids))
+        step = step_params(searches[0].num_candidates) if searches else None
+        bar = tqdm(desc="Beam search steps", disable=not use_tqdm)
+        while live := [s for s in searches if not s.done]:
+            beams = [{"prompt_token_ids": ids} for s in live for ids in s.beam_token_ids()]
+            advance_all(live, self.generate(beams, step, use_tqdm=False))
+            bar.update(1)
+        bar.close()
+        return [s.output(self.get_tokenizer().decode) for s in searches]
 
     def chat(
         self,
