@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 from minivllm.core.policy import PolicyConfig
 from minivllm.core.scheduler import SchedulerConfig
 from minivllm.generation_fields import parse_override
+from minivllm.pooling_params import parse_pooler_config
 
 DEMO_MODEL_NAME = "minivllm-demo"
 DEFAULT_KV_CACHE_SPACE = 4.0  # GiB; vLLM's CPU build also defaults to a fixed 4 GiB
@@ -46,6 +47,9 @@ class ModelConfig:
     # generation_config.json, "vllm" ignores it, or a folder holding a generation_config.json.
     generation_config: str = "auto"
     override_generation_config: dict[str, Any] | None = None  # e.g. {"temperature": 0.5}
+    # How pooling requests (embeddings) pool, vLLM's JSON: {"pooling_type": "MEAN",
+    # "normalize": true}; unset keys: LAST, normalized (pooling_params.py).
+    pooler_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "fp32"):
@@ -70,6 +74,8 @@ class ModelConfig:
         self.override_generation_config = parse_override(
             self.override_generation_config,
             "override_generation_config (--override-generation-config)")
+        self.pooler_config = parse_pooler_config(self.pooler_config,
+                                                 "pooler_config (--pooler-config)")
 
     @property
     def model_name(self) -> str:

@@ -1,4 +1,5 @@
-"""What the engine hands back: RequestOutput / CompletionOutput, spelled like vLLM's."""
+"""What the engine hands back: RequestOutput / CompletionOutput, and a pooling request's
+EmbeddingRequestOutput / EmbeddingOutput, spelled like vLLM's."""
 
 from __future__ import annotations
 
@@ -79,3 +80,21 @@ class RequestOutput:
             self.prompt_logprobs = later.prompt_logprobs
         self.finished, self.metrics, self.error = later.finished, later.metrics, later.error
         self.num_cached_tokens = later.num_cached_tokens
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """A pooling request's one output (vLLM's): its prompt pooled into a vector."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None

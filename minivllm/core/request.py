@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from minivllm.lora.request import LoRARequest
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
 
@@ -63,6 +64,9 @@ class EngineCoreRequest(msgspec.Struct, tag="add", omit_defaults=True):
     ttft_slo_ms: float | None = None
     e2e_slo_ms: float | None = None
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base)
+    # A pooling request (embeddings): its prompt is prefilled and pooled, nothing is
+    # sampled; its sampling_params only say one sequence, one final output.
+    pooling_params: PoolingParams | None = None
 
     @property
     def lora_int_id(self) -> int:
@@ -99,8 +103,8 @@ class Request:
         self.all_token_ids = list(self.prompt_token_ids)  # prompt, then outputs as they come
         self.max_tokens = max_tokens
         self.arrival_time = core_request.arrival_time
-        # Prompt logprobs need logits at every prompt position, so such a request
-        # never skips prompt tokens through the prefix cache.
+        # Prompt logprobs (and mean pooling) need every prompt position's output, so such
+        # a request never skips prompt tokens through the prefix cache.
         self.needs_prompt_logits = needs_prompt_logits
         # What the model side needs to sample for it; opaque to the scheduler, which only
         # hands it over once, when the request first reaches the runner.
@@ -153,6 +157,11 @@ class Request:
     @property
     def max_total_tokens(self) -> int:
         return self.num_prompt_tokens + self.max_tokens
+
+    @property
+    def is_pooling(self) -> bool:
+        """It ends when its prompt is computed, with the runner's pooled vector."""
+        return self.core_request.pooling_params is not None
 
     @property
     def is_finished(self) -> bool:

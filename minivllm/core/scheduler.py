@@ -374,7 +374,7 @@ class Scheduler:
                     req_id, request.prompt_token_ids, list(request.output_token_ids),
                     list(request.block_ids), request.num_computed_tokens,
                     request.sampling_params, request.seed, request.banned_until_min_tokens,
-                    request.core_request.lora_int_id))
+                    request.core_request.lora_int_id, request.core_request.pooling_params))
             else:
                 # A copy-on-write replaced its last block of the previous step (with draft
                 # tokens, blocks may have been appended after it).
@@ -692,9 +692,10 @@ class Scheduler:
         """Advance computed counts, append the sampled tokens and finish the requests whose
         token ends them (check_stop: their status says why, their blocks are freed); return
         the requests that got new tokens, in the step's order (request.num_new_tokens: how
-        many). `sampled_token_ids`: request id -> its token, or with draft tokens the
-        accepted drafts and the target's next token (a rejected draft's KV is overwritten:
-        the computed count goes back past it, and blocks only the rejected drafts needed are
+        many) and the pooling requests whose prompt was completed (none: they end there).
+        `sampled_token_ids`: request id -> its token, or with draft tokens the accepted
+        drafts and the target's next token (a rejected draft's KV is overwritten: the
+        computed count goes back past it, and blocks only the rejected drafts needed are
         freed). `prompt_hidden`: request id -> the last prompt token's hidden state, for
         requests whose prefill completed (out.want_prompt_hidden); the predictor predicts
         again with it."""
@@ -728,6 +729,10 @@ class Scheduler:
                     stopped[req_id] = status
                     break
             if tokens:
+                sampled.append(request)
+            elif request.is_pooling and request.num_computed_tokens == request.num_prompt_tokens:
+                # Its prompt is computed: the runner pooled it this step, and it is done.
+                stopped[req_id] = RequestStatus.FINISHED_STOPPED
                 sampled.append(request)
             if drafts and self.kv.free_tail(request, request.num_computed_tokens + 1):
                 self._runner_blocks[req_id] = -1  # its table will be sent whole

@@ -22,6 +22,7 @@ class NewRequestData:
     seed: int | None
     banned_until_min_tokens: tuple[int, ...]
     lora_int_id: int = 0  # its LoRA adapter (0: the base model)
+    pooling_params: Any = None  # a pooling request's (resolved): the runner pools, not samples
 
 
 @dataclass

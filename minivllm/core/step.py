@@ -28,7 +28,8 @@ class ScheduledStep:
 
 @dataclass
 class StepResult:
-    sampled: list[Request]  # the requests that got a token, in the step's order
+    # the requests that got a token (or, pooling, their pooled vector), in the step's order
+    sampled: list[Request]
     finished: list[Request]  # of those, the ones it ended (their status says why)
 
 

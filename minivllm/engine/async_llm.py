@@ -51,7 +51,7 @@ from minivllm.engine.request_stream import RequestStream
 from minivllm.engine.stat_loggers import StatLoggerBase
 from minivllm.engine.stats import SchedulerStats
 from minivllm.model.loader import resolve_model_path
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import EmbeddingRequestOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -189,6 +189,13 @@ class AsyncLLM:
             self._num_in_flight -= 1
             if not finished:
                 self._abort(request_id)
+
+    def encode(self, request: EngineCoreRequest, prompt_text: str | None = None
+               ) -> AsyncIterator[EmbeddingRequestOutput]:
+        """A pooling request (messages.make_pooling_request): its one output, the pooled
+        vector, through the same path, scheduler and errors as generate()."""
+        return self.generate(request, request.sampling_params, request.request_id,
+                             prompt_text=prompt_text)
 
     def _open_request(self, prompt: str | EngineCoreRequest | None, params: SamplingParams,
                       request_id: str, prompt_token_ids: list[int] | None, priority: int,

@@ -15,6 +15,7 @@ import logging
 import time
 from concurrent import futures
 
+import msgspec
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from minivllm.config import EngineConfig
@@ -125,12 +126,18 @@ class EngineCore:
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self._validate(prompt, params)
+        if req.pooling_params is not None:
+            req = self._resolve_pooling(req)
         if req.oracle_output_len is not None and self.config.length_predictor != "oracle":
             raise ValueError("oracle_output_len is a lab field, read only by a server run with "
                              "--length-predictor oracle")
-        check_context_length(len(prompt), params.max_tokens, self.max_model_len)
-        # An edge has resolved it (make_core_request); a request built without one may not.
-        max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), self.max_model_len)
+        if req.pooling_params is not None:  # nothing to generate: the prompt may fill the context
+            check_context_length(len(prompt), 0, self.max_model_len)
+            max_tokens = 0
+        else:
+            check_context_length(len(prompt), params.max_tokens, self.max_model_len)
+            # An edge has resolved it (make_core_request); one built without one may not.
+            max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), self.max_model_len)
         self.scheduler.check_fits(len(prompt), max_tokens, num_sequences(params))
         self._check_queue_bounds(len(prompt))
         banned = self._stop_ids(params)  # until min_tokens
@@ -144,6 +151,18 @@ class EngineCore:
         else:
             self.scheduler.add_request(head)
         self.groups.add(request_id, requests)
+
+    def _resolve_pooling(self, req: EngineCoreRequest) -> EngineCoreRequest:
+        """A pooling request with its unset pooling fields taken from --pooler-config; its
+        dimensions checked against the model's hidden size."""
+        pooling = req.pooling_params.resolve(self.config.pooler_config)
+        hidden_size = self.hf_config.hidden_size
+        if pooling.dimensions is not None and pooling.dimensions > hidden_size:
+            raise ValueError(f"dimensions must be <= the model's hidden size ({hidden_size}), "
+                             f"got {pooling.dimensions}")
+        if num_sequences(req.sampling_params) != 1 or req.sampling_params.structured_outputs:
+            raise ValueError("a pooling request is one sequence with no structured_outputs")
+        return msgspec.structs.replace(req, pooling_params=pooling)
 
     def _acquire_lora(self, lora: LoRARequest) -> None:
         """Load the request's adapter if need be and hold it until the request ends."""
@@ -336,6 +355,8 @@ class EngineCore:
             if logprobs is not None:
                 out.new_logprobs = [pack_logprobs(entry) for entry in logprobs[:num_new]]
             out.num_cached_tokens = request.num_cached_tokens
+            if request.is_pooling:  # its prompt is computed: the vector is its output
+                out.pooled = result.pooled[request.request_id]
             if request.is_finished:  # the scheduler's stop rule ended it (core/stop.py)
                 out.finish_reason, out.stop_reason = request.status.value, request.stop_reason
         for request in done.finished:  # after the loop: _output reads their groups

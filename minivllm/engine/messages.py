@@ -21,7 +21,8 @@ from minivllm.core.lifecycle import TraceSample
 from minivllm.core.request import EngineCoreRequest, check_context_length
 from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import Logprob
-from minivllm.sampling_params import SamplingParams
+from minivllm.pooling_params import PoolingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 # One position's logprobs, compact: (token ids, logprobs, ranks), the chosen token first.
 LogprobsLists = tuple[list[int], list[float], list[int | None]]
@@ -72,6 +73,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     error: str | None = None
     error_kind: str | None = None
     overload_reason: str | None = None
+    # A pooling request's vector (embeddings), with its finish: it has no tokens.
+    pooled: list[float] | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, tag="outputs", omit_defaults=True):
@@ -141,6 +144,19 @@ def make_core_request(request_id: str, prompt_token_ids: list[int], params: Samp
     return EngineCoreRequest(
         request_id=request_id, prompt_token_ids=prompt_token_ids, sampling_params=params,
         arrival_time=arrival_time if arrival_time is not None else time.time(), **fields)
+
+
+def make_pooling_request(request_id: str, prompt_token_ids: list[int],
+                         pooling_params: PoolingParams, *, arrival_time: float | None = None,
+                         **fields) -> EngineCoreRequest:
+    """A pooling request (embeddings): the core prefills and pools its prompt, samples
+    nothing; its SamplingParams only say one sequence, one output when it finishes."""
+    return EngineCoreRequest(
+        request_id=request_id, prompt_token_ids=list(prompt_token_ids),
+        sampling_params=SamplingParams(max_tokens=None,
+                                       output_kind=RequestOutputKind.FINAL_ONLY),
+        arrival_time=arrival_time if arrival_time is not None else time.time(),
+        pooling_params=pooling_params, **fields)
 
 
 def pack_logprobs(entry: dict[int, Logprob]) -> LogprobsLists:

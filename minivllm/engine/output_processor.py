@@ -27,7 +27,7 @@ from minivllm.engine.messages import (
 from minivllm.engine.parallel_sampling import num_sequences
 from minivllm.engine.request_state import RequestGroup, RequestState
 from minivllm.engine.stats import FinishedRequestStats, IterationStats
-from minivllm.outputs import RequestMetrics, RequestOutput
+from minivllm.outputs import EmbeddingRequestOutput, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class ProcessedOutputs:
     iteration_stats: IterationStats
-    request_outputs: list[RequestOutput] = field(default_factory=list)
+    request_outputs: list[RequestOutput | EmbeddingRequestOutput] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)  # sequence ids a stop string ended
     failed: list[str] = field(default_factory=list)  # requests that failed here: abort them
 
@@ -117,7 +117,7 @@ class OutputProcessor:
                 continue
             if state.finish_reason is not None and out.finish_reason is None:
                 result.stopped.append(seq_id(group.request_id, out.index, len(group.sequences)))
-            if out.new_token_ids:
+            if out.new_token_ids or out.pooled is not None:
                 progressed[group.request_id] = group
         failed, self._failed = self._failed, []
         for group in progressed.values():
@@ -145,6 +145,10 @@ class OutputProcessor:
         if out.prompt_logprobs is not None:
             first, scored = out.prompt_logprobs
             group.add_prompt_logprobs(first, [unpack_logprobs(entry) for entry in scored])
+        if out.pooled is not None:  # a pooling request's one output: it has no tokens
+            group.pooled, group.num_cached_tokens = out.pooled, out.num_cached_tokens
+            state.finish_reason = out.finish_reason
+            return
         if not out.new_token_ids:
             return
         group.num_cached_tokens = out.num_cached_tokens

@@ -26,11 +26,13 @@ def make_sequences(req: EngineCoreRequest, max_tokens: int,
                    banned_until_min_tokens: Iterable[int]) -> list[Request]:
     """The scheduler's Requests of a caller's request, one group, its head first: only the
     head scores prompt logprobs (the prompt is prefilled once), each has its own seed."""
-    params = req.sampling_params
+    params, pooling = req.sampling_params, req.pooling_params
     count = num_sequences(params)
+    every_position = (params.prompt_logprobs is not None
+                      or (pooling is not None and pooling.pooling_type == "MEAN"))
     requests = [
         Request(seq_id(req.request_id, index, count), req, max_tokens,
-                needs_prompt_logits=params.prompt_logprobs is not None and index == 0,
+                needs_prompt_logits=every_position and index == 0,
                 seed=None if params.seed is None else params.seed + index,
                 banned_until_min_tokens=banned_until_min_tokens)
         for index in range(count)]

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from minivllm.engine.parallel_sampling import best_of
-from minivllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from minivllm.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+)
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -90,6 +97,7 @@ class RequestGroup:
     error: str | None = None
     num_cached_tokens: int = 0
     sent_prompt_logprobs: bool = False
+    pooled: list[float] | None = None  # a pooling request's vector, when it has finished
 
     @property
     def finished(self) -> bool:
@@ -102,8 +110,15 @@ class RequestGroup:
             if index == len(self.prompt_logprobs):
                 self.prompt_logprobs.append(entry)
 
-    def to_output(self, token_texts: TokenTexts) -> RequestOutput | None:
+    def to_output(self, token_texts: TokenTexts
+                  ) -> RequestOutput | EmbeddingRequestOutput | None:
         """This step's output in the request's kind, or None when it has nothing to say."""
+        if self.pooled is not None:
+            return EmbeddingRequestOutput(
+                request_id=self.request_id, outputs=EmbeddingOutput(self.pooled),
+                prompt_token_ids=self.prompt_token_ids,
+                metrics=dataclasses.replace(self.metrics),
+                num_cached_tokens=self.num_cached_tokens)
         finished = self.finished
         kind = self.output_kind
         if kind is RequestOutputKind.FINAL_ONLY and not finished:

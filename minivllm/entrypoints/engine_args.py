@@ -10,6 +10,7 @@ from minivllm.core.length_predictor import LENGTH_PREDICTORS
 from minivllm.core.policy import POLICIES
 from minivllm.core.speculative import parse_speculative_config
 from minivllm.generation_fields import parse_override
+from minivllm.pooling_params import parse_pooler_config
 
 _HELP = {
     "model": "local Hugging Face model directory, hub id, or 'minivllm-demo'",
@@ -81,6 +82,9 @@ _HELP = {
                          "generation_config.json",
     "override_generation_config": "JSON object merged over the generation config, e.g. "
                                   "'{\"temperature\": 0.5, \"top_p\": 0.9}'",
+    "pooler_config": "how /v1/embeddings and LLM.embed pool the prompt's hidden states, "
+                     "vLLM's JSON: '{\"pooling_type\": \"MEAN\", \"normalize\": true}' "
+                     "(pooling_type LAST | MEAN; unset: LAST, normalized)",
 }
 
 
@@ -98,6 +102,7 @@ def _json_object(parse):
 JSON_FLAGS = {
     "override_generation_config": _json_object(lambda text: parse_override(text, flag=None)),
     "speculative_config": _json_object(parse_speculative_config),
+    "pooler_config": _json_object(lambda text: parse_pooler_config(text, flag=None)),
 }
 
 

@@ -32,6 +32,7 @@ from minivllm.model.loader import (
     resolve_model_path,
 )
 from minivllm.model.models import build_model, head_dim
+from minivllm.model.pooler import Pooler
 from minivllm.model.sampler import Sampler, top_logprobs
 from minivllm.model.spec_verify import sample_with_drafts
 from minivllm.outputs import Logprob
@@ -55,6 +56,8 @@ class ModelRunnerOutput:
     # for requests whose prefill completed this step, when the scheduler asked
     # (SchedulerOutput.want_prompt_hidden: the `probe` length predictor). No extra forward.
     prompt_hidden: dict[str, np.ndarray] = field(default_factory=dict)
+    # request id -> its pooled vector, for pooling requests whose prompt completed this step
+    pooled: dict[str, list[float]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -121,6 +124,7 @@ class ModelRunner:
         self.sampler = Sampler(hf_config.vocab_size, self.device, model_config.seed,
                                use_kernel=cpu.available(self.device, torch.float32),
                                structured=structured)
+        self.pooler = Pooler()  # pooling requests (embeddings) are pooled, not sampled
         max_len = getattr(hf_config, "max_position_embeddings", 2048)
         self.batch = InputBatch(-(-max_len // self.block_size) + 1, self.block_size)
         # The per-request attention oracle instead of the batched fast path (tests).
@@ -207,14 +211,19 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Apply the step's diffs, copies, one forward, sampling for the requests whose
-        last token is computed this step, and prompt logprobs for those that asked."""
+        last token is computed this step, prompt logprobs for those that asked, and the
+        pooled vectors of pooling requests whose prompt completed."""
         if self.threads is not None:
             self.threads.update()
         for req_id in out.finished_req_ids:
             self.sampler.remove_request(req_id)
+            self.pooler.remove(req_id)
             if self.drafter is not None:
                 self.drafter.remove(req_id)
         for new in self.batch.apply(out):
+            if new.pooling_params is not None:
+                self.pooler.add_request(new.req_id, new.pooling_params)
+                continue
             self.sampler.add_request(new.req_id, new.sampling_params, new.prompt_token_ids,
                                      new.output_token_ids, new.banned_until_min_tokens,
                                      new.seed)
@@ -241,6 +250,12 @@ class ModelRunner:
             state = self.batch.requests[req_id]
             end, start = ends[i], state.num_computed_tokens
             n = out.num_scheduled_tokens[req_id]
+            if req_id in self.pooler:  # its rows are pooled; it has nothing to sample
+                pooled = self.pooler.add_chunk(req_id, hidden[end - n:end], start,
+                                               state.num_prompt_tokens)
+                if pooled is not None:
+                    result.pooled[req_id] = pooled
+                continue
             last_prompt = state.num_prompt_tokens - 1
             if out.want_prompt_hidden and start <= last_prompt < start + n:
                 last_prompt_rows[req_id] = end - n + last_prompt - start
