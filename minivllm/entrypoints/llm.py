@@ -20,10 +20,11 @@ from minivllm.beam_search import (
 from minivllm.config import EngineConfig
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.messages import make_core_request
+from minivllm.engine.messages import make_core_request, make_pooling_request
 from minivllm.engine.stats import SchedulerStats
 from minivllm.lora.request import LoRARequest
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import EmbeddingRequestOutput, RequestOutput
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 PromptType = str | dict[str, Any]
@@ -157,6 +158,33 @@ class LLM:
             for conversation in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def embed(self, prompts: PromptType | Sequence[PromptType],
+              pooling_params: PoolingParams | None = None, use_tqdm: bool = True,
+              lora_request: LoRARequest | None = None) -> list[EmbeddingRequestOutput]:
+        """vLLM's: each prompt pooled into one vector (`.outputs.embedding`), as
+        --pooler-config says unless `pooling_params` (dimensions, normalize, pooling_type)
+        do. Pooling requests share the scheduler and the steps with generation."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        ids = []
+        try:
+            for prompt in prompts:
+                request_id = str(next(self._counter))
+                text, token_ids = self._split_prompt(prompt)
+                if token_ids is None:
+                    token_ids = self.llm_engine.tokenizer(text).input_ids
+                request = make_pooling_request(request_id, token_ids,
+                                               pooling_params or PoolingParams(),
+                                               lora_request=lora_request)
+                self.llm_engine.add_request(request_id, request, request.sampling_params,
+                                            prompt_text=text)
+                ids.append(request_id)
+        except Exception:
+            self.llm_engine.abort_request(ids)
+            self._run(set(ids), use_tqdm=False)
+            raise
+        return self._run(set(ids), use_tqdm)
 
     @staticmethod
     def _split_prompt(prompt: PromptType) -> tuple[str | None, list[int] | None]:
