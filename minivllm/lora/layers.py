@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.lora.weights import LoRAWeights
+from minivllm.lora.weights import LoRAPair, LoRAWeights
 
 # Batched when the padded rows (adapters x the most rows of one) are at most this many
 # times the real ones.
@@ -33,26 +33,35 @@ class LoRAStep:
         self.keep: torch.Tensor | None = None
         self.rows: torch.Tensor | None = None
         self.adapters: tuple[LoRAWeights, ...] = ()
-        # (layer, linear) -> A stacked [adapters, in, rank], B [adapters, rank, out], for
-        # `adapters` (kept while the step's adapter set stays the same)
-        self.stacks: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor] | None] = {}
+        # (layer, linear) -> `adapters`' A stacked [adapters, in, slots rank] and each
+        # slot's B [adapters, rank, out] (rank: the highest of theirs, zero-padded); kept
+        # while the step's adapter set stays the same.
+        self.stacks: dict[tuple[int, str], tuple | None] = {}
 
-    def stacked(self, key: tuple[int, str]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def stacked(self, key: tuple[int, str]) -> tuple | None:
         if key not in self.stacks:
             pairs = [w.pairs.get(key) for w in self.adapters]
-            present = next((p for p in pairs if p is not None), None)
-            if present is None:
-                self.stacks[key] = None
-            else:
-                rank = max(p[0].shape[0] for p in pairs if p is not None)
-                a = present[0].new_zeros(len(pairs), present[0].shape[1], rank)
-                b = present[1].new_zeros(len(pairs), rank, present[1].shape[0])
-                for i, p in enumerate(pairs):
-                    if p is not None:  # zero A and B: no delta for this adapter here
-                        a[i, :, :p[0].shape[0]] = p[0].t()
-                        b[i, :p[1].shape[1]] = p[1].t()
-                self.stacks[key] = (a, b)
+            self.stacks[key] = _stack(pairs) if any(pairs) else None
         return self.stacks[key]
+
+
+def _stack(pairs: list[LoRAPair | None]) -> tuple:
+    """(A [n, in, slots rank], [B of each slot: [n, rank, out] or None], offsets, rank)."""
+    some = next(p for p in pairs if p is not None)
+    slots, rank = len(some.b), max(p.rank for p in pairs if p is not None)
+    a = some.a.new_zeros(len(pairs), some.a.shape[1], slots * rank)
+    bs: list[torch.Tensor | None] = [None] * slots
+    for i, pair in enumerate(pairs):
+        if pair is None:
+            continue  # zeros: no delta for this adapter here
+        r = pair.rank
+        for slot, b in enumerate(pair.b):
+            a[i, :, slot * rank:slot * rank + r] = pair.a[slot * r:(slot + 1) * r].t()
+            if b is not None:
+                if bs[slot] is None:
+                    bs[slot] = b.new_zeros(len(pairs), rank, b.shape[0])
+                bs[slot][i, :r] = b.t()
+    return a, bs, some.offsets, rank
 
 
 class LoRALinear:
@@ -67,22 +76,39 @@ class LoRALinear:
         if step.all_rows is not None:
             pair = step.all_rows.pairs.get(self.key)
             if pair is not None:  # padding rows too: nothing reads them
-                y.addmm_(x @ pair[0].t(), pair[1].t())
+                h, r = x @ pair.a.t(), pair.rank
+                for slot, b in enumerate(pair.b):
+                    if b is not None:
+                        y[:, pair.offsets[slot]:pair.offsets[slot] + b.shape[0]].addmm_(
+                            h[:, slot * r:(slot + 1) * r], b.t())
         elif step.gather is not None:
             stacks = step.stacked(self.key)
             if stacks is not None:
-                n, longest = step.gather.shape
-                xs = x.index_select(0, step.gather.flatten()).view(n, longest, -1)
-                delta = torch.bmm(torch.bmm(xs, stacks[0]), stacks[1]).flatten(0, 1)
-                if step.keep is not None:
-                    delta = delta.index_select(0, step.keep)
-                y.index_add_(0, step.rows, delta)
+                self._batched(x, y, *stacks)
         else:
             for rows, adapter in step.groups:
                 pair = adapter.pairs.get(self.key)
-                if pair is not None:
-                    y.index_add_(0, rows, (x.index_select(0, rows) @ pair[0].t()) @ pair[1].t())
+                if pair is None:
+                    continue
+                h, r = x.index_select(0, rows) @ pair.a.t(), pair.rank
+                for slot, b in enumerate(pair.b):
+                    if b is not None:
+                        y[:, pair.offsets[slot]:pair.offsets[slot] + b.shape[0]].index_add_(
+                            0, rows, h[:, slot * r:(slot + 1) * r] @ b.t())
         return y
+
+    def _batched(self, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor,
+                 bs: list[torch.Tensor | None], offsets: list[int], rank: int) -> None:
+        step = self.step
+        n, longest = step.gather.shape
+        h = torch.bmm(x.index_select(0, step.gather.flatten()).view(n, longest, -1), a)
+        for slot, b in enumerate(bs):
+            if b is None:
+                continue
+            delta = torch.bmm(h[:, :, slot * rank:(slot + 1) * rank], b).flatten(0, 1)
+            if step.keep is not None:
+                delta = delta.index_select(0, step.keep)
+            y[:, offsets[slot]:offsets[slot] + b.shape[2]].index_add_(0, step.rows, delta)
 
 
 def install(model: torch.nn.Module, step: LoRAStep) -> set[int]:

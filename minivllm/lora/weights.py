@@ -1,10 +1,12 @@
 """An adapter's tensors, shaped for the decoder's fused linears: q/k/v run as one matmul
-and gate/up as one (models/decoder.py), so their LoRA pairs are fused the same way. For a
-fused linear with targets t1..tk: A = [A_t1; ...; A_tk] ([k r, in]) and B block-diagonal
-([out, k r], each B_t in its own rows and columns, scaled), so x @ A.T @ B.T is every
-target's delta at once, in its own slice of the output."""
+and gate/up as one (models/decoder.py). For a fused linear of projections p1..pk (a slot
+each): A = [A_p1; ...; A_pk] ([k r, in], zeros for a projection the adapter leaves alone),
+so one product x @ A.T gives every slot's r columns at once; then each slot's B ([out_pj, r],
+scaled) adds its columns' product to its own slice of the output (LoRAPair)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load_file
@@ -16,8 +18,22 @@ FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
          "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
 
 
+@dataclass
+class LoRAPair:
+    """One fused linear's LoRA: A [slots r, in], and per slot its B [out, r] (scaled; None
+    where the adapter leaves that projection alone) and its output columns' offset."""
+
+    a: torch.Tensor
+    b: list[torch.Tensor | None]
+    offsets: list[int]
+
+    @property
+    def rank(self) -> int:
+        return self.a.shape[0] // len(self.b)
+
+
 class LoRAWeights:
-    """(layer, fused linear) -> (A [k r, in], B [out, k r]) with the scaling folded into B."""
+    """(layer, fused linear) -> its LoRAPair."""
 
     def __init__(self, spec: AdapterSpec, cfg, dtype: torch.dtype, device: torch.device,
                  dense_mlp_layers: set[int]) -> None:
@@ -30,7 +46,7 @@ class LoRAWeights:
                                  "targets a mixture-of-experts MLP, which is not supported")
         tensors = load_file(spec.weights_file)
         self.rank = spec.rank
-        self.pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pairs: dict[tuple[int, str], LoRAPair] = {}
         for layer in sorted({layer for layer, _ in spec.targets}):
             for fused, projections in FUSED.items():
                 present = [(tensors[spec.targets[(layer, p)][0]],
@@ -43,15 +59,14 @@ class LoRAWeights:
 
     @staticmethod
     def _fuse(present: list, out_sizes: list[int], projections: tuple[str, ...],
-              scaling: float, dtype: torch.dtype, device: torch.device
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              scaling: float, dtype: torch.dtype, device: torch.device) -> LoRAPair:
         """present: (A, B, projection) of the targeted projections, in the linear's order."""
-        rank = present[0][0].shape[0]
-        a = torch.cat([a for a, _, _ in present]).to(device, dtype)
-        b = torch.zeros(sum(out_sizes), rank * len(present), dtype=dtype, device=device)
-        offsets = dict(zip(projections, [sum(out_sizes[:i]) for i in range(len(out_sizes))]))
-        sizes = dict(zip(projections, out_sizes))
-        for i, (_, b_t, proj) in enumerate(present):
-            rows = slice(offsets[proj], offsets[proj] + sizes[proj])
-            b[rows, i * rank:(i + 1) * rank] = b_t.to(device, dtype) * scaling
-        return a.contiguous(), b.contiguous()
+        rank, width = present[0][0].shape
+        a = torch.zeros(rank * len(projections), width, dtype=dtype, device=device)
+        b: list[torch.Tensor | None] = [None] * len(projections)
+        for a_p, b_p, proj in present:
+            slot = projections.index(proj)
+            a[slot * rank:(slot + 1) * rank] = a_p.to(device, dtype)
+            b[slot] = (b_p.to(device, dtype) * scaling).contiguous()
+        offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
+        return LoRAPair(a, b, offsets)

@@ -12,17 +12,33 @@ import torch
 
 from minivllm.lora.manager import LoRAManager
 from minivllm.lora.request import LoRARequest
+from minivllm.lora.weights import LoRAPair
 
 IN, OUT = 24, 40
 
 
 class FakeWeights:
+    """o_proj (one slot of OUT), and qkv as two slots of OUT / 2 (the second left alone)."""
+
     def __init__(self, rank: int, targets_qkv: bool, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        pair = lambda: (torch.randn(rank, IN, generator=g), torch.randn(OUT, rank, generator=g))  # noqa: E731
-        self.pairs = {(0, "o_proj"): pair()}
+        self.pairs = {(0, "o_proj"): LoRAPair(torch.randn(rank, IN, generator=g),
+                                              [torch.randn(OUT, rank, generator=g)], [0])}
         if targets_qkv:
-            self.pairs[(0, "qkv")] = pair()
+            a = torch.randn(2 * rank, IN, generator=g)
+            a[rank:] = 0
+            self.pairs[(0, "qkv")] = LoRAPair(a, [torch.randn(OUT // 2, rank, generator=g),
+                                                  None], [0, OUT // 2])
+
+    def delta(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        pair = self.pairs[(0, name)]
+        out = torch.zeros(len(x), OUT)
+        for slot, b in enumerate(pair.b):
+            if b is not None:
+                r = pair.rank
+                out[:, pair.offsets[slot]:pair.offsets[slot] + b.shape[0]] = (
+                    x @ pair.a[slot * r:(slot + 1) * r].t() @ b.t())
+        return out
 
 
 def manager_with(adapters: dict[int, FakeWeights]):
@@ -57,10 +73,9 @@ def test_every_way_equals_the_per_row_sum(counts):
     for name, linear in (("qkv", layer.self_attn.qkv), ("o_proj", layer.o_proj)):
         want = base(x).clone()
         for i, lora_id in enumerate(lora_ids):
-            pair = adapters[lora_id].pairs.get((0, name)) if lora_id else None
-            if pair is not None:
+            if lora_id and (0, name) in adapters[lora_id].pairs:
                 rows = slice(query_start_loc[i], query_start_loc[i + 1])
-                want[rows] += x[rows] @ pair[0].t() @ pair[1].t()
+                want[rows] += adapters[lora_id].delta(name, x[rows])
         torch.testing.assert_close(linear(x), want, rtol=1e-5, atol=1e-4)
 
 
