@@ -145,9 +145,12 @@ class BeamSearch:
                   else self.generated)
         return self.running[0].cum_logprob / length ** p.length_penalty > self.finished[-1][0]
 
+    def best(self) -> list[BeamSearchSequence]:
+        """The kept hypotheses, best first."""
+        return [beam for _, beam in self.finished]
+
     def output(self, decode) -> BeamSearchOutput:
         """The best hypotheses, best first; `decode(token_ids)` gives each one's text (of
         all its tokens, the prompt's too, as vLLM's LLM.beam_search)."""
-        sequences = [dataclasses.replace(beam, text=decode(beam.tokens))
-                     for _, beam in self.finished]
+        sequences = [dataclasses.replace(beam, text=decode(beam.tokens)) for beam in self.best()]
         return BeamSearchOutput(sequences=sequences)

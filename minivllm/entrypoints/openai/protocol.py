@@ -85,6 +85,10 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
+    # vLLM's beam search: n beams, their hypotheses scored sum_logprobs / len ** length_penalty
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
 
 
 class TextPart(OpenAIModel):

@@ -33,6 +33,10 @@ from minivllm.entrypoints.openai.serving import (
     sse,
     sse_error,
 )
+from minivllm.entrypoints.openai.serving_beam_search import (
+    beam_search_choices,
+    beam_search_params,
+)
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -46,6 +50,8 @@ class OpenAIServingCompletion(OpenAIServing):
                               f"at the end), got best_of={req.best_of}, n={req.n}", 400,
                               "best_of")
         prompts = self._tokenize_prompts(req.prompt)
+        if req.use_beam_search:
+            return await self._beam_search(req, prompts)
         # lm-eval's loglikelihood requests: echo=true, max_tokens=0 wants only the prompt's
         # logprobs. The engine needs one token to generate; it is dropped from the answer.
         echo_only = req.echo and req.max_tokens == 0
@@ -81,6 +87,13 @@ class OpenAIServingCompletion(OpenAIServing):
         response = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                       usage=self._usage(finals, echo_only))
         return JSONResponse(response.model_dump())
+
+    async def _beam_search(self, req: CompletionRequest, prompts) -> Response:
+        params = beam_search_params(self, req, prompts)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        choices, usage = await beam_search_choices(self, req, request_id, prompts, params)
+        return JSONResponse(CompletionResponse(id=request_id, model=self.model_name,
+                                               choices=choices, usage=usage).model_dump())
 
     def _tokenize_prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
         """The prompt field's four shapes as (text or None, token ids) pairs."""
