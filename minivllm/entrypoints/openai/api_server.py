@@ -33,11 +33,13 @@ from minivllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from minivllm.entrypoints.openai.protocol_embedding import EmbeddingRequest
 from minivllm.entrypoints.openai.request_timing import ReceivedTimeMiddleware
 from minivllm.entrypoints.openai.responses_routes import add_responses_routes
 from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
 from minivllm.entrypoints.openai.serving_models import runtime_updating_allowed
 from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info
 
@@ -79,8 +81,9 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     completions = OpenAIServingCompletion(engine, model_name, chat_template, limits, defaults)
     chat = OpenAIServingChat(engine, model_name, chat_template, limits, defaults)
     chat.tool_parser, chat.reasoning_parser = parsers_from_args(args)
+    embeddings = OpenAIServingEmbedding(engine, model_name, chat_template, limits, defaults)
     models = serving_models(engine, args)
-    base.models = completions.models = chat.models = models
+    base.models = completions.models = chat.models = embeddings.models = models
     # PrometheusStatLogger, or (data parallel) one with every replica's series
     prometheus = next((s for s in engine.stat_loggers
                        if isinstance(s, (PrometheusStatLogger, DataParallelMetrics))), None)
@@ -154,6 +157,10 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
         return await cancel_on_disconnect(raw, chat.create(req, raw.state.received))
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(req: EmbeddingRequest, raw: Request) -> Response:
+        return await cancel_on_disconnect(raw, embeddings.create(req))
 
     add_responses_routes(app, chat, args)  # /v1/responses
 
