@@ -23,6 +23,9 @@ class StepBatch:
     num_decode_seqs: int = 0
     decode_context: int = 0  # tokens each decode attends to (its KV read), summed
     num_swap_tokens: int = 0  # token slots of the KV blocks swapped out plus in
+    # LoRA: new tokens of requests that run an adapter, and the distinct adapters
+    num_lora_tokens: int = 0
+    num_loras: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -57,6 +60,12 @@ def step_batch(out: SchedulerOutput, requests: dict, block_size: int) -> StepBat
     """The step's composition. `requests`: the scheduler's id -> Request, whose
     num_computed_tokens is still the count before this step."""
     b = StepBatch(num_swap_tokens=(len(out.swap_in) + len(out.swap_out)) * block_size)
+    loras = set()
     for req_id, n in out.num_scheduled_tokens.items():
-        b.add(n, requests[req_id].num_computed_tokens)
+        request = requests[req_id]
+        b.add(n, request.num_computed_tokens)
+        if lora_id := request.core_request.lora_int_id:
+            loras.add(lora_id)
+            b.num_lora_tokens += n
+    b.num_loras = len(loras)
     return b

@@ -36,7 +36,7 @@ SIM_ENGINE_ARGS = ("block_size", "num_kv_blocks", "swap_space", "enable_prefix_c
                    "target_tpot_ms", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "enable_chunked_prefill", "scheduling_policy", "preemption_mode",
                    "priority_aging_s", "active_preemption", "min_run_quantum",
-                   "length_predictor", "speculative_config")
+                   "length_predictor", "speculative_config", "max_loras")
 DEFAULT_COST_MODEL = "roofline:rtx4090-qwen2.5-7b"
 
 
@@ -70,6 +70,11 @@ def _add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple
     p.add_argument("--router-policy", choices=sorted(ROUTER_POLICIES),
                    default=DEFAULT_ROUTER_POLICY,
                    help=f"which replica serves a request (default: {DEFAULT_ROUTER_POLICY})")
+    p.add_argument("--num-loras", type=int, default=0, metavar="N",
+                   help="request i runs LoRA adapter i mod N (0: the base model; --max-loras "
+                        "bounds the adapters of a step; roofline cost models only)")
+    p.add_argument("--lora-rank", type=int, default=16,
+                   help="roofline: the adapters' rank, on every projection (default: 16)")
     p.set_defaults(output="results/sim")
     add_engine_args(p, skip=tuple(name for name in ENGINE_ARGS
                                   if name not in SIM_ENGINE_ARGS or name in skip))
@@ -100,7 +105,11 @@ def cost_model_of(args) -> CostModel:
         raise SystemExit("give --preset or --cost-model, not both")
     spec = f"roofline:{args.preset}" if args.preset else args.cost_model or DEFAULT_COST_MODEL
     try:
-        return load_cost_model(spec, args.model_config, args.gpu_memory_utilization)
+        if args.num_loras and not spec.startswith("roofline:"):
+            raise ValueError("--num-loras: only roofline cost models price LoRA (a profile "
+                             "was measured without adapters)")
+        return load_cost_model(spec, args.model_config, args.gpu_memory_utilization,
+                               args.lora_rank)
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
@@ -154,7 +163,8 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     options = config_from_args(args).policy_config.options()  # vtc_weights, edf_action, ...
     sim = Simulator(config, policy, cost, **common, data_parallel_size=size,
                     router_policy=args.router_policy, record_timeline=size == 1,
-                    policy_options=options, spec_acceptance_rate=args.spec_acceptance_rate)
+                    policy_options=options, spec_acceptance_rate=args.spec_acceptance_rate,
+                    num_loras=args.num_loras)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0

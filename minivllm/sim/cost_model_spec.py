@@ -9,11 +9,12 @@ from minivllm.sim.roofline import roofline_from_preset
 
 
 def load_cost_model(spec: str, model_config: str | None = None,
-                    gpu_memory_utilization: float | None = None) -> CostModel:
+                    gpu_memory_utilization: float | None = None,
+                    lora_rank: int = 16) -> CostModel:
     """`roofline:PRESET` or `profile:PATH` (ValueError naming what was wrong)."""
     kind, sep, arg = spec.partition(":")
     if kind == "roofline" and sep and arg:
-        return roofline_from_preset(arg, model_config, gpu_memory_utilization)
+        return roofline_from_preset(arg, model_config, gpu_memory_utilization, lora_rank)
     if kind == "profile" and sep and arg:
         if model_config is not None or gpu_memory_utilization is not None:
             raise ValueError("--model-config and --gpu-memory-utilization apply to roofline "

@@ -77,6 +77,14 @@ class ModelShape:
         return self.num_layers * (2 * h * q + 2 * h * kv + 3 * h * self.intermediate_size)
 
     @property
+    def lora_params_per_rank(self) -> int:
+        """A LoRA adapter's weights per unit of rank, on every projection of every layer:
+        A and B of each hold rank x (in + out)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        i = self.intermediate_size
+        return self.num_layers * ((h + q) * 2 + (h + kv) * 2 + (h + i) * 3)
+
+    @property
     def head_params(self) -> int:
         return self.hidden_size * self.vocab_size
 
@@ -146,8 +154,13 @@ def builtin_shape(name: str, dtype: str) -> ModelShape:
 
 
 class RooflineCostModel(CostModel):
-    def __init__(self, hardware: Hardware, shape: ModelShape, preset: str) -> None:
+    def __init__(self, hardware: Hardware, shape: ModelShape, preset: str,
+                 lora_rank: int = 16) -> None:
+        """`lora_rank`: the rank of the adapters (on every projection) that LoRA requests
+        run: each of their tokens costs 2 x rank x lora_params_per_rank flops more, and
+        each adapter in a step reads its weights once."""
         self.hw, self.shape = hardware, shape
+        self._lora_params = lora_rank * shape.lora_params_per_rank
         self.name = f"roofline:{preset}"
         self._flops_rate = hardware.peak_flops * hardware.compute_efficiency
         self._byte_rate = hardware.memory_bandwidth * hardware.bandwidth_efficiency
@@ -158,9 +171,11 @@ class RooflineCostModel(CostModel):
         s = self.shape
         sampled = b.num_prefill_seqs + b.num_decode_seqs
         flops = (2 * s.layer_params * b.num_tokens + 2 * s.head_params * sampled
-                 + self._attn_flops * (b.prefill_attention + b.decode_context))
+                 + self._attn_flops * (b.prefill_attention + b.decode_context)
+                 + 2 * self._lora_params * b.num_lora_tokens)
         kv_tokens = b.prefill_context + b.decode_context + b.num_prefill_tokens
-        bytes_moved = self._weight_bytes + s.kv_bytes_per_token * kv_tokens
+        bytes_moved = (self._weight_bytes + s.kv_bytes_per_token * kv_tokens
+                       + self._lora_params * s.dtype_bytes * b.num_loras)
         swap = b.num_swap_tokens * s.kv_bytes_per_token / self.hw.host_bandwidth
         return (max(flops / self._flops_rate, bytes_moved / self._byte_rate)
                 + self.hw.step_overhead_s + swap)
@@ -188,7 +203,8 @@ class RooflineCostModel(CostModel):
 
 
 def roofline_from_preset(preset: str, model_config: str | None = None,
-                         gpu_memory_utilization: float | None = None) -> RooflineCostModel:
+                         gpu_memory_utilization: float | None = None,
+                         lora_rank: int = 16) -> RooflineCostModel:
     if preset in PRESETS:
         hw_name, model = PRESETS[preset]
     elif preset in HARDWARE:
@@ -202,4 +218,4 @@ def roofline_from_preset(preset: str, model_config: str | None = None,
     dtype = PRESET_DTYPE[hw_name]
     shape = (ModelShape.from_file(model_config, dtype) if model_config
              else builtin_shape(model, dtype))
-    return RooflineCostModel(hw, shape, preset)
+    return RooflineCostModel(hw, shape, preset, lora_rank)

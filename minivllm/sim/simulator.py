@@ -44,6 +44,7 @@ from minivllm.core.policy import make_policy
 from minivllm.core.request import Request
 from minivllm.core.router import DEFAULT_ROUTER_POLICY, make_router
 from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.lora.request import LoRARequest
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.replica import EOS_TOKEN_ID, SimReplica, SyntheticDrafts
 
@@ -122,10 +123,14 @@ class Simulator:
                  record_decisions: bool = False, max_concurrency: int | None = None,
                  length_predictor: str = "mean", request_max_tokens: str = "trace",
                  record_timeline: bool = False, policy_options: dict | None = None,
-                 spec_acceptance_rate: float | None = None) -> None:
+                 spec_acceptance_rate: float | None = None, num_loras: int = 0) -> None:
         """`spec_acceptance_rate`: with config.speculative_config, each draft token is right
         with this probability (SyntheticDrafts); None: the method's own proposer (ngram,
-        suffix), which finds nothing in the stand-in's never-repeating tokens."""
+        suffix), which finds nothing in the stand-in's never-repeating tokens.
+        `num_loras`: request i runs LoRA adapter i mod num_loras (0: the base model)."""
+        if num_loras < 0:
+            raise ValueError(f"num_loras must be >= 0, got {num_loras}")
+        self.num_loras = num_loras
         if request_max_tokens not in ("trace", "context"):
             raise ValueError(f"request_max_tokens must be trace or context, got "
                              f"{request_max_tokens!r}")
@@ -261,8 +266,11 @@ class Simulator:
         except ValueError as e:
             result.error = f"HTTP 400: {e}"
             return None
+        lora = (LoRARequest(f"lora-{index % self.num_loras}", index % self.num_loras + 1,
+                            "simulated") if self.num_loras else None)
         return Request.make(str(index), ids, max_tokens, result.start, priority=priority,
-                            oracle_output_len=entry.output_tokens, user=str(entry.user))
+                            oracle_output_len=entry.output_tokens, user=str(entry.user),
+                            lora_request=lora)
 
     def _start(self, replica: SimReplica) -> None:
         """The replica schedules its next step now; it stays idle if nothing can run."""
