@@ -102,13 +102,18 @@ class LoRALinear:
         step = self.step
         n, longest = step.gather.shape
         h = torch.bmm(x.index_select(0, step.gather.flatten()).view(n, longest, -1), a)
-        for slot, b in enumerate(bs):
-            if b is None:
+        deltas = [None if b is None else
+                  torch.bmm(h[:, :, slot * rank:(slot + 1) * rank], b).flatten(0, 1)
+                  for slot, b in enumerate(bs)]
+        if all(d is not None for d in deltas):
+            # Every slot: one scatter of whole rows (index_add_ on column slices is slow).
+            deltas, offsets = [torch.cat(deltas, dim=1)], [0]
+        for delta, offset in zip(deltas, offsets):
+            if delta is None:
                 continue
-            delta = torch.bmm(h[:, :, slot * rank:(slot + 1) * rank], b).flatten(0, 1)
             if step.keep is not None:
                 delta = delta.index_select(0, step.keep)
-            y[:, offsets[slot]:offsets[slot] + b.shape[2]].index_add_(0, step.rows, delta)
+            y[:, offset:offset + delta.shape[1]].index_add_(0, step.rows, delta)
 
 
 def install(model: torch.nn.Module, step: LoRAStep) -> set[int]:

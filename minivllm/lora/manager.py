@@ -73,7 +73,8 @@ class LoRAManager:
             if lora_id:
                 spans.setdefault(lora_id, []).append(
                     np.arange(query_start_loc[i], query_start_loc[i + 1]))
-        rows = {lora_id: np.concatenate(s) for lora_id, s in spans.items()}
+        # In id order: the same adapters give the same stacks, whatever the batch's order.
+        rows = {lora_id: np.concatenate(spans[lora_id]) for lora_id in sorted(spans)}
         longest = max(len(r) for r in rows.values())
         total = sum(len(r) for r in rows.values())
         if len(rows) * longest > MAX_PADDING * total:
