@@ -17,8 +17,8 @@ from tests.conftest import assert_all_blocks_free
 
 pytestmark = pytest.mark.real_model
 
-QUESTIONS = ["What is the capital of France?", "What is 12 times 7?",
-             "Give me a synonym for happy.", "Who wrote Romeo and Juliet?"]
+# Two questions per setting: each search is a few hundred forwards on two cores.
+QUESTIONS = ["What is the capital of France?", "Who wrote Romeo and Juliet?"]
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +34,8 @@ def llm(smollm2_gguf, model_dir):
     return LLM(str(smollm2_gguf), dtype="float32", num_kv_blocks=256)
 
 
-@pytest.mark.parametrize("beam_width", [2, 4])
-@pytest.mark.parametrize("length_penalty,early_stopping", [(1.0, False), (0.6, True),
-                                                           (2.0, "never")])
+@pytest.mark.parametrize("beam_width,length_penalty,early_stopping", [
+    (2, 1.0, False), (4, 1.0, False), (4, 0.6, True), (2, 2.0, "never")])
 def test_beam_search_equals_transformers(llm, hf_model, beam_width, length_penalty,
                                          early_stopping):
     tokenizer = llm.get_tokenizer()
