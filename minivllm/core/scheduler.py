@@ -299,10 +299,11 @@ class Scheduler:
         )
 
     def _lora_stats(self) -> dict:
-        """Requests by LoRA adapter name (only once a request named one: no queue walk
-        otherwise)."""
+        """Requests by LoRA adapter name (the queues are walked only once a request named
+        an adapter)."""
         if not self.lora_requests_received:
-            return {}
+            return dict(max_lora=self.config.max_loras, running_lora_adapters={},
+                        waiting_lora_adapters={}, lora_requests_received={})
 
         def by_adapter(queue) -> dict[str, int]:
             counts: dict[str, int] = {}
