@@ -64,6 +64,17 @@ class KVCacheManager:
         self.free_swap_blocks: list[int] = list(range(num_swap_blocks - 1, -1, -1))
         self._num_registered: dict[str, int] = {}  # request id -> its blocks in the cache
         self._verified_hits: dict[str, list[int]] = {}  # request id -> hits checked by token
+        # Only an eviction takes a hash out of `cached` (a registration never replaces one):
+        # lookups remember the count they saw, and while it stands what they found is still
+        # cached, so a waiting request is not re-checked block by block at every step.
+        self._num_evictions = 0
+        self._verified_at: dict[str, int] = {}  # request id -> _num_evictions at its check
+        self._probed: dict[str, tuple[int, int]] = {}  # request id -> (blocks, _num_evictions)
+        # Prefix hits are registered blocks, so only _touch and _release (or an eviction)
+        # move one into or out of the free queue: the count of those in it is kept for the
+        # last hits asked about (the head of the waiting queue, asked again every step).
+        self._num_hits_moved = 0
+        self._reclaimed: tuple[list[int], int, int, int] = ([], 0, 0, 0)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         # Copy-on-write copies made by allocations this step, destination -> source.
@@ -109,8 +120,10 @@ class KVCacheManager:
         # request that waits re-checks token by token only what is new since its last lookup
         # -- or everything, once an eviction touched its hits.
         verified = self._verified_hits.setdefault(request.request_id, [])
-        if verified != [cached.get(h) for h in hashes[:len(verified)]]:
+        if (self._verified_at.get(request.request_id) != self._num_evictions
+                and verified != [cached.get(h) for h in hashes[:len(verified)]]):
             verified.clear()
+        self._verified_at[request.request_id] = self._num_evictions
         for index in range(len(verified), self._max_hit_blocks(request)):
             block_id = cached.get(hashes[index])
             if block_id is None:
@@ -126,9 +139,14 @@ class KVCacheManager:
     def num_cached_tokens_probe(self, request: Request) -> int:
         """How many tokens the prefix cache would serve, by hashes alone (no token re-check):
         cheap enough for a policy to call on every request at every sort."""
-        hashes, num, limit, cached = self.block_hashes(request), 0, self._max_hit_blocks(request), self.cached
+        limit, hashes, cached = self._max_hit_blocks(request), request.block_hashes, self.cached
+        if len(hashes) < limit:  # (a waiting request has them all after its first probe)
+            hashes = self.block_hashes(request)
+        num, seen = self._probed.get(request.request_id, (0, -1))
+        num = min(num, limit) if seen == self._num_evictions else 0  # those are still cached
         while num < limit and hashes[num] in cached:
             num += 1
+        self._probed[request.request_id] = (num, self._num_evictions)
         return num * self.block_size
 
     def record_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
@@ -160,6 +178,7 @@ class KVCacheManager:
         meta = self.blocks[block_id]
         if meta.hash is not None:  # evict from the prefix cache
             del self.cached[meta.hash]
+            self._num_evictions += 1
             meta.hash = meta.parent_hash = None
             meta.tokens = ()
         meta.ref_cnt = 1
@@ -169,6 +188,7 @@ class KVCacheManager:
         meta = self.blocks[block_id]
         if meta.ref_cnt == 0:
             del self.free_queue[block_id]
+            self._num_hits_moved += 1
         meta.ref_cnt += 1
 
     def _num_blocks_to_take(self, request: Request, num_new_tokens: int,
@@ -177,9 +197,15 @@ class KVCacheManager:
                  + num_new_tokens)
         need = max(0, self.blocks_needed(total) - len(request.block_ids) - len(cached_blocks))
         copy_on_write = self._shares_partial_block(request) and num_new_tokens > 0
-        # Cached hits now in the free queue leave it when touched.
-        reclaimed = sum(1 for b in cached_blocks if self.blocks[b].ref_cnt == 0)
-        return need + copy_on_write + reclaimed
+        return need + copy_on_write + self._num_reclaimed(cached_blocks)
+
+    def _num_reclaimed(self, cached_blocks: list[int]) -> int:
+        """Of the prefix hits, those in the free queue: they leave it when touched."""
+        hits, evictions, moved, num = self._reclaimed
+        if evictions != self._num_evictions or moved != self._num_hits_moved or hits != cached_blocks:
+            num = sum(1 for b in cached_blocks if self.blocks[b].ref_cnt == 0)
+            self._reclaimed = (list(cached_blocks), self._num_evictions, self._num_hits_moved, num)
+        return num
 
     def can_allocate(self, request: Request, num_new_tokens: int,
                      cached_blocks: list[int] | None = None, extra_free: int = 0) -> bool:
@@ -238,6 +264,8 @@ class KVCacheManager:
         request.block_ids = []
         self._num_registered.pop(request.request_id, None)
         self._verified_hits.pop(request.request_id, None)
+        self._verified_at.pop(request.request_id, None)
+        self._probed.pop(request.request_id, None)
 
     def free_tail(self, request: Request, num_tokens: int) -> bool:
         """Release the request's blocks past those its first num_tokens tokens need (blocks
@@ -257,6 +285,7 @@ class KVCacheManager:
             if meta.ref_cnt == 0:
                 self.pending_copies.pop(block_id, None)
                 self.free_queue[block_id] = None
+                self._num_hits_moved += 1
                 if meta.hash is None:  # nothing worth keeping: reuse it first
                     self.free_queue.move_to_end(block_id, last=False)
 
