@@ -110,7 +110,7 @@ BAD_REQUESTS = [
     ("tokenize both inputs", "/tokenize", {"prompt": "x", "messages": []}, AUTH, 400, "prompt",
      []),
     ("detokenize bad id", "/detokenize", {"tokens": [-3]}, AUTH, 400, "tokens", []),
-    ("unknown route", "/v1/embeddings", {}, AUTH, 404, None, []),
+    ("unknown route", "/v1/no-such-route", {}, AUTH, 404, None, []),
 ]
 
 
