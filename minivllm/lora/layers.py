@@ -34,8 +34,9 @@ class LoRAStep:
         self.rows: torch.Tensor | None = None
         self.adapters: tuple[LoRAWeights, ...] = ()
         # (layer, linear) -> `adapters`' A stacked [adapters, in, slots rank] and each
-        # slot's B [adapters, rank, out] (rank: the highest of theirs, zero-padded); kept
-        # while the step's adapter set stays the same.
+        # slot's B [adapters, rank, out] (rank: the highest of theirs, zero-padded), or one
+        # block-diagonal B when every slot is targeted; kept while the step's adapter set
+        # stays the same.
         self.stacks: dict[tuple[int, str], tuple | None] = {}
 
     def stacked(self, key: tuple[int, str]) -> tuple | None:
@@ -46,7 +47,9 @@ class LoRAStep:
 
 
 def _stack(pairs: list[LoRAPair | None]) -> tuple:
-    """(A [n, in, slots rank], [B of each slot: [n, rank, out] or None], offsets, rank)."""
+    """(A [n, in, slots rank], [B of each slot: [n, rank, out] or None], the slots' output
+    offsets, rank), or with every slot targeted (A, [one B: [n, slots rank, out]], [0],
+    slots rank)."""
     some = next(p for p in pairs if p is not None)
     slots, rank = len(some.b), max(p.rank for p in pairs if p is not None)
     a = some.a.new_zeros(len(pairs), some.a.shape[1], slots * rank)
@@ -61,6 +64,14 @@ def _stack(pairs: list[LoRAPair | None]) -> tuple:
                 if bs[slot] is None:
                     bs[slot] = b.new_zeros(len(pairs), rank, b.shape[0])
                 bs[slot][i, :r] = b.t()
+    if all(b is not None for b in bs) and len(bs) > 1:
+        # Every slot targeted: one block-diagonal B over the whole output, so the expand is
+        # one batched matmul (the zero blocks cost less than a matmul and a concat each).
+        full = a.new_zeros(len(pairs), slots * rank, sum(b.shape[2] for b in bs))
+        for slot, b in enumerate(bs):
+            offset = some.offsets[slot]
+            full[:, slot * rank:(slot + 1) * rank, offset:offset + b.shape[2]] = b
+        return a, [full], [0], slots * rank
     return a, bs, some.offsets, rank
 
 
@@ -102,18 +113,13 @@ class LoRALinear:
         step = self.step
         n, longest = step.gather.shape
         h = torch.bmm(x.index_select(0, step.gather.flatten()).view(n, longest, -1), a)
-        deltas = [None if b is None else
-                  torch.bmm(h[:, :, slot * rank:(slot + 1) * rank], b).flatten(0, 1)
-                  for slot, b in enumerate(bs)]
-        if all(d is not None for d in deltas):
-            # Every slot: one scatter of whole rows (index_add_ on column slices is slow).
-            deltas, offsets = [torch.cat(deltas, dim=1)], [0]
-        for delta, offset in zip(deltas, offsets):
-            if delta is None:
+        for slot, b in enumerate(bs):
+            if b is None:
                 continue
+            delta = torch.bmm(h[:, :, slot * rank:(slot + 1) * rank], b).flatten(0, 1)
             if step.keep is not None:
                 delta = delta.index_select(0, step.keep)
-            y[:, offset:offset + delta.shape[1]].index_add_(0, step.rows, delta)
+            y[:, offsets[slot]:offsets[slot] + b.shape[2]].index_add_(0, step.rows, delta)
 
 
 def install(model: torch.nn.Module, step: LoRAStep) -> set[int]:

@@ -18,17 +18,21 @@ IN, OUT = 24, 40
 
 
 class FakeWeights:
-    """o_proj (one slot of OUT), and qkv as two slots of OUT / 2 (the second left alone)."""
+    """o_proj (one slot of OUT), and qkv as two slots of OUT / 2 (the second left alone
+    unless `both_slots`)."""
 
-    def __init__(self, rank: int, targets_qkv: bool, seed: int) -> None:
+    def __init__(self, rank: int, targets_qkv: bool, seed: int, both_slots: bool = False
+                 ) -> None:
         g = torch.Generator().manual_seed(seed)
         self.pairs = {(0, "o_proj"): LoRAPair(torch.randn(rank, IN, generator=g),
                                               [torch.randn(OUT, rank, generator=g)], [0])}
         if targets_qkv:
             a = torch.randn(2 * rank, IN, generator=g)
-            a[rank:] = 0
+            second = torch.randn(OUT // 2, rank, generator=g) if both_slots else None
+            if second is None:
+                a[rank:] = 0
             self.pairs[(0, "qkv")] = LoRAPair(a, [torch.randn(OUT // 2, rank, generator=g),
-                                                  None], [0, OUT // 2])
+                                                  second], [0, OUT // 2])
 
     def delta(self, name: str, x: torch.Tensor) -> torch.Tensor:
         pair = self.pairs[(0, name)]
@@ -53,6 +57,7 @@ def manager_with(adapters: dict[int, FakeWeights]):
     return manager, layer, base
 
 
+@pytest.mark.parametrize("both_slots", [False, True])  # True: the block-diagonal expand
 @pytest.mark.parametrize("counts", [
     [1, 1, 1, 1, 1, 1],  # decodes of three adapters and the base: batched, no padding
     [1, 1, 2, 1, 1, 1],  # nearly even: batched with padding
@@ -60,13 +65,16 @@ def manager_with(adapters: dict[int, FakeWeights]):
     [3, 3],  # one adapter and the base
     [5],  # one adapter alone
 ])
-def test_every_way_equals_the_per_row_sum(counts):
+def test_every_way_equals_the_per_row_sum(counts, both_slots):
     rng = np.random.default_rng(len(counts) + sum(counts))
-    adapters = {1: FakeWeights(4, True, 1), 2: FakeWeights(8, False, 2), 3: FakeWeights(2, True, 3)}
+    adapters = {1: FakeWeights(4, True, 1), 2: FakeWeights(8, False, 2),
+                3: FakeWeights(2, True, 3, both_slots)}
     manager, layer, base = manager_with(adapters)
     lora_ids = [int(rng.integers(0, 4)) for _ in counts]
     if len(counts) == 1:
         lora_ids = [1]
+    elif len(counts) == 6:  # the batched way with adapters 1 and 3 (and 2, and the base)
+        lora_ids = [1, 3, 2, 0, 3, 1]
     query_start_loc = np.concatenate([[0], np.cumsum(counts)])
     x = torch.randn(int(query_start_loc[-1]), IN)
     manager.set_step(lora_ids, query_start_loc)
