@@ -6,10 +6,10 @@ file with it.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
+from minivllm.json_object import json_object
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -64,18 +64,7 @@ def parse_override(value: str | dict | None, flag: str | None = OVERRIDE_FLAG
     if value is None:
         return None
     prefix = f"{flag}: " if flag else ""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{prefix}not valid JSON ({e}): {value!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{prefix}must be a JSON object such as '{{\"temperature\": 0.5}}', "
-                         f"got {value!r}")
-    unknown = sorted(set(value) - set(KEYS))
-    if unknown:
-        raise ValueError(f"{prefix}unknown key(s) {', '.join(map(repr, unknown))}; known: "
-                         f"{', '.join(KEYS)}")
+    value = json_object(value, prefix, '{"temperature": 0.5}', KEYS)
     try:
         to_sampling_fields(value, "", strict=True)
     except ValueError as e:

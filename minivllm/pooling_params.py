@@ -10,9 +10,10 @@ norm. vLLM's defaults for an embedding task on a decoder model: LAST, normalized
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from minivllm.json_object import json_object
 
 POOLING_TYPES = ("LAST", "MEAN")
 # vLLM's embed pooler for decoder models, what --pooler-config leaves unset.
@@ -54,18 +55,7 @@ def parse_pooler_config(value: str | dict | None, flag: str | None = "pooler_con
     if value is None:
         return None
     prefix = f"{flag}: " if flag else ""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{prefix}not valid JSON ({e}): {value!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{prefix}must be a JSON object such as "
-                         f"'{{\"pooling_type\": \"MEAN\"}}', got {value!r}")
-    unknown = sorted(set(value) - set(DEFAULT_POOLER_CONFIG))
-    if unknown:
-        raise ValueError(f"{prefix}unknown key(s) {', '.join(map(repr, unknown))}; known: "
-                         f"{', '.join(DEFAULT_POOLER_CONFIG)}")
+    value = json_object(value, prefix, '{"pooling_type": "MEAN"}', DEFAULT_POOLER_CONFIG)
     if not isinstance(value.get("normalize", True), bool):
         raise ValueError(f"{prefix}normalize must be true or false, got {value['normalize']!r}")
     try:

@@ -21,9 +21,10 @@ and probes again now and then).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from minivllm.json_object import json_object
 
 METHODS = ("ngram", "suffix", "draft_model")
 # The methods vLLM has that minivllm does not run yet: named in the refusal.
@@ -95,20 +96,9 @@ class SpeculativeConfig:
         names bad JSON, unknown keys and bad values."""
         if value is None:
             return None
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config: not valid JSON ({e}): {value!r}") from None
-        if not isinstance(value, dict):
-            raise ValueError("speculative_config: must be a JSON object such as "
-                             f"'{{\"method\": \"ngram\", \"num_speculative_tokens\": 3}}', "
-                             f"got {value!r}")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))}"
-                             f"; known: {', '.join(sorted(known))}")
+        value = json_object(value, "speculative_config: ",
+                            '{"method": "ngram", "num_speculative_tokens": 3}',
+                            sorted(cls.__dataclass_fields__))
         return cls(**value)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -91,26 +91,18 @@ class LLM:
         scheduling = {name: _per_prompt(value, len(prompts), name) for name, value in
                       (("user", user), ("ttft_slo_ms", ttft_slo_ms), ("e2e_slo_ms", e2e_slo_ms),
                        ("lora_request", lora_request))}
-        ids = []
-        try:
+        def requests():
             for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
                 # Offline, only the finished output is wanted: no per-step copies.
                 params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                 request_id = str(next(self._counter))
-                text, token_ids = self._split_prompt(prompt)
-                if token_ids is None:
-                    token_ids = self.llm_engine.tokenizer(text).input_ids
-                request = make_core_request(
+                text, token_ids = self._prompt_ids(prompt)
+                yield request_id, make_core_request(
                     request_id, token_ids, params, self.llm_engine.max_model_len,
                     priority=priority[i] if priority else 0,
-                    **{k: v[i] for k, v in scheduling.items()})
-                self.llm_engine.add_request(request_id, request, params, prompt_text=text)
-                ids.append(request_id)
-        except Exception:
-            self.llm_engine.abort_request(ids)
-            self._run(set(ids), use_tqdm=False)
-            raise
-        return self._run(set(ids), use_tqdm)
+                    **{k: v[i] for k, v in scheduling.items()}), params, text
+
+        return self._add_and_run(requests(), use_tqdm)
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType],
                     params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -122,9 +114,7 @@ class LLM:
         core = self.llm_engine.core
         searches = []
         for prompt in prompts:
-            text, token_ids = self._split_prompt(prompt)
-            if token_ids is None:
-                token_ids = self.get_tokenizer()(text).input_ids
+            _, token_ids = self._prompt_ids(prompt)
             check_beam_search(params, core.eos_token_ids, self.llm_engine.config.max_logprobs,
                               len(token_ids), self.llm_engine.max_model_len)
             searches.append(BeamSearch(token_ids, params, core.eos_token_ids))
@@ -167,24 +157,37 @@ class LLM:
         do. Pooling requests share the scheduler and the steps with generation."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        ids = []
-        try:
+        def requests():
             for prompt in prompts:
                 request_id = str(next(self._counter))
-                text, token_ids = self._split_prompt(prompt)
-                if token_ids is None:
-                    token_ids = self.llm_engine.tokenizer(text).input_ids
+                text, token_ids = self._prompt_ids(prompt)
                 request = make_pooling_request(request_id, token_ids,
                                                pooling_params or PoolingParams(),
                                                lora_request=lora_request)
-                self.llm_engine.add_request(request_id, request, request.sampling_params,
-                                            prompt_text=text)
+                yield request_id, request, request.sampling_params, text
+
+        return self._add_and_run(requests(), use_tqdm)
+
+    def _add_and_run(self, requests: Iterator[tuple], use_tqdm: bool) -> list:
+        """Add each (request id, EngineCoreRequest, SamplingParams, prompt text) and run them
+        to the end; if one cannot be added, the ones added are aborted and the error raised."""
+        ids = []
+        try:
+            for request_id, request, params, text in requests:
+                self.llm_engine.add_request(request_id, request, params, prompt_text=text)
                 ids.append(request_id)
         except Exception:
             self.llm_engine.abort_request(ids)
             self._run(set(ids), use_tqdm=False)
             raise
         return self._run(set(ids), use_tqdm)
+
+    def _prompt_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """The prompt's text (if any) and token ids, tokenized here when given as text."""
+        text, token_ids = self._split_prompt(prompt)
+        if token_ids is None:
+            token_ids = self.llm_engine.tokenizer(text).input_ids
+        return text, token_ids
 
     @staticmethod
     def _split_prompt(prompt: PromptType) -> tuple[str | None, list[int] | None]:

@@ -13,6 +13,8 @@ from minivllm.bench import server_metrics
 from tests.bench.test_bench_client import FakeServer, bench
 from tests.server_utils import SLOW_STEPS, ServerProcess, stories_model
 
+pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI): minutes of servers, kept out of make test
+
 NUM = 24
 
 

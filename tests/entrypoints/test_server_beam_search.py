@@ -11,6 +11,8 @@ from minivllm import LLM
 from minivllm.sampling_params import BeamSearchParams
 from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess, stories_model
 
+pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI): minutes of servers, kept out of make test
+
 MAX_MODEL_LEN = 128
 
 

@@ -20,6 +20,8 @@ from minivllm.entrypoints.openai.responses_store import ResponseStore, StoredRes
 from minivllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from tests.server_utils import CHAT_TEMPLATE, FAST_ENGINE_ARGS, ServerProcess, stories_model
 
+pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI): minutes of servers, kept out of make test
+
 MODEL = str(stories_model())
 QUESTION = "Tell me a story about a cat."
 WEATHER = {"type": "object", "properties": {
