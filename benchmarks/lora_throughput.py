@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--num-adapters", type=int, default=8)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; > 0: sampled (with --top-p), seeded per request")
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args()
 
     model = save_smollm2(ROOT / "results" / "smollm2-135m-instruct")
@@ -88,7 +91,8 @@ def main() -> None:
                max_cpu_loras=args.num_adapters, max_lora_rank=args.rank, **common)
     prompts = [f"Request {i}: write a short story about a robot who learns to paint, "
                "with a beginning, a middle and an end." for i in range(args.num_requests)]
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=0,
+                            max_tokens=args.max_tokens, ignore_eos=True)
     spread = [loras[i % len(loras)] for i in range(args.num_requests)]
     run(base, prompts[:8], params, None)  # warm both engines (kernels, first allocations)
     run(lora, prompts[:8], params, spread[:8])
@@ -103,7 +107,8 @@ def main() -> None:
     print(f"\n{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu_description()}")
     print(f"load average {os.getloadavg()[0]:.2f}; SmolLM2-135M-Instruct --dtype {args.dtype}, "
           f"{args.num_requests} requests x {args.max_tokens} tokens (EOS ignored), "
-          f"{args.num_adapters} adapters of rank {args.rank}")
+          f"{args.num_adapters} adapters of rank {args.rank}, temperature {args.temperature}, "
+          f"top_p {args.top_p}")
     print(f"median ratio ({args.num_adapters} adapters / base output tok/s): {ratio:.3f}")
 
 
