@@ -93,7 +93,7 @@ class CacheConfig:
     kv_cache_space: float | None = None
     swap_space: float = 4.0  # GiB of host memory for swapped-out blocks
     # auto: the model's dtype; bfloat16 (bf16): half the bytes per cached token for fp32
-    # models (model/kernels/paged_attention.c widens it to fp32 as it reads)
+    # models (the attention kernels in model/kernels/ widen it to fp32 as they read)
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:

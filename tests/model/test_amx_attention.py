@@ -2,7 +2,7 @@
 AMX: against the per-request reference (gathered context, dense causal mask, SDPA in fp32)
 within what rounding the queries and the probabilities to bf16 costs, on random batches of
 every head_dim it takes, GQA ratio and block size; window, softcap and other head dims fall
-back to paged_attention.c's kernel (the fp32 reference's tolerance)."""
+back to paged_prefill_attention.c's kernel (the fp32 reference's tolerance)."""
 
 import random
 
@@ -85,8 +85,8 @@ def test_long_prompt_and_sharp_scores():
 
 @pytest.mark.parametrize("dim,window,softcap", [(48, 0, 0.0), (64, 20, 0.0), (64, 0, 5.0)])
 def test_what_it_does_not_take_runs_the_fp32_kernel(dim, window, softcap):
-    """head_dim 48 (the kernel returns -1), a sliding window, a softcap: paged_attention.c's
-    kernel, fp32 math over the bf16 cache."""
+    """head_dim 48 (the kernel returns -1), a sliding window, a softcap:
+    paged_prefill_attention.c's kernel, fp32 math over the bf16 cache."""
     q, k_cache, v_cache, tables, table, qsl, seq_lens = _bf16_batch(
         [30, 9], [5, 40], 4, 2, dim, 8, seed=1)
     scale = dim ** -0.5

@@ -70,7 +70,7 @@ NOT_DEFINED = ("void argmax_rows_f32(", "void argmax_rows(")
 
 
 @pytest.mark.parametrize("old,new,complaint", [
-    (*SWAP_SAME_TYPE, "paged_decode_attention_f32 in paged_attention.c does not match"),
+    (*SWAP_SAME_TYPE, "paged_decode_attention_f32 in paged_decode_attention.c does not match"),
     (*NARROWED, "rms_norm_f32 in ops.c does not match"),
     (*NOT_DEFINED, "argmax_rows: 0 definitions"),
     ("int64_t n);", "size_t n);", "type 'size_t' is not one header.py knows"),

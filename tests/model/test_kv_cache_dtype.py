@@ -32,8 +32,9 @@ def test_decode_kernel_reads_bf16_cache(heads, kv_heads, dim, block_size):
 
 @needs_kernels
 def test_prefill_kernel_reads_bf16_cache():
-    """paged_attention.c's kernel as exact as over fp32; on AMX tiles (amx_attention.c, where
-    the kernels run AMX) within its rounding of q and the probabilities to bf16."""
+    """paged_prefill_attention.c's kernel as exact as over fp32; on AMX tiles
+    (amx_attention.c, where the kernels run AMX) within its rounding of q and the
+    probabilities to bf16."""
     q, k_cache, v_cache, tables, table, qsl, seq_lens = _batch(
         [5, 17, 1, 40], [0, 7, 12, 3], 6, 2, 32, 8, seed=2)
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()

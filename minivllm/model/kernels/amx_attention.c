@@ -1,6 +1,6 @@
 /* Prefill attention on AMX-BF16 tiles, for a bf16 K/V cache (dtype=bfloat16, or
  * --kv-cache-dtype bfloat16, on a CPU with AMX): the same attention as
- * paged_attention.c's paged_prefill_attention_f32 (layouts, positions, causality: see
+ * paged_prefill_attention.c's paged_prefill_attention_f32 (layouts, positions, causality: see
  * there), with both products on the tiles instead of fp32 FMAs. A long prompt's attention
  * grows with the square of its length (at 4,096 tokens SmolLM2's is 40% of its prefill's
  * FLOPs and was 70% of its time at fp32 FMA speed).
@@ -8,12 +8,12 @@
  * What changes in the numbers: the queries (times scale) are rounded to bf16, as the keys
  * already are, and so are the softmax's unnormalized probabilities before they multiply
  * the values; scores, the running max and sum, and the outputs stay fp32. No window and no
- * softcap here (the caller runs paged_attention.c for those), head_dim a multiple of 32 up
- * to 256.
+ * softcap here (the caller runs paged_prefill_attention.c for those), head_dim a multiple
+ * of 32 up to 256.
  *
- * Work items are paged_attention.c's: (request, kv head, tile of queries), rows = the
- * tile's queries x the group of query heads sharing the kv head, up to 64, in row blocks
- * of 16 (a tile's rows). The context is walked 32 tokens a step: the step's K rows are
+ * Work items are the fp32 kernel's (attention_plan.h): (request, kv head, tile of queries),
+ * rows = the tile's queries x the group of query heads sharing the kv head, up to 64, in row
+ * blocks of 16 (a tile's rows). The context is walked 32 tokens a step: the step's K rows are
  * transposed into B tiles (pairs of dims x 16 tokens) and its V rows interleaved into B
  * tiles (pairs of tokens x 16 dims) once, for every row block of the item. Per row block
  * and step: S (16 rows x 32 tokens, two C tiles) = Q . K^T over head_dim / 32 A tiles;
@@ -31,9 +31,9 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include "amx_tiles.h"
+#include "attention_plan.h"
 
-#define TK 32    /* context tokens per step */
-#define ROWS 64  /* target rows per item */
+#define TK 32 /* context tokens per step */
 #define MAX_DIM 256
 
 typedef struct {
@@ -112,7 +112,7 @@ static void row_block_step(scratch *w, int rb, int head_dim, int64_t start, int6
     }
     _tile_stored(0, &s[0][0], sizeof s[0]);
     _tile_stored(1, &s[0][16], sizeof s[0]);
-    /* Row r sees token start + t iff start + t <= first_pos + query[r] (paged_attention.c);
+    /* Row r sees token start + t iff start + t <= first_pos + query[r] (paged_prefill_attention.c);
      * tokens past the context are past every row's limit. */
     if (start + TK - 1 > first_pos)
         for (int r = 0; r < 16; r++) {
@@ -164,7 +164,7 @@ static void row_block_step(scratch *w, int rb, int head_dim, int64_t start, int6
     }
 }
 
-/* One item: queries 0..nq at positions first_pos + i, kv head g (paged_attention.c's
+/* One item: queries 0..nq at positions first_pos + i, kv head g (paged_prefill_attention.c's
  * prefill_item, without window and softcap). */
 static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                         const int64_t *table, int64_t first_pos, int nq, int g, int num_heads,
@@ -176,7 +176,7 @@ static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t 
     const int64_t len = first_pos + nq;
     for (int r = 0; r < rows; r++) {
         uint16_t *dst = w->q + (int64_t)r * head_dim;
-        const float *src = q + (r / group) * q_stride + (g * group + r % group) * head_dim;
+        const float *src = q + row_offset(r, group, g, q_stride, head_dim);
         for (int d = 0; d < head_dim; d += 16) {
             const __m512 x = r < used ? _mm512_mul_ps(_mm512_loadu_ps(src + d),
                                                       _mm512_set1_ps(scale))
@@ -207,20 +207,10 @@ static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t 
     }
     const int64_t out_stride = (int64_t)num_heads * head_dim;
     for (int r = 0; r < used; r++) {
-        float *dst = out + (r / group) * out_stride + (g * group + r % group) * head_dim;
+        float *dst = out + row_offset(r, group, g, out_stride, head_dim);
         const float inv = 1.f / w->sum[r];
         for (int d = 0; d < head_dim; d++) dst[d] = w->o[(int64_t)r * head_dim + d] * inv;
     }
-}
-
-typedef struct {
-    int64_t cost; /* rows x context: the item's work */
-    int req, tile, kv_head;
-} work_item;
-
-static int by_cost_descending(const void *a, const void *b) {
-    const int64_t x = ((const work_item *)a)->cost, y = ((const work_item *)b)->cost;
-    return (x < y) - (x > y);
 }
 #endif
 
@@ -233,26 +223,12 @@ int paged_prefill_attention_amx(const float *q, const uint16_t *k_cache,
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
     if (head_dim % 32 || head_dim > MAX_DIM || !amx_permitted()) return -1;
     const int group = num_heads / num_kv_heads;
-    const int tile = group < ROWS ? ROWS / group : 1; /* queries per item */
-    int64_t num_items = 0;
-    for (int p = 0; p < num_reqs; p++)
-        num_items += (query_start_loc[p + 1] - query_start_loc[p] + tile - 1) / tile;
-    num_items *= num_kv_heads;
+    const int tile = queries_per_item(group);
+    int64_t num_items;
+    prefill_work *items = plan_prefill_work(query_start_loc, seq_lens, num_reqs, num_kv_heads,
+                                            tile, 0, &num_items);
     if (num_items == 0) return 0;
-    work_item *items = malloc(num_items * sizeof *items);
     if (items == NULL) return -1;
-    int64_t at = 0;
-    for (int p = 0; p < num_reqs; p++) {
-        const int64_t query_len = query_start_loc[p + 1] - query_start_loc[p];
-        for (int64_t i = 0; i * tile < query_len; i++) {
-            const int64_t nq = query_len - i * tile < tile ? query_len - i * tile : tile;
-            const int64_t seen = seq_lens[p] - query_len + i * tile + nq;
-            for (int g = 0; g < num_kv_heads; g++)
-                items[at++] = (work_item){nq * seen, p, (int)i, g};
-        }
-    }
-    /* the costliest first, so that the threads finish together (dynamic schedule) */
-    qsort(items, num_items, sizeof *items, by_cost_descending);
     const int64_t rows = (tile * group + 15) / 16 * 16;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
@@ -278,16 +254,12 @@ int paged_prefill_attention_amx(const float *q, const uint16_t *k_cache,
 #pragma omp for schedule(dynamic)
         for (int64_t it = 0; it < num_items; it++) {
             if (!buf) continue; /* every thread meets the loop; the caller redoes it all */
-            const work_item item = items[it];
-            const int64_t req_start = query_start_loc[item.req];
-            const int64_t query_len = query_start_loc[item.req + 1] - req_start;
-            const int64_t first = (int64_t)item.tile * tile;
-            const int nq = (int)(query_len - first < tile ? query_len - first : tile);
-            attend_item(q + (req_start + first) * q_stride, k_cache, v_cache,
-                        block_table + (int64_t)item.req * max_blocks,
-                        seq_lens[item.req] - query_len + first, nq, item.kv_head, num_heads,
-                        num_kv_heads, head_dim, block_size, q_stride, scale,
-                        out + (req_start + first) * num_heads * head_dim, &w);
+            const prefill_work item = items[it];
+            const item_queries at = locate_item(item, query_start_loc, seq_lens, tile);
+            attend_item(q + at.token * q_stride, k_cache, v_cache,
+                        block_table + (int64_t)item.req * max_blocks, at.first_pos, at.nq,
+                        item.kv_head, num_heads, num_kv_heads, head_dim, block_size, q_stride,
+                        scale, out + at.token * num_heads * head_dim, &w);
         }
         if (buf) {
             _tile_release();

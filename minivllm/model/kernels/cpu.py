@@ -1,8 +1,9 @@
-"""The C kernels (paged_attention.c, ops.c, sampler.c, int8_gemm.c, gguf_gemm.c) behind
-torch-facing wrappers: built and loaded by build.py on first use, for this CPU's ISA level (isa.py),
-called with keyword arguments named as in kernels.h. Without a compiler, or when the build
-or the load fails, `available()` is False and the callers keep their pure-torch paths,
-which stay the tested references. fp32 CPU tensors only."""
+"""The C kernels (paged_decode_attention.c, paged_prefill_attention.c, amx_attention.c, ops.c,
+sampler.c, int8_gemm.c, gguf_gemm.c, amx_gemm.c) behind torch-facing wrappers: built and
+loaded by build.py on first use, for this CPU's ISA level (isa.py), called with keyword
+arguments named as in kernels.h. Without a compiler, or when the build or the load fails,
+`available()` is False and the callers keep their pure-torch paths, which stay the tested
+references. fp32 CPU tensors only."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@
 
 #include <stdint.h>
 
-/* paged_attention.c; kv_bf16: the K/V cache is bf16 (else fp32) */
+/* paged_decode_attention.c, paged_prefill_attention.c; kv_bf16: the K/V cache is bf16
+ * (else fp32) */
 void paged_decode_attention_f32(const float *q, const void *k_cache, const void *v_cache,
                                 int kv_bf16, const int64_t *block_table,
                                 const int64_t *seq_lens, float *out, int num_seqs,

@@ -1,0 +1,84 @@
+/* What the two prefill attention kernels (paged_prefill_attention.c on fp32 FMAs,
+ * amx_attention.c on AMX-BF16 tiles) share: how a step's work is split into items, each one
+ * thread's from start to end. An item is (request, kv head, tile of consecutive queries);
+ * its rows are the tile's queries times the group = num_heads / num_kv_heads query heads
+ * sharing the kv head, so one pass over the context's K/V serves them all. */
+#ifndef MINIVLLM_ATTENTION_PLAN_H
+#define MINIVLLM_ATTENTION_PLAN_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Target rows per item (queries x group): each K/V element serves ~64 rows; 128 spill
+ * paged_prefill_attention.c's queries and outputs out of L1 (measured on AVX-512, Zen 5). */
+#define ITEM_ROWS 64
+
+typedef struct {
+    int64_t cost; /* rows x context: the item's work */
+    int req, tile, kv_head;
+} prefill_work;
+
+/* Queries per item (a tile) for query heads in groups of `group`. */
+static inline int queries_per_item(int group) {
+    return group < ITEM_ROWS ? ITEM_ROWS / group : 1;
+}
+
+static inline int by_cost_descending(const void *a, const void *b) {
+    const int64_t x = ((const prefill_work *)a)->cost, y = ((const prefill_work *)b)->cost;
+    return (x < y) - (x > y);
+}
+
+/* The step's items, the costliest first (the last tiles of the longest contexts): taken
+ * with dynamic scheduling, the threads then finish together. Their count goes to
+ * *num_items; NULL when there are none, or (*num_items > 0) when memory ran out. With
+ * window > 0 an item's queries see at most window + tile positions. */
+static inline prefill_work *plan_prefill_work(const int64_t *query_start_loc,
+                                              const int64_t *seq_lens, int num_reqs,
+                                              int num_kv_heads, int tile, int window,
+                                              int64_t *num_items) {
+    int64_t n = 0;
+    for (int p = 0; p < num_reqs; p++)
+        n += (query_start_loc[p + 1] - query_start_loc[p] + tile - 1) / tile;
+    n *= num_kv_heads;
+    *num_items = n;
+    prefill_work *items = n ? malloc(n * sizeof *items) : NULL;
+    if (items == NULL) return NULL;
+    int64_t at = 0;
+    for (int p = 0; p < num_reqs; p++) {
+        const int64_t query_len = query_start_loc[p + 1] - query_start_loc[p];
+        for (int64_t i = 0; i * tile < query_len; i++) {
+            const int64_t nq = query_len - i * tile < tile ? query_len - i * tile : tile;
+            const int64_t last_pos = seq_lens[p] - query_len + i * tile + nq - 1;
+            const int64_t seen = window > 0 && last_pos + 1 > window + nq ? window + nq
+                                                                          : last_pos + 1;
+            for (int g = 0; g < num_kv_heads; g++)
+                items[at++] = (prefill_work){nq * seen, p, (int)i, g};
+        }
+    }
+    qsort(items, n, sizeof *items, by_cost_descending);
+    return items;
+}
+
+/* Where an item's queries are: */
+typedef struct {
+    int64_t token;     /* the first one's row of q and out */
+    int64_t first_pos; /* its position in the request's context */
+    int nq;            /* how many */
+} item_queries;
+
+static inline item_queries locate_item(prefill_work item, const int64_t *query_start_loc,
+                                       const int64_t *seq_lens, int tile) {
+    const int64_t req_start = query_start_loc[item.req];
+    const int64_t query_len = query_start_loc[item.req + 1] - req_start;
+    const int64_t first = (int64_t)item.tile * tile; /* the item's first query */
+    return (item_queries){req_start + first, seq_lens[item.req] - query_len + first,
+                          (int)(query_len - first < tile ? query_len - first : tile)};
+}
+
+/* Where an item's row r is in q or out (query rows `stride` floats apart, q and out at the
+ * item's first query): query r / group, head g * group + r % group, for kv head g. */
+static inline int64_t row_offset(int r, int group, int g, int64_t stride, int head_dim) {
+    return (r / group) * stride + (g * group + r % group) * head_dim;
+}
+
+#endif
