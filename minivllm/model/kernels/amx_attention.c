@@ -112,8 +112,8 @@ static void row_block_step(scratch *w, int rb, int head_dim, int64_t start, int6
     }
     _tile_stored(0, &s[0][0], sizeof s[0]);
     _tile_stored(1, &s[0][16], sizeof s[0]);
-    /* Row r sees token start + t iff start + t <= first_pos + query[r] (paged_prefill_attention.c);
-     * tokens past the context are past every row's limit. */
+    /* Row r sees token start + t iff start + t <= first_pos + query[r]
+     * (paged_prefill_attention.c); tokens past the context are past every row's limit. */
     if (start + TK - 1 > first_pos)
         for (int r = 0; r < 16; r++) {
             const int64_t seen = first_pos + w->query[rb + r] - start; /* last t it sees */
