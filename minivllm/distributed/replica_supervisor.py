@@ -110,7 +110,7 @@ class ReplicaSupervisor:
                 reason, alive = f"its process died ({type(e).__name__})", False
             if self._stopped:
                 return
-            self._on_down(replica, reason)
+            self._on_down(replica, reason)  # it reads what the replica said before it went
             replica.state, replica.reason = "down", reason
             if alive:  # the loop failed but the process lives: let Ray restart it
                 ray.kill(replica.actor, no_restart=False)
