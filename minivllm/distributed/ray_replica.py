@@ -8,7 +8,7 @@ single-process engine core does, on any machine of the Ray cluster. Ray places t
 (`max_restarts`); the frontend learns both from the actor's `run` call, which returns only
 when the loop ends and raises when the process is gone.
 
-`ray` is imported only here and in data_parallel.py (DataParallelClient): it is an
+`ray` is imported only here and in replica_supervisor.py (ReplicaSupervisor): it is an
 optional extra.
 """
 
@@ -70,8 +70,8 @@ def make_actor_class(ray, engine_threads: int | None, max_restarts: int):
 
 
 class ReplicaClient:
-    """The frontend's end of one replica: the actor handle, its `run` call, and the two
-    sockets (bound here: the actor connects, again after each restart)."""
+    """The frontend's end of one replica: the actor handle, its `run` call, the two sockets
+    (bound here: the actor connects, again after each restart) and its state."""
 
     def __init__(self, index: int, actor, host: str) -> None:
         self.index, self.actor = index, actor
@@ -79,6 +79,8 @@ class ReplicaClient:
         self.input_addr, self.output_addr = self.sockets.bind_to_random_ports(host)
         self.run_ref = None  # the running `run` call: done when the loop ends or the actor dies
         self.pid: int | None = None
+        self.state = "starting"  # up | down (Ray restarts it) | failed (for good)
+        self.reason: str | None = None  # why it went down last
 
     def start(self) -> None:
         self.run_ref = self.actor.run.remote(self.input_addr, self.output_addr)

@@ -7,21 +7,16 @@ import logging
 import multiprocessing
 import shutil
 import tempfile
-import time
 
 import msgspec
 
 from minivllm.config import EngineConfig
 from minivllm.engine.core_client import SingleCoreClient, log_format
+from minivllm.engine.core_handshake import wait_core_ready
 from minivllm.engine.core_proc import run_engine_core
 from minivllm.engine.core_sockets import CoreSockets
 from minivllm.engine.errors import EngineDeadError
-from minivllm.engine.messages import (
-    EngineCoreDead,
-    EngineCoreReady,
-    EngineCoreRequest,
-    EngineCoreShutdown,
-)
+from minivllm.engine.messages import EngineCoreDead, EngineCoreRequest, EngineCoreShutdown
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +44,13 @@ class MPClient(SingleCoreClient):
         logger.info("engine core process started (pid %d)", self.proc.pid)
 
     def wait_ready(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.sockets.poll(100):
-                msg = self.sockets.recv_nowait()
-                if isinstance(msg, EngineCoreDead):
-                    raise (ValueError if msg.bad_config else RuntimeError)(msg.reason)
-                if isinstance(msg, EngineCoreReady):
-                    return msg.max_model_len
-            elif not self.proc.is_alive():
-                raise RuntimeError(f"the engine core process exited during startup (exit code "
-                                   f"{self.proc.exitcode})")
-        raise RuntimeError(f"the engine core did not start in {timeout:.0f}s")
+        return wait_core_ready(self.sockets, timeout, self._exit_reason, "the engine core")
+
+    def _exit_reason(self) -> str | None:
+        if self.proc.is_alive():
+            return None
+        return (f"the engine core process exited during startup (exit code "
+                f"{self.proc.exitcode})")
 
     def add_request(self, request: EngineCoreRequest) -> None:
         try:
