@@ -31,7 +31,8 @@ import zmq.asyncio
 
 from minivllm.config import EngineConfig
 from minivllm.core.router import make_router
-from minivllm.distributed.dp_metrics import DataParallelMetrics, sum_stats
+from minivllm.core.scheduler_stats import SchedulerStats, sum_stats
+from minivllm.distributed.dp_metrics import DataParallelMetrics
 from minivllm.distributed.ray_replica import ReplicaClient, import_ray, make_actor_class
 from minivllm.engine.core_client import (
     STARTUP_TIMEOUT_S,
@@ -52,7 +53,6 @@ from minivllm.engine.messages import (
     EngineCoreTracing,
 )
 from minivllm.engine.stat_loggers import StatLoggerBase
-from minivllm.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
