@@ -14,7 +14,7 @@ from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.core.step_batch import StepBatch
 from minivllm.sim.cost_model import CostModel
-from minivllm.sim.simulator import Simulator, SimStats
+from minivllm.sim.simulator import SimStats, Simulator
 
 
 class FakeCost(CostModel):
