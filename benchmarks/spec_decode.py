@@ -77,9 +77,9 @@ def workloads(tokenizer, max_tokens: int, temperature: float,
 def forget_recent_outputs(llm: LLM) -> None:
     """A suffix engine starts each timed run with no outputs of earlier runs cached: the
     same prompts again would find their own answers there."""
-    scheduler = llm.llm_engine.core.scheduler
-    if isinstance(scheduler.proposer, SuffixProposer):
-        scheduler.proposer = SuffixProposer(scheduler.spec)
+    spec_decoding = llm.llm_engine.core.scheduler.spec_decoding
+    if isinstance(spec_decoding.proposer, SuffixProposer):
+        spec_decoding.proposer = SuffixProposer(spec_decoding.config)
 
 
 def timed(llm: LLM, prompts: list, params: SamplingParams, one_at_a_time: bool):

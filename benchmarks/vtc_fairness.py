@@ -23,7 +23,7 @@ import statistics
 import numpy as np
 
 from minivllm.bench.workload import Trace, TraceEntry
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.sim.cost_model_spec import load_cost_model
 from minivllm.sim.simulator import Simulator
 

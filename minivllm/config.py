@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from minivllm.core.policy import PolicyConfig
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.generation_fields import parse_override
 from minivllm.pooling_params import parse_pooler_config
 

@@ -39,7 +39,7 @@ class EngineStep:
 
     def schedule(self) -> ScheduledStep:
         out = self.scheduler.schedule()
-        return ScheduledStep(out, self.scheduler.take_shed())
+        return ScheduledStep(out, self.scheduler.deadlines.take_shed())
 
     def update(self, step: ScheduledStep, sampled_token_ids: dict[str, int],
                prompt_hidden: dict | None = None) -> StepResult:

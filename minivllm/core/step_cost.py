@@ -88,6 +88,17 @@ class OnlineStepCost:
     def step_time(self, batch: StepBatch) -> float:
         return sum(c * x for c, x in zip(self.coefficients, _features(batch), strict=True))
 
+    def prefill_seconds(self, decodes: StepBatch, num_tokens: int, budget: int) -> float:
+        """Predicted seconds to prefill num_tokens prompt tokens in steps beside `decodes`
+        (each step: the decodes and a budget's worth of prompt, `budget` tokens a step)."""
+        chunk = max(2, budget - decodes.num_decode_seqs)
+        # The step that computes a prompt's last token is full whenever more prompts wait
+        # behind it, so every step counts whole, but for a prefill that fits one step.
+        steps = -(-num_tokens // chunk)
+        batch = replace(decodes)
+        batch.add(max(2, min(num_tokens, chunk)), 0)  # (one token would count as a decode)
+        return steps * self.step_time(batch)
+
     def max_prefill_tokens(self, batch: StepBatch, context: int, limit: int,
                            seconds: float) -> int:
         """The most new tokens (at most `limit`) a prefill chunk after `context` computed

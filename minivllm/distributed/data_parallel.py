@@ -27,7 +27,8 @@ import zmq.asyncio
 
 from minivllm.config import EngineConfig
 from minivllm.core.router import make_router
-from minivllm.distributed.dp_metrics import DataParallelMetrics, sum_stats
+from minivllm.core.scheduler_stats import SchedulerStats, sum_stats
+from minivllm.distributed.dp_metrics import DataParallelMetrics
 from minivllm.distributed.ray_replica import ReplicaClient
 from minivllm.distributed.replica_supervisor import ReplicaSupervisor
 from minivllm.distributed.request_routing import RequestRouting
@@ -41,7 +42,6 @@ from minivllm.engine.messages import (
     EngineCoreTracing,
 )
 from minivllm.engine.stat_loggers import StatLoggerBase
-from minivllm.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 

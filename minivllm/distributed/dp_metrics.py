@@ -4,44 +4,14 @@ beside the router's own counters."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from minivllm.engine.stat_loggers import (
-    LoggingStatLogger,
-    PrometheusStatLogger,
-    StatLoggerBase,
-    add_per_position,
-)
-from minivllm.engine.stats import IterationStats, SchedulerStats
+from minivllm.core.scheduler_stats import SchedulerStats, sum_stats
+from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from minivllm.engine.stats import IterationStats
 
 # Prefix-hit length at routing, in tokens.
 _HIT_BUCKETS = [0, 16, 64, 256, 1024, 4096, 16384, 65536]
-
-
-def sum_stats(stats: list[SchedulerStats]) -> SchedulerStats:
-    """The replicas' snapshots as one: queues and counters add up, KV usage is over all
-    their blocks."""
-    total = SchedulerStats()
-    # Every int field is a queue length, block count or counter: all of them add up, so a
-    # counter added to SchedulerStats (the recompute tax's, edf's sheds) is summed too.
-    # max_lora is a setting, the same on every replica.
-    counts = [f.name for f in fields(SchedulerStats)
-              if isinstance(f.default, int) and f.name != "max_lora"]
-    for s in stats:
-        for name in counts:
-            setattr(total, name, getattr(total, name) + getattr(s, name))
-        total.spec_num_accepted_tokens_per_pos = add_per_position(
-            total.spec_num_accepted_tokens_per_pos, s.spec_num_accepted_tokens_per_pos)
-        total.max_lora = max(total.max_lora, s.max_lora)
-        for name in ("running_lora_adapters", "waiting_lora_adapters", "lora_requests_received"):
-            merged = getattr(total, name)
-            for adapter, count in getattr(s, name).items():
-                merged[adapter] = merged.get(adapter, 0) + count
-    if total.num_total_blocks:
-        total.kv_cache_usage = 1.0 - total.num_free_blocks / total.num_total_blocks
-    return total
 
 
 class _EngineLabelled:

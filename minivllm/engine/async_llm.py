@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from transformers import AutoTokenizer
 
 from minivllm.config import EngineConfig
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.core_client import (
     STARTUP_TIMEOUT_S,
     EngineCoreClient,
@@ -49,7 +50,6 @@ from minivllm.engine.mp_client import MPClient
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.request_stream import RequestStream
 from minivllm.engine.stat_loggers import StatLoggerBase
-from minivllm.engine.stats import SchedulerStats
 from minivllm.model.loader import resolve_model_path
 from minivllm.outputs import EmbeddingRequestOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams

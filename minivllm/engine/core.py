@@ -23,6 +23,7 @@ from minivllm.core.lifecycle import LifecycleTracer, TraceSample
 from minivllm.core.policies.edf import own_deadlines
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.core.step import EngineStep
 from minivllm.engine.errors import EngineOverloadedError
 from minivllm.engine.messages import (
@@ -33,7 +34,6 @@ from minivllm.engine.messages import (
     resolve_max_tokens,
 )
 from minivllm.engine.parallel_sampling import CoreRequests, make_sequences, num_sequences
-from minivllm.engine.stats import SchedulerStats
 from minivllm.lora.request import LoRARequest
 from minivllm.model.loader import resolve_model_path
 from minivllm.model.runner import ModelRunner
@@ -132,12 +132,14 @@ class EngineCore:
             raise ValueError("oracle_output_len is a lab field, read only by a server run with "
                              "--length-predictor oracle")
         if req.pooling_params is not None:  # nothing to generate: the prompt may fill the context
-            check_context_length(len(prompt), 0, self.max_model_len)
             max_tokens = 0
         else:
-            check_context_length(len(prompt), params.max_tokens, self.max_model_len)
+            if params.max_tokens is None:  # the rest of the context, which must hold a token:
+                # checked before it is resolved, as check_fits only sees the resolved count
+                check_context_length(len(prompt), None, self.max_model_len)
             # An edge has resolved it (make_core_request); one built without one may not.
             max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), self.max_model_len)
+        # The context length (check_context_length), n, the KV cache and the step budget.
         self.scheduler.check_fits(len(prompt), max_tokens, num_sequences(params))
         self._check_queue_bounds(len(prompt))
         banned = self._stop_ids(params)  # until min_tokens
@@ -401,4 +403,4 @@ class EngineCore:
     # ---- statistics -------------------------------------------------------------------
 
     def get_stats(self) -> SchedulerStats:
-        return SchedulerStats(**self.scheduler.stats())
+        return self.scheduler.stats()

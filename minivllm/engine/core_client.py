@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.errors import EngineDeadError
 from minivllm.engine.inbox import call_soon
 from minivllm.engine.messages import (
@@ -33,7 +34,6 @@ from minivllm.engine.messages import (
     UtilityResult,
 )
 from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
-from minivllm.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 

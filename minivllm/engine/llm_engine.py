@@ -8,11 +8,11 @@ request's output kind, per-request metrics), closing each step with the same rul
 from __future__ import annotations
 
 from minivllm.config import EngineConfig
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.core import EngineCore
 from minivllm.engine.frontend import build_request, process_outputs
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 

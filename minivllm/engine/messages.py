@@ -19,7 +19,7 @@ import msgspec
 
 from minivllm.core.lifecycle import TraceSample
 from minivllm.core.request import EngineCoreRequest, check_context_length
-from minivllm.engine.stats import SchedulerStats
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.outputs import Logprob
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams

@@ -12,16 +12,10 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from minivllm.core.lifecycle import TraceSample
-from minivllm.engine.stats import IterationStats, SchedulerStats
+from minivllm.core.scheduler_stats import SchedulerStats, add_per_position
+from minivllm.engine.stats import IterationStats
 
 logger = logging.getLogger(__name__)
-
-
-def add_per_position(a: tuple[int, ...], b: tuple[int, ...], sign: int = 1) -> tuple[int, ...]:
-    """Per-position counts a + sign * b (the shorter padded with zeros)."""
-    n = max(len(a), len(b))
-    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
-    return tuple(x + sign * y for x, y in zip(a, b))
 
 
 def spec_decoding_line(now: SchedulerStats, before: SchedulerStats, elapsed: float) -> str | None:

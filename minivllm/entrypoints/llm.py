@@ -18,10 +18,10 @@ from minivllm.beam_search import (
     step_params,
 )
 from minivllm.config import EngineConfig
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.messages import make_core_request, make_pooling_request
-from minivllm.engine.stats import SchedulerStats
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import EmbeddingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams

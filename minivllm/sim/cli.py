@@ -22,7 +22,7 @@ from minivllm.bench.prediction import describe as describe_prediction
 from minivllm.bench.timeline_html import write_sim_timeline
 from minivllm.config import ENGINE_ARGS
 from minivllm.core.router import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.cost_model_spec import load_cost_model

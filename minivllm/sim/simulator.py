@@ -43,7 +43,9 @@ from minivllm.core.lifecycle import LifecycleEvent, LifecycleTracer
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request
 from minivllm.core.router import DEFAULT_ROUTER_POLICY, make_router
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_config import SchedulerConfig
+from minivllm.core.scheduler_stats import SchedulerStats, sum_stats
 from minivllm.lora.request import LoRARequest
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.replica import EOS_TOKEN_ID, SimReplica, SyntheticDrafts
@@ -51,48 +53,38 @@ from minivllm.sim.replica import EOS_TOKEN_ID, SimReplica, SyntheticDrafts
 
 @dataclass
 class SimStats:
-    """What a real run only shows in the server's metrics."""
+    """What a real run only shows in the server's metrics: the replicas' SchedulerStats at the
+    end, added up as data-parallel replicas' are (so every field of it, by construction), and
+    what only the simulator sees step by step."""
 
     simulated_wall_time_s: float = 0.0
     num_steps: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions_swap: int = 0
-    num_preemptions_recompute: int = 0
     peak_kv_usage: float = 0.0
     peak_num_running: int = 0
     peak_num_waiting: int = 0
-    num_recomputed_tokens: int = 0  # computed again after recompute preemption
-    num_computed_tokens: int = 0
-    num_requests_shed: int = 0  # edf: finished for a deadline they could no longer make
-    num_requests_deprioritized: int = 0
-    spec_num_draft_tokens: int = 0  # speculative decoding: drafts proposed, and accepted
-    spec_num_accepted_tokens: int = 0
-
-    @property
-    def recompute_tax(self) -> float:
-        """Recomputed tokens as a share of all computed tokens."""
-        return self.num_recomputed_tokens / self.num_computed_tokens if self.num_computed_tokens else 0.0
+    scheduler: SchedulerStats = field(default_factory=SchedulerStats)
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else None
+        s = self.scheduler
+        return s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else None
 
     def as_dict(self) -> dict:
+        s = self.scheduler
         return {"simulated_wall_time_s": self.simulated_wall_time_s, "num_steps": self.num_steps,
                 "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
-                "prefix_cache_queries": self.prefix_cache_queries,
-                "prefix_cache_hits": self.prefix_cache_hits,
-                "preemptions": {"swap": self.num_preemptions_swap,
-                                "recompute": self.num_preemptions_recompute},
+                "prefix_cache_queries": s.prefix_cache_queries,
+                "prefix_cache_hits": s.prefix_cache_hits,
+                "preemptions": {"swap": s.num_preemptions_swap,
+                                "recompute": s.num_preemptions_recompute},
                 "peak_kv_usage": self.peak_kv_usage, "peak_num_running": self.peak_num_running,
-                "peak_num_waiting": self.peak_num_waiting, "recompute_tax": self.recompute_tax,
-                "recomputed_tokens": self.num_recomputed_tokens,
-                "computed_tokens": self.num_computed_tokens,
-                "requests_shed": self.num_requests_shed,
-                "requests_deprioritized": self.num_requests_deprioritized,
-                "spec_draft_tokens": self.spec_num_draft_tokens,
-                "spec_accepted_tokens": self.spec_num_accepted_tokens}
+                "peak_num_waiting": self.peak_num_waiting, "recompute_tax": s.recompute_tax,
+                "recomputed_tokens": s.num_recomputed_tokens,
+                "computed_tokens": s.num_computed_tokens,
+                "requests_shed": s.num_requests_shed,
+                "requests_deprioritized": s.num_requests_deprioritized,
+                "spec_draft_tokens": s.spec_num_draft_tokens,
+                "spec_accepted_tokens": s.spec_num_accepted_tokens}
 
 
 @dataclass
@@ -244,13 +236,15 @@ class Simulator:
                     if replica.scheduler.has_unfinished_requests():
                         self._start(replica)
         self.bar.close()
-        scheds = [r.scheduler for r in replicas]
+        final = [r.scheduler.stats() for r in replicas]
+        self.stats.simulated_wall_time_s = self.now
+        self.stats.scheduler = sum_stats(final)
         timeline = self.tracer.take(self.now, with_block_map=False).events if self.tracer else []
-        return SimResult(self.results, self._final_stats(scheds), self.decisions, timeline,
+        return SimResult(self.results, self.stats, self.decisions, timeline,
                          routed=list(router.num_routed),
                          prefix_cache_hit_rates=[
-                             s.kv.prefix_cache_hits / s.kv.prefix_cache_queries
-                             if s.kv.prefix_cache_queries else None for s in scheds],
+                             s.prefix_cache_hits / s.prefix_cache_queries
+                             if s.prefix_cache_queries else None for s in final],
                          router_prefix_hit_tokens=hit_tokens)
 
     def _request(self, sched: Scheduler, entry, index: int, ids: list[int]) -> Request | None:
@@ -318,22 +312,6 @@ class Simulator:
         if self.free_since is None:
             self.free_since = self.now
         self.bar.update(1)
-
-    def _final_stats(self, scheds: list[Scheduler]) -> SimStats:
-        stats = self.stats
-        stats.simulated_wall_time_s = self.now
-        for s in scheds:
-            stats.num_preemptions_swap += s.num_preemptions_by_mode["swap"]
-            stats.num_preemptions_recompute += s.num_preemptions_by_mode["recompute"]
-            stats.prefix_cache_queries += s.kv.prefix_cache_queries
-            stats.prefix_cache_hits += s.kv.prefix_cache_hits
-            stats.num_recomputed_tokens += s.recompute_tax.num_recomputed_tokens
-            stats.num_computed_tokens += s.recompute_tax.num_computed_tokens_total
-            stats.num_requests_shed += s.num_requests_shed
-            stats.num_requests_deprioritized += s.num_requests_deprioritized
-            stats.spec_num_draft_tokens += s.spec_stats.num_draft_tokens
-            stats.spec_num_accepted_tokens += s.spec_stats.num_accepted_tokens
-        return stats
 
 
 def probe_features(entry, request: Request, trace: Trace) -> list[float]:

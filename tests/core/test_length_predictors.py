@@ -20,7 +20,8 @@ from minivllm.core.length_predictor import (
 )
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_config import SchedulerConfig
 
 
 def req(rid: str, prompt_len: int = 4, max_tokens: int = 100, output: int = 0,

@@ -10,7 +10,8 @@ from minivllm.bench.workload import Trace, TraceEntry
 from minivllm.core.lifecycle import LifecycleTracer, block_map
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.step_batch import StepBatch
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.simulator import Simulator

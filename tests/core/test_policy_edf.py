@@ -18,7 +18,8 @@ def test_earliest_deadline_first():
     sim.add("e2e", e2e_slo_ms=30_000)
     sim.run()
     assert sim.admitted == ["tight", "e2e", "loose", "none"]
-    assert sim.scheduler.num_requests_shed == sim.scheduler.num_requests_deprioritized == 0
+    stats = sim.scheduler.stats()
+    assert stats.num_requests_shed == stats.num_requests_deprioritized == 0
 
 
 def test_after_the_first_token_the_e2e_deadline_counts():
@@ -39,10 +40,10 @@ def test_shed_finishes_late_queued_requests_and_ranks_late_running_ones_last():
     fine = sim.add("fine", max_tokens=2, ttft_slo_ms=60_000)
     sim.run()
     assert doomed.status is RequestStatus.FINISHED_ABORTED
-    assert sim.scheduler.take_shed() == [doomed] and sim.scheduler.take_shed() == []
-    assert sim.scheduler.num_requests_shed == 1
+    assert sim.scheduler.deadlines.take_shed() == [doomed] and sim.scheduler.deadlines.take_shed() == []
+    assert sim.scheduler.stats().num_requests_shed == 1
     assert running.status is fine.status is RequestStatus.FINISHED_LENGTH
-    assert sim.scheduler.num_requests_deprioritized == 1  # running: ranked last, not shed
+    assert sim.scheduler.stats().num_requests_deprioritized == 1  # running: ranked last, not shed
     sim.assert_all_free()
 
 
@@ -54,8 +55,8 @@ def test_deprioritize_serves_late_requests_after_the_on_time_ones():
     sim.run()
     assert sim.admitted == ["first", "on-time", "late"]
     assert late.status is RequestStatus.FINISHED_LENGTH
-    assert sim.scheduler.num_requests_shed == 0
-    assert sim.scheduler.num_requests_deprioritized == 1  # counted once, however long late
+    assert sim.scheduler.stats().num_requests_shed == 0
+    assert sim.scheduler.stats().num_requests_deprioritized == 1  # counted once, however long late
 
 
 def test_bad_action_is_named():

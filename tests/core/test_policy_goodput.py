@@ -45,9 +45,9 @@ def serve_overload(policy: str, edf_action: str = "shed") -> tuple[int, int, Sim
             first_token.setdefault(request.request_id, sim.clock.now)
             if request.num_output_tokens == request.max_tokens:
                 sched.finish_request(request, RequestStatus.FINISHED_LENGTH)
-        sched.take_shed()
+        sched.deadlines.take_shed()
     met = sum(1 for rid, t in first_token.items() if t - sent[rid] <= 1.0)
-    return met, sched.num_requests_shed, sim
+    return met, sched.stats().num_requests_shed, sim
 
 
 def test_goodput_sheds_early_and_more_requests_meet_the_deadline_than_under_edf():
@@ -62,7 +62,7 @@ def test_goodput_sheds_early_and_more_requests_meet_the_deadline_than_under_edf(
 
 def test_goodput_deprioritize_ranks_the_predicted_late_last_and_sheds_nothing():
     met, shed, sim = serve_overload("goodput", edf_action="deprioritize")
-    assert shed == 0 and sim.scheduler.num_requests_deprioritized > 0
+    assert shed == 0 and sim.scheduler.stats().num_requests_deprioritized > 0
     sim.assert_all_free()
 
 

@@ -9,7 +9,8 @@ from minivllm import LLM, SamplingParams
 from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.policy import make_policy
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.sequence_group import form_group
 from tests.conftest import assert_all_blocks_free
 

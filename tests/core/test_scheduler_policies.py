@@ -16,7 +16,8 @@ import pytest
 
 from minivllm.core.policy import POLICIES, make_policy
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.scheduler import Scheduler, SchedulerConfig
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.sequence_group import SequenceGroup, form_group
 

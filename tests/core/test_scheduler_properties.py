@@ -81,8 +81,8 @@ def test_random_traffic_loses_nothing_and_leaks_nothing(config, arrivals, aborts
             break
         sim.step()
     assert not sim.scheduler.has_unfinished_requests(), "a request never finished"
-    shed = {r.request_id for r in sim.scheduler.take_shed()}
-    assert len(shed) == sim.scheduler.num_requests_shed
+    shed = {r.request_id for r in sim.scheduler.deadlines.take_shed()}
+    assert len(shed) == sim.scheduler.stats().num_requests_shed
     for request in accepted:
         if request.request_id in aborted | shed:
             assert request.status is RequestStatus.FINISHED_ABORTED

@@ -83,8 +83,8 @@ def test_drafts_count_in_the_budget_get_slots_and_roll_back():
     assert request.output_token_ids == ([1, 2, 3, 4] * 3)
     assert request.status is RequestStatus.FINISHED_LENGTH
     stats = sim.scheduler.stats()
-    assert stats["spec_num_draft_tokens"] >= stats["spec_num_accepted_tokens"] > 0
-    assert stats["spec_num_drafts"] == len(
+    assert stats.spec_num_draft_tokens >= stats.spec_num_accepted_tokens > 0
+    assert stats.spec_num_drafts == len(
         [o for o in sim.outputs if o.scheduled_spec_decode_tokens])
     sim.assert_all_free()
 
@@ -98,7 +98,7 @@ def test_rejected_drafts_release_the_blocks_only_they_needed():
     assert out.scheduled_spec_decode_tokens["r"]
     assert request.output_token_ids[-1] == 999 and request.num_new_tokens == 1
     assert request.num_computed_tokens == 9 and len(request.block_ids) == 5  # 10 tokens
-    assert sim.scheduler.spec_stats.num_accepted_tokens == 0
+    assert sim.scheduler.stats().spec_num_accepted_tokens == 0
 
 
 def test_drafts_never_pass_max_tokens_and_a_stop_inside_them_ends_the_request():

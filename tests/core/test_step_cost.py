@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.step_batch import StepBatch, step_batch
 from minivllm.core.step_cost import OnlineStepCost
 from tests.core.test_scheduler_policies import Sim

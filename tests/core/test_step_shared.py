@@ -10,7 +10,7 @@ import minivllm.core.scheduler as scheduler_module
 from minivllm import LLM, SamplingParams
 from minivllm.bench.workload import Trace, TraceEntry
 from minivllm.core.request import Request, RequestStatus
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.step_batch import StepBatch
 from minivllm.core.stop import check_stop
 from minivllm.sim.cost_model import CostModel

@@ -9,8 +9,9 @@ import sys
 
 from prometheus_client import generate_latest
 
-from minivllm.distributed.dp_metrics import DataParallelMetrics, sum_stats
-from minivllm.engine.stats import IterationStats, SchedulerStats
+from minivllm.core.scheduler_stats import SchedulerStats, sum_stats
+from minivllm.distributed.dp_metrics import DataParallelMetrics
+from minivllm.engine.stats import IterationStats
 
 
 def stats(running: int, free: int, hits: int) -> SchedulerStats:

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from minivllm.config import EngineConfig
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.errors import (
     EngineDeadError,
@@ -24,7 +25,7 @@ from minivllm.engine.errors import (
 from minivllm.engine.inproc_client import InprocClient
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, token_buckets
-from minivllm.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
+from minivllm.engine.stats import FinishedRequestStats, IterationStats
 from minivllm.entrypoints.openai.api_server import build_app
 from minivllm.sampling_params import SamplingParams
 

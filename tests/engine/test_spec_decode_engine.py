@@ -115,8 +115,8 @@ def test_structured_output_with_drafts_is_the_same(stories_dir, spec):
 
 
 def test_spec_metrics_and_log_line(stories_dir, caplog):
+    from minivllm.core.scheduler_stats import SchedulerStats
     from minivllm.engine.stat_loggers import PrometheusStatLogger, spec_decoding_line
-    from minivllm.engine.stats import SchedulerStats
 
     llm, _ = run(stories_dir, GREEDY, NGRAM)
     stats = llm.stats()
@@ -165,13 +165,13 @@ def test_drafts_the_grammar_forbids_are_cut_before_the_forward(stories_dir):
     drafted, cuts, outputs = {}, [], {}
     for check in (True, False):
         llm = LLM(model=str(stories_dir), block_size=4, speculative_config=NGRAM)
-        scheduler = llm.llm_engine.core.scheduler
-        valid = scheduler.valid_drafts
+        spec_decoding = llm.llm_engine.core.scheduler.spec_decoding
+        valid = spec_decoding.valid_drafts
 
         def spy(req_id, drafts, valid=valid):
             cuts.append((len(drafts), valid(req_id, drafts)))
             return cuts[-1][1]
-        scheduler.valid_drafts = spy if check else None
+        spec_decoding.valid_drafts = spy if check else None
         outputs[check] = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
         drafted[check] = llm.stats().spec_num_draft_tokens
     assert any(num_valid < num for num, num_valid in cuts), "no draft was cut"

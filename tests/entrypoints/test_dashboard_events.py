@@ -20,8 +20,9 @@ from minivllm.bench.client import RequestResult
 from minivllm.bench.timeline_html import client_events, record_engine_events, write_run_timeline
 from minivllm.config import EngineConfig
 from minivllm.core.lifecycle import LifecycleEvent, TraceSample
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.engine.stats import IterationStats, SchedulerStats
+from minivllm.engine.stats import IterationStats
 from minivllm.entrypoints.dashboard.events import EngineEventHub
 from minivllm.entrypoints.dashboard.routes import add_dashboard_routes
 from minivllm.sampling_params import SamplingParams

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from minivllm.config import EngineConfig
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.errors import EngineDeadError
 from minivllm.engine.messages import (
     EngineCoreAbort,
@@ -36,7 +37,6 @@ from minivllm.engine.messages import (
     pack_logprobs,
     unpack_logprobs,
 )
-from minivllm.engine.stats import SchedulerStats
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from tests.server_utils import (

@@ -7,7 +7,7 @@ import pytest
 
 from minivllm.bench import report
 from minivllm.bench.workload import Trace, TraceEntry
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.sim.simulator import Simulator
 from tests.sim.test_sim import FakeCost
 

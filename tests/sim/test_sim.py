@@ -10,7 +10,7 @@ import pytest
 
 from minivllm.bench.traces import trace_from_file
 from minivllm.bench.workload import Trace, TraceEntry, seed_trace
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.step_batch import StepBatch
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.simulator import Simulator, decision
@@ -57,8 +57,8 @@ def test_preemption_by_recompute_is_timed_and_counted():
     # arrival is preempted (recompute), then recomputes its prompt and its first output.
     trace = Trace("tight", [TraceEntry(0.0, 1, 6, 4), TraceEntry(0.0, 2, 6, 4)])
     result = Simulator(config(num_blocks=4), "fcfs", FakeCost(), record_decisions=True).run(trace)
-    assert result.stats.num_preemptions_recompute >= 1
-    assert result.stats.num_preemptions_swap == 0
+    assert result.stats.scheduler.num_preemptions_recompute >= 1
+    assert result.stats.scheduler.num_preemptions_swap == 0
     assert all(r.success and r.output_tokens == 4 for r in result.results)
     assert result.stats.peak_kv_usage == 1.0
     preempted = [d for d in result.decisions if d[1]]
@@ -133,8 +133,8 @@ def test_mooncake_hash_ids_hit_the_prefix_cache(tmp_path):
                        FakeCost()).run(trace)
     # Requests 1 and 2 find ids 1 and 2 (32 tokens each) and compute only the rest (16 and
     # 2 of 48 and 34 tokens: 1.6 and 0.2 s of prefill); request 3 shares nothing.
-    assert result.stats.prefix_cache_queries == 48 + 48 + 34 + 48
-    assert result.stats.prefix_cache_hits == 64
+    assert result.stats.scheduler.prefix_cache_queries == 48 + 48 + 34 + 48
+    assert result.stats.scheduler.prefix_cache_hits == 64
     assert [r.ttft for r in result.results] == pytest.approx([1 + 4.8, 1 + 1.6, 1 + 0.2, 1 + 4.8])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from minivllm.bench.workload import Trace, TraceEntry
 from minivllm.cli import main
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.step_batch import StepBatch
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.roofline import roofline_from_preset

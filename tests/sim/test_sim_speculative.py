@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minivllm.bench.workload import Trace, TraceEntry
-from minivllm.core.scheduler import SchedulerConfig
+from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.sim.simulator import Simulator
 from tests.sim.test_sim import FakeCost
 
@@ -22,17 +22,18 @@ def run(rate: float | None, spec: dict | None = NGRAM):
 
 def test_accepted_drafts_cut_the_steps_and_the_rate_is_the_acceptance():
     plain = run(None, None)
-    assert plain.stats.spec_num_draft_tokens == 0
+    assert plain.stats.scheduler.spec_num_draft_tokens == 0
     for rate in (0.5, 0.9):
         result = run(rate)
         stats = result.stats
         assert all(r.success and r.output_tokens == 40 for r in result.results)
         assert stats.num_steps < plain.stats.num_steps
         # k = 4 drafts a step: accepted while right, so fewer than rate * drafted
-        assert 0 < stats.spec_num_accepted_tokens < rate * stats.spec_num_draft_tokens
+        assert 0 < stats.scheduler.spec_num_accepted_tokens < rate * stats.scheduler.spec_num_draft_tokens
     assert run(0.9).stats.num_steps < run(0.5).stats.num_steps
     every = run(1.0)
-    assert every.stats.spec_num_accepted_tokens > 0.9 * every.stats.spec_num_draft_tokens
+    spec = every.stats.scheduler
+    assert spec.spec_num_accepted_tokens > 0.9 * spec.spec_num_draft_tokens
 
 
 def test_an_acceptance_rate_needs_a_speculative_config():

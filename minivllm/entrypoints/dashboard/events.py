@@ -24,9 +24,9 @@ import time
 from collections.abc import AsyncIterator
 
 from minivllm.core.lifecycle import TraceSample
-from minivllm.distributed.dp_metrics import sum_stats
+from minivllm.core.scheduler_stats import SchedulerStats, sum_stats
 from minivllm.engine.stat_loggers import StatLoggerBase
-from minivllm.engine.stats import IterationStats, SchedulerStats
+from minivllm.engine.stats import IterationStats
 from minivllm.entrypoints.openai.request_timing import PARTS as TTFT_PARTS
 
 _MAX_QUEUED_EVENTS = 64  # per client; more means it stopped reading
