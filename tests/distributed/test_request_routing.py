@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from minivllm.core.router import make_router
+from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.distributed.request_routing import RequestRouting
 from minivllm.engine.messages import (
     EngineCoreAbort,
@@ -18,7 +19,6 @@ from minivllm.engine.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
 )
-from minivllm.engine.stats import SchedulerStats
 from minivllm.sampling_params import SamplingParams
 
 _decode = msgspec.msgpack.Decoder(EngineCoreInput).decode
