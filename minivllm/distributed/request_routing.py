@@ -29,7 +29,9 @@ class RequestRouting:
         self._sent: dict[str, EngineCoreRequest] = {}  # not finished: routed again if need be
         self._encoded: dict[str, bytes] = {}
         self._owner: dict[str, int] = {}  # request id -> replica
-        self._held: list[set[str]] = [set() for _ in sockets]  # each replica's, not finished
+        # each replica's, not finished; a dict as an ordered set, so a replica's requests are
+        # routed again in arrival order
+        self._held: list[dict[str, None]] = [{} for _ in sockets]
         self._started: set[str] = set()  # a replica has produced output for it
         self._parked: list[str] = []  # to route once a replica is up again
 
@@ -52,7 +54,7 @@ class RequestRouting:
         except RuntimeError:  # every replica is down: Ray is restarting them
             self._parked.append(request_id)
             return
-        self._held[decision.replica].add(request_id)
+        self._held[decision.replica][request_id] = None
         self._owner[request_id] = decision.replica
         self._on_routed(decision.replica, decision.prefix_hit_tokens)
         self._sockets[decision.replica].send_bytes(self._encoded[request_id])
@@ -76,7 +78,7 @@ class RequestRouting:
             self._started.discard(request_id)
             owner = self._owner.pop(request_id, None)
             if owner is not None:
-                self._held[owner].discard(request_id)
+                self._held[owner].pop(request_id, None)
             if request_id in self._parked:
                 self._parked.remove(request_id)
 
@@ -92,8 +94,8 @@ class RequestRouting:
         """Route its requests elsewhere: how many were routed again, and the ids lost."""
         self.router.set_available(replica, False)
         rerouted, lost = 0, []
-        for request_id in list(self._held[replica]):
-            self._held[replica].discard(request_id)
+        held, self._held[replica] = self._held[replica], {}
+        for request_id in held:
             self._owner.pop(request_id, None)
             if request_id in self._started:  # its client has had output: it cannot move
                 lost.append(request_id)
