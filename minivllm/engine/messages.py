@@ -18,7 +18,7 @@ import time
 import msgspec
 
 from minivllm.core.lifecycle import TraceSample
-from minivllm.core.request import EngineCoreRequest, check_context_length
+from minivllm.core.request import EngineCoreRequest
 from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.outputs import Logprob
 from minivllm.pooling_params import PoolingParams
@@ -128,11 +128,11 @@ def make_core_request(request_id: str, prompt_token_ids: list[int], params: Samp
     """The request an edge (the server, the offline LLM, AsyncLLM / LLMEngine given a prompt)
     sends: sampling resolved once — max_tokens (resolve_max_tokens; max_model_len None: left
     to the core, for requests built without one), best_of's logprobs — and every other field
-    (`fields`: priority, user, ...) as given."""
+    (`fields`: priority, user, ...) as given. Given max_model_len, the edge has checked that
+    the prompt fits (check_context_length: each edge once, the server naming the field)."""
     prompt_token_ids = list(prompt_token_ids)
     changes = {}
     if max_model_len is not None:
-        check_context_length(len(prompt_token_ids), params.max_tokens, max_model_len)
         max_tokens = resolve_max_tokens(params.max_tokens, len(prompt_token_ids),
                                         max_model_len, max_tokens_cap)
         if max_tokens != params.max_tokens:

@@ -18,6 +18,7 @@ from minivllm.beam_search import (
     step_params,
 )
 from minivllm.config import EngineConfig
+from minivllm.core.request import check_context_length
 from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.llm_engine import LLMEngine
@@ -97,6 +98,8 @@ class LLM:
                 params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                 request_id = str(next(self._counter))
                 text, token_ids = self._prompt_ids(prompt)
+                check_context_length(len(token_ids), params.max_tokens,
+                                     self.llm_engine.max_model_len)
                 yield request_id, make_core_request(
                     request_id, token_ids, params, self.llm_engine.max_model_len,
                     priority=priority[i] if priority else 0,

@@ -15,9 +15,9 @@ import pytest
 
 from minivllm.cli import main
 from minivllm.entrypoints.openai.errors import OpenAIError
-from minivllm.entrypoints.openai.protocol_responses import ResponseObject, ResponsesRequest
-from minivllm.entrypoints.openai.responses_store import ResponseStore, StoredResponse
-from minivllm.entrypoints.openai.serving_responses import OpenAIServingResponses
+from minivllm.entrypoints.openai.responses.protocol import ResponseObject, ResponsesRequest
+from minivllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+from minivllm.entrypoints.openai.responses.store import ResponseStore, StoredResponse
 from tests.server_utils import CHAT_TEMPLATE, FAST_ENGINE_ARGS, ServerProcess, stories_model
 
 pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI): minutes of servers, kept out of make test

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from minivllm.entrypoints.openai.chat_tools import ChoiceParser
-from minivllm.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
-from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from minivllm.entrypoints.openai.chat_completion.choice_parser import ChoiceParser
+from minivllm.entrypoints.openai.chat_completion.reasoning_parsers import REASONING_PARSERS
+from minivllm.entrypoints.openai.chat_completion.tool_parsers import TOOL_PARSERS
 
 HERMES = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
           '</tool_call>\n<tool_call>{"name": "get_time", "arguments": {"zone": "a<b"}}'

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from transformers import AutoConfig
 
 from minivllm.entrypoints.openai.errors import install_error_handlers
-from minivllm.entrypoints.openai.lora_routes import add_lora_routes
-from minivllm.entrypoints.openai.serving_models import (
+from minivllm.entrypoints.openai.models.routes import add_lora_routes
+from minivllm.entrypoints.openai.models.serving import (
     OpenAIServingModels,
     parse_lora_module,
     runtime_updating_allowed,

@@ -1,15 +1,17 @@
 """The OpenAI-compatible HTTP API: a FastAPI app around an AsyncLLM (whichever client it
-reaches its engine core(s) through)."""
+reaches its engine core(s) through). Each endpoint's protocol, serving and routes are in its
+folder (completion/, chat_completion/, responses/, embedding/, models/, tokenization/); here
+the app is put together, with the server's own routes (/health, /version, /metrics) and
+its middleware."""
 
 from __future__ import annotations
 
 import logging
-import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -18,30 +20,25 @@ from minivllm.distributed.dp_metrics import DataParallelMetrics
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.stat_loggers import PrometheusStatLogger
 from minivllm.entrypoints.dashboard.routes import BROWSER_PATHS, add_dashboard_routes
-from minivllm.entrypoints.openai.cli_tools import parsers_from_args
+from minivllm.entrypoints.openai.chat_completion.cli_args import parsers_from_args
+from minivllm.entrypoints.openai.chat_completion.routes import add_chat_completion_routes
+from minivllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from minivllm.entrypoints.openai.completion.routes import add_completion_routes
+from minivllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+from minivllm.entrypoints.openai.embedding.routes import add_embedding_routes
+from minivllm.entrypoints.openai.embedding.serving import OpenAIServingEmbedding
 from minivllm.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from minivllm.entrypoints.openai.limits import RequestLimits
-from minivllm.entrypoints.openai.lora_routes import add_lora_routes, serving_models
 from minivllm.entrypoints.openai.middleware import (
     ApiKeyMiddleware,
     BodySizeLimitMiddleware,
     HeaderSizeLimitMiddleware,
 )
-from minivllm.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
-from minivllm.entrypoints.openai.protocol_embedding import EmbeddingRequest
+from minivllm.entrypoints.openai.models.routes import add_models_routes, serving_models
 from minivllm.entrypoints.openai.request_timing import ReceivedTimeMiddleware
-from minivllm.entrypoints.openai.responses_routes import add_responses_routes
-from minivllm.entrypoints.openai.serving import OpenAIServing, cancel_on_disconnect
-from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
-from minivllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from minivllm.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from minivllm.entrypoints.openai.serving_models import runtime_updating_allowed
-from minivllm.entrypoints.openai.tokenizer_info import tokenizer_info
+from minivllm.entrypoints.openai.responses.routes import add_responses_routes
+from minivllm.entrypoints.openai.serving import OpenAIServing
+from minivllm.entrypoints.openai.tokenization.routes import add_tokenization_routes
 
 if TYPE_CHECKING:
     from minivllm.engine.async_llm import AsyncLLM
@@ -87,7 +84,6 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     # PrometheusStatLogger, or (data parallel) one with every replica's series
     prometheus = next((s for s in engine.stat_loggers
                        if isinstance(s, (PrometheusStatLogger, DataParallelMetrics))), None)
-    created = int(time.time())
 
     app = FastAPI(title="minivllm OpenAI-compatible server", version=_package_version())
     install_error_handlers(app)
@@ -108,12 +104,7 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     async def show_version() -> dict:
         return {"version": _package_version()}
 
-    @app.get("/v1/models")
-    async def list_models() -> dict:
-        return {"object": "list", "data": models.cards(created)}
-
-    add_lora_routes(app, models, runtime_updating_allowed(
-        getattr(args, "allow_runtime_lora_updating", False)))
+    add_models_routes(app, models, args)  # /v1/models, the LoRA adapters'
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -121,47 +112,10 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
             raise OpenAIError("metrics are not collected by this engine", 404)
         return Response(generate_latest(prometheus.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> dict:
-        base.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise OpenAIError("give exactly one of prompt or messages", 400, "prompt")
-        if req.messages is not None:
-            text = base.render_chat(req.messages, req.add_generation_prompt)
-            add_special = bool(req.add_special_tokens)
-        else:
-            text = req.prompt
-            add_special = req.add_special_tokens is not False
-        tokens = base.encode(text, "messages" if req.messages is not None else "prompt",
-                             add_special_tokens=add_special)
-        token_strs = base.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs \
-            else None
-        return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens,
-                "token_strs": token_strs}
-
-    @app.get("/tokenizer_info")
-    async def show_tokenizer_info() -> dict:
-        return tokenizer_info(base.tokenizer, chat_template)
-
-    @app.post("/detokenize")
-    async def detokenize(req: DetokenizeRequest) -> dict:
-        base.check_model(req.model)
-        if req.tokens:
-            base.check_token_ids(req.tokens, "tokens")
-        return {"prompt": base.tokenizer.decode(req.tokens)}
-
-    @app.post("/v1/completions")
-    async def create_completion(req: CompletionRequest, raw: Request) -> Response:
-        return await cancel_on_disconnect(raw, completions.create(req, raw.state.received))
-
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
-        return await cancel_on_disconnect(raw, chat.create(req, raw.state.received))
-
-    @app.post("/v1/embeddings")
-    async def create_embedding(req: EmbeddingRequest, raw: Request) -> Response:
-        return await cancel_on_disconnect(raw, embeddings.create(req))
-
+    add_tokenization_routes(app, base)  # /tokenize, /tokenizer_info, /detokenize
+    add_completion_routes(app, completions)
+    add_chat_completion_routes(app, chat)
+    add_embedding_routes(app, embeddings)
     add_responses_routes(app, chat, args)  # /v1/responses
 
     hub = add_dashboard_routes(app, engine, getattr(args, "dashboard_interval", 1.0),

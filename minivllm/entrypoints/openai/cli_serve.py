@@ -10,10 +10,10 @@ import logging
 import os
 
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
-from minivllm.entrypoints.openai.cli_tools import add_tool_args, parsers_from_args
+from minivllm.entrypoints.openai.chat_completion.cli_args import add_tool_args, parsers_from_args
 from minivllm.entrypoints.openai.limits import RequestLimits, add_limit_args
-from minivllm.entrypoints.openai.responses_store import add_responses_args
-from minivllm.entrypoints.openai.serving_models import check_lora_modules
+from minivllm.entrypoints.openai.models.serving import check_lora_modules
+from minivllm.entrypoints.openai.responses.store import add_responses_args
 
 logger = logging.getLogger("minivllm.serve")
 

@@ -1,4 +1,6 @@
-"""Request and response models of the OpenAI-compatible API (OpenAI's and vLLM's field names).
+"""The models every endpoint of the OpenAI-compatible API shares (OpenAI's and vLLM's field
+names): the sampling fields of completions and chat, chat messages, usage, prompt logprobs,
+errors. Each endpoint's own models are in its folder's protocol.py.
 
 Requests accept and ignore fields they do not know (`logit_bias`, ...), as OpenAI clients
 send many; `user` is read (the tenant of the vtc policy, and the dashboard's). Structured
@@ -9,15 +11,11 @@ here, as are seeds outside int64.
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from minivllm.entrypoints.openai.protocol_tools import (
-    ChatCompletionToolsParam,
-    DeltaToolCall,
-    NamedToolChoice,
     ResponseFormat,
     StructuredOutputsRequest,
     ToolCall,
@@ -79,18 +77,6 @@ class SamplingRequest(OpenAIModel):
     oracle_output_len: int | None = Field(None, ge=1)
 
 
-class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # an explicit null means "the rest of the context"
-    logprobs: int | None = None
-    echo: bool = False
-    best_of: int | None = None
-    # vLLM's beam search: n beams, their hypotheses scored sum_logprobs / len ** length_penalty
-    use_beam_search: bool = False
-    length_penalty: float = 1.0
-    early_stopping: bool | Literal["never"] = False
-
-
 class TextPart(OpenAIModel):
     type: Literal["text"]
     text: str
@@ -107,34 +93,6 @@ class ChatMessage(OpenAIModel):
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         return "\n".join(part.text for part in self.content)
-
-
-class ChatCompletionRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    add_generation_prompt: bool = True
-    tools: list[ChatCompletionToolsParam] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
-
-
-class TokenizeRequest(OpenAIModel):
-    """vLLM's /tokenize: either a prompt or chat messages."""
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
-    add_generation_prompt: bool = True
-    return_token_strs: bool = False
-
-
-class DetokenizeRequest(OpenAIModel):
-    model: str | None = None
-    tokens: list[int]
 
 
 # ---- responses ---------------------------------------------------------------------------
@@ -157,13 +115,6 @@ class UsageInfo(OpenAIModel):
                    prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=cached_tokens))
 
 
-class CompletionLogProbs(OpenAIModel):
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-
-
 class PromptLogprob(OpenAIModel):
     """vLLM's Logprob as its prompt_logprobs field writes it."""
 
@@ -173,99 +124,12 @@ class PromptLogprob(OpenAIModel):
 
 
 # One per prompt token, None for the first (nothing before it predicts it). Left out of the
-# JSON when not asked for, as are the token id fields below.
+# JSON when not asked for, as are the endpoints' token id fields (unless_asked).
 PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
 
-def _unless_asked(default=None):
+def unless_asked(default=None):
     return Field(default, exclude_if=lambda value: value is None)
-
-
-class CompletionChoice(OpenAIModel):
-    index: int
-    text: str
-    logprobs: CompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = _unless_asked()
-    prompt_logprobs: PromptLogprobs | None = _unless_asked()
-    prompt_token_ids: list[int] | None = _unless_asked()
-
-
-class CompletionResponse(OpenAIModel):
-    id: str
-    object: str = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class TopLogprob(OpenAIModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatLogprobToken(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(OpenAIModel):
-    content: list[ChatLogprobToken] | None = None
-
-
-class ChatResponseMessage(OpenAIModel):
-    role: str = "assistant"
-    content: str | None = None
-    reasoning_content: str | None = None  # --reasoning-parser: the <think> part
-    tool_calls: list[ToolCall] = Field(default_factory=list)
-
-
-class ChatChoice(OpenAIModel):
-    index: int
-    message: ChatResponseMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = _unless_asked()
-
-
-class ChatCompletionResponse(OpenAIModel):
-    id: str
-    object: str = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-    prompt_logprobs: PromptLogprobs | None = _unless_asked()
-    prompt_token_ids: list[int] | None = _unless_asked()
-
-
-class DeltaMessage(OpenAIModel):
-    role: str | None = None
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
-
-
-class ChatStreamChoice(OpenAIModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = _unless_asked()
-
-
-class ChatCompletionChunk(OpenAIModel):
-    id: str
-    object: str = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None
-    prompt_token_ids: list[int] | None = _unless_asked()
 
 
 class ErrorInfo(OpenAIModel):

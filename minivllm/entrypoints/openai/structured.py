@@ -4,8 +4,9 @@ is a 400 naming its field, before the engine sees it."""
 
 from __future__ import annotations
 
+from minivllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from minivllm.entrypoints.openai.errors import OpenAIError
-from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, SamplingRequest
+from minivllm.entrypoints.openai.protocol import SamplingRequest
 from minivllm.structured_output.grammar import GrammarError, check_grammar
 from minivllm.structured_output.params import StructuredOutputsParams
 

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from minivllm.entrypoints.openai.protocol import ChatMessage
-from minivllm.entrypoints.openai.protocol_responses import ResponseObject
+from minivllm.entrypoints.openai.responses.protocol import ResponseObject
 
 DEFAULT_STORE_SIZE = 1000
 

@@ -1,19 +1,23 @@
-"""The server's LoRA adapters: the registry built from the flags (--enable-lora,
---lora-modules) and vLLM's two runtime endpoints, POST /v1/load_lora_adapter and
-/v1/unload_lora_adapter (serving_models.py says when they are allowed)."""
+"""The models the server answers to: the registry built from the flags (--enable-lora,
+--lora-modules), GET /v1/models, and vLLM's two runtime endpoints for LoRA adapters,
+POST /v1/load_lora_adapter and /v1/unload_lora_adapter (serving.py says when they are
+allowed)."""
 
 from __future__ import annotations
+
+import time
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from minivllm.entrypoints.openai.errors import OpenAIError
-from minivllm.entrypoints.openai.serving_models import (
+from minivllm.entrypoints.openai.models.serving import (
     RUNTIME_UPDATING_ENV,
     LoadLoRAAdapterRequest,
     OpenAIServingModels,
     UnloadLoRAAdapterRequest,
     parse_lora_module,
+    runtime_updating_allowed,
 )
 
 
@@ -31,6 +35,18 @@ def serving_models(engine, args) -> OpenAIServingModels:
         max_rank = config.lora_config.max_lora_rank
     return OpenAIServingModels(config.model_name, config.model, engine.max_model_len,
                                hf_config, max_rank, modules)
+
+
+def add_models_routes(app: FastAPI, models: OpenAIServingModels, args) -> None:
+    """GET /v1/models, and the LoRA routes (`args.allow_runtime_lora_updating`: allowed)."""
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": models.cards(created)}
+
+    add_lora_routes(app, models, runtime_updating_allowed(
+        getattr(args, "allow_runtime_lora_updating", False)))
 
 
 def add_lora_routes(app: FastAPI, models: OpenAIServingModels, allowed: bool) -> None:

@@ -10,9 +10,11 @@ import functools
 
 from minivllm.beam_search import BeamSearch, advance_all, check_beam_search, step_params
 from minivllm.engine.core import eos_token_ids
+from minivllm.entrypoints.openai.completion.protocol import CompletionChoice, CompletionRequest
 from minivllm.entrypoints.openai.errors import OpenAIError
-from minivllm.entrypoints.openai.protocol import CompletionChoice, CompletionRequest, UsageInfo
-from minivllm.entrypoints.openai.serving import OpenAIServing, gather_or_cancel, last_output
+from minivllm.entrypoints.openai.protocol import UsageInfo
+from minivllm.entrypoints.openai.serving import OpenAIServing
+from minivllm.entrypoints.openai.streaming import gather_or_cancel, last_output
 from minivllm.model.loader import resolve_model_path
 from minivllm.sampling_params import BeamSearchParams
 

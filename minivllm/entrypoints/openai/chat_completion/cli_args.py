@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from minivllm.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
-from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from minivllm.entrypoints.openai.chat_completion.reasoning_parsers import REASONING_PARSERS
+from minivllm.entrypoints.openai.chat_completion.tool_parsers import TOOL_PARSERS
 
 
 def add_tool_args(parser: argparse.ArgumentParser) -> None:

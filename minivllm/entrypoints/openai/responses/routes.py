@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request, Response
 
-from minivllm.entrypoints.openai.protocol_responses import ResponsesRequest
-from minivllm.entrypoints.openai.responses_store import DEFAULT_STORE_SIZE, ResponseStore
-from minivllm.entrypoints.openai.serving import cancel_on_disconnect
-from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
-from minivllm.entrypoints.openai.serving_responses import OpenAIServingResponses
+from minivllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from minivllm.entrypoints.openai.responses.protocol import ResponsesRequest
+from minivllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+from minivllm.entrypoints.openai.responses.store import DEFAULT_STORE_SIZE, ResponseStore
+from minivllm.entrypoints.openai.streaming import cancel_on_disconnect
 
 
 def add_responses_routes(app: FastAPI, chat: OpenAIServingChat, args) -> None:

@@ -10,14 +10,15 @@ import uuid
 from fastapi.responses import JSONResponse
 
 from minivllm.engine.messages import make_pooling_request
-from minivllm.entrypoints.openai.errors import OpenAIError
-from minivllm.entrypoints.openai.protocol_embedding import (
+from minivllm.entrypoints.openai.embedding.protocol import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingUsage,
 )
-from minivllm.entrypoints.openai.serving import OpenAIServing, gather_or_cancel, last_output
+from minivllm.entrypoints.openai.errors import OpenAIError
+from minivllm.entrypoints.openai.serving import OpenAIServing
+from minivllm.entrypoints.openai.streaming import gather_or_cancel, last_output
 from minivllm.pooling_params import PoolingParams
 
 

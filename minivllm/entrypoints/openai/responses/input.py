@@ -6,17 +6,9 @@ max_output_tokens here, messages is input, ...)."""
 
 from __future__ import annotations
 
+from minivllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from minivllm.entrypoints.openai.errors import OpenAIError
-from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
-from minivllm.entrypoints.openai.protocol_responses import (
-    FunctionCallInput,
-    FunctionCallItem,
-    FunctionCallOutputInput,
-    InputMessage,
-    OutputItem,
-    OutputMessage,
-    ResponsesRequest,
-)
+from minivllm.entrypoints.openai.protocol import ChatMessage
 from minivllm.entrypoints.openai.protocol_tools import (
     ChatCompletionToolsParam,
     FunctionCall,
@@ -26,6 +18,15 @@ from minivllm.entrypoints.openai.protocol_tools import (
     ResponseFormat,
     ToolCall,
     ToolChoiceFunction,
+)
+from minivllm.entrypoints.openai.responses.protocol import (
+    FunctionCallInput,
+    FunctionCallItem,
+    FunctionCallOutputInput,
+    InputMessage,
+    OutputItem,
+    OutputMessage,
+    ResponsesRequest,
 )
 
 # chat's field -> the Responses request's

@@ -1,9 +1,9 @@
 """POST /v1/responses (OpenAI's Responses API, as vLLM serves it), GET and DELETE
-/v1/responses/{id}: a response is one chat completion (responses_input.py builds it) whose
+/v1/responses/{id}: a response is one chat completion (input.py builds it) whose
 choice becomes output items — reasoning (with --reasoning-parser), a message, function calls
 (tool_choice "required" or named: a grammar forces them; "auto": --tool-call-parser reads
-them) — answered whole or as typed events (responses_stream.py), and kept for
-previous_response_id (responses_store.py) unless `store` is false or the store is off."""
+them) — answered whole or as typed events (stream.py), and kept for
+previous_response_id (store.py) unless `store` is false or the store is off."""
 
 from __future__ import annotations
 
@@ -12,9 +12,16 @@ import uuid
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
+from minivllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from minivllm.entrypoints.openai.errors import OpenAIError, log_if_unexpected, to_openai_error
 from minivllm.entrypoints.openai.protocol import ChatMessage
-from minivllm.entrypoints.openai.protocol_responses import (
+from minivllm.entrypoints.openai.responses.input import (
+    chat_request,
+    input_messages,
+    output_messages,
+    renamed,
+)
+from minivllm.entrypoints.openai.responses.protocol import (
     IncompleteDetails,
     InputTokensDetails,
     OutputTokensDetails,
@@ -22,21 +29,14 @@ from minivllm.entrypoints.openai.protocol_responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from minivllm.entrypoints.openai.responses_input import (
-    chat_request,
-    input_messages,
-    output_messages,
-    renamed,
-)
-from minivllm.entrypoints.openai.responses_store import ResponseStore, StoredResponse
-from minivllm.entrypoints.openai.responses_stream import ResponseEvents, items
-from minivllm.entrypoints.openai.serving import (
+from minivllm.entrypoints.openai.responses.store import ResponseStore, StoredResponse
+from minivllm.entrypoints.openai.responses.stream import ResponseEvents, items
+from minivllm.entrypoints.openai.streaming import (
     SSEResponse,
     first_outputs,
     last_output,
     merge_streams,
 )
-from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.outputs import RequestOutput
 
 

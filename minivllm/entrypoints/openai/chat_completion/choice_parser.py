@@ -14,6 +14,14 @@ from __future__ import annotations
 import json
 import re
 
+from minivllm.entrypoints.openai.chat_completion.reasoning_parsers import (
+    ReasoningParser,
+    ReasoningStream,
+)
+from minivllm.entrypoints.openai.chat_completion.tool_parsers import (
+    ToolCallStream,
+    extract_tool_calls,
+)
 from minivllm.entrypoints.openai.protocol_tools import (
     DeltaFunctionCall,
     DeltaToolCall,
@@ -21,8 +29,6 @@ from minivllm.entrypoints.openai.protocol_tools import (
     ToolCall,
     tool_call_id,
 )
-from minivllm.entrypoints.openai.reasoning_parsers import ReasoningParser, ReasoningStream
-from minivllm.entrypoints.openai.tool_parsers import ToolCallStream, extract_tool_calls
 
 _REQUIRED_CALL = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*"), "parameters": ')
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-from minivllm.entrypoints.openai.protocol_responses import (
+from minivllm.entrypoints.openai.protocol_tools import DeltaToolCall, ToolCall
+from minivllm.entrypoints.openai.responses.protocol import (
     FunctionCallItem,
     OutputItem,
     OutputMessage,
@@ -23,7 +24,6 @@ from minivllm.entrypoints.openai.protocol_responses import (
     ReasoningText,
     ResponseObject,
 )
-from minivllm.entrypoints.openai.protocol_tools import DeltaToolCall, ToolCall
 
 
 def items(content: str | None, reasoning: str | None, calls: list[ToolCall],
@@ -94,7 +94,7 @@ class ResponseEvents:
                            **fields)
 
     def feed(self, content: str, reasoning: str, calls: list[DeltaToolCall]) -> list[str]:
-        """The events of one parsed delta (chat_tools.ChoiceParser.feed's)."""
+        """The events of one parsed delta (chat_completion/choice_parser.ChoiceParser.feed's)."""
         events: list[str] = []
         if reasoning:
             if not isinstance(self.item, ReasoningItem):

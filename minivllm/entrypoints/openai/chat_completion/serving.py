@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: messages through the chat template, answered whole or streamed;
 tools rendered by the template, tool calls forced by a grammar or parsed from the text, and
-the thinking of reasoning models split off (chat_tools.py)."""
+the thinking of reasoning models split off (choice_parser.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import uuid
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
-from minivllm.entrypoints.openai.chat_tools import ChoiceParser
-from minivllm.entrypoints.openai.errors import OpenAIError
-from minivllm.entrypoints.openai.protocol import (
+from minivllm.entrypoints.openai.chat_completion.choice_parser import ChoiceParser
+from minivllm.entrypoints.openai.chat_completion.protocol import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -24,13 +23,13 @@ from minivllm.entrypoints.openai.protocol import (
     ChatStreamChoice,
     DeltaMessage,
     TopLogprob,
-    UsageInfo,
 )
+from minivllm.entrypoints.openai.errors import OpenAIError
+from minivllm.entrypoints.openai.protocol import UsageInfo
 from minivllm.entrypoints.openai.request_timing import FirstTokenTiming, sse_with_timing
-from minivllm.entrypoints.openai.serving import (
-    LOGPROB_FLOOR,
+from minivllm.entrypoints.openai.serving import LOGPROB_FLOOR, OpenAIServing
+from minivllm.entrypoints.openai.streaming import (
     SSE_DONE,
-    OpenAIServing,
     SSEResponse,
     first_outputs,
     last_output,

@@ -12,19 +12,22 @@ from collections import defaultdict
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
-from minivllm.entrypoints.openai.errors import OpenAIError
-from minivllm.entrypoints.openai.protocol import (
+from minivllm.entrypoints.openai.completion.beam_search import (
+    beam_search_choices,
+    beam_search_params,
+)
+from minivllm.entrypoints.openai.completion.protocol import (
     CompletionChoice,
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
-    UsageInfo,
 )
+from minivllm.entrypoints.openai.errors import OpenAIError
+from minivllm.entrypoints.openai.protocol import UsageInfo
 from minivllm.entrypoints.openai.request_timing import FirstTokenTiming, sse_with_timing
-from minivllm.entrypoints.openai.serving import (
-    LOGPROB_FLOOR,
+from minivllm.entrypoints.openai.serving import LOGPROB_FLOOR, OpenAIServing
+from minivllm.entrypoints.openai.streaming import (
     SSE_DONE,
-    OpenAIServing,
     SSEResponse,
     first_outputs,
     gather_or_cancel,
@@ -32,10 +35,6 @@ from minivllm.entrypoints.openai.serving import (
     merge_streams,
     sse,
     sse_error,
-)
-from minivllm.entrypoints.openai.serving_beam_search import (
-    beam_search_choices,
-    beam_search_params,
 )
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 

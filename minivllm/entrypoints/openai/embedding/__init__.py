@@ -1,0 +1,1 @@
+"""POST /v1/embeddings: its models, serving and route."""

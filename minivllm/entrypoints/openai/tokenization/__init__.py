@@ -1,0 +1,1 @@
+"""vLLM's /tokenize, /detokenize and /tokenizer_info."""
