@@ -22,6 +22,10 @@ from minivllm.pooling_params import parse_pooler_config
 
 DEMO_MODEL_NAME = "minivllm-demo"
 DEFAULT_KV_CACHE_SPACE = 4.0  # GiB; vLLM's CPU build also defaults to a fixed 4 GiB
+# vLLM's --runner and --convert values that minivllm runs (vLLM's also has the draft runner
+# and the classify and reward conversions).
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed")
 
 
 def _bad(config, name: str, why: str) -> ValueError:
@@ -50,6 +54,10 @@ class ModelConfig:
     # How pooling requests (embeddings) pool, vLLM's JSON: {"pooling_type": "MEAN",
     # "normalize": true}; unset keys: LAST, normalized (pooling_params.py).
     pooler_config: dict[str, Any] | None = None
+    # vLLM's runner and conversion (RUNNERS, CONVERTS): which requests the engine serves,
+    # resolved by runner_type.
+    runner: str = "auto"
+    convert: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "fp32"):
@@ -76,6 +84,32 @@ class ModelConfig:
             "override_generation_config (--override-generation-config)")
         self.pooler_config = parse_pooler_config(self.pooler_config,
                                                  "pooler_config (--pooler-config)")
+        self._check_runner()
+
+    def _check_runner(self) -> None:
+        if self.runner not in RUNNERS:
+            raise _bad(self, "runner", f"(--runner) must be one of {', '.join(RUNNERS)}")
+        if self.convert not in CONVERTS:
+            raise _bad(self, "convert", f"(--convert) must be one of {', '.join(CONVERTS)} "
+                                        "(minivllm converts to an embedding model only)")
+        if self.runner == "generate" and self.convert == "embed":
+            raise ValueError("convert='embed' (--convert embed) makes the model an embedding "
+                             "model: it needs --runner pooling or auto, got --runner generate")
+        if self.runner == "pooling" and self.convert == "none":
+            # vLLM's rule for a generative model: pooling it needs the embed conversion.
+            raise ValueError("runner='pooling' (--runner pooling) needs --convert embed or "
+                             "auto: minivllm's models are generative, and pooling their "
+                             "hidden states is the embed conversion; got --convert none")
+
+    @property
+    def runner_type(self) -> str:
+        """Which requests the engine serves: "generate", "pooling", or "auto" (both, on one
+        runner). vLLM resolves --runner auto by the model's architecture; every model here is
+        generative and pools through model/pooler.py (the embed conversion), so auto serves
+        both unless --convert says which: embed implies pooling, none implies generate."""
+        if self.runner != "auto":
+            return self.runner
+        return {"auto": "auto", "embed": "pooling", "none": "generate"}[self.convert]
 
     @property
     def model_name(self) -> str:

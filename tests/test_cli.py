@@ -55,7 +55,7 @@ ENGINE_FLAGS = {
     "--enable-lora": (False, None), "--max-lora-rank": (16, int), "--max-cpu-loras": (None, int),
     "--num-threads": (None, int), "--generation-config": ("auto", str),
     "--override-generation-config": (None, "json"),
-    "--pooler-config": (None, "json"),
+    "--pooler-config": (None, "json"), "--runner": ("auto", str), "--convert": ("auto", str),
 }
 
 

@@ -19,6 +19,11 @@ from minivllm.cli import main
     (["generate", "--model", "/no/such/model", "hello"],
      "model '/no/such/model' is neither a local directory nor a loadable hub id"),
     (["serve", "--lora-modules", "a=/somewhere"], "--lora-modules needs --enable-lora"),
+    (["serve", "--runner", "draft"], "runner (--runner) must be one of auto, generate, "
+                                     "pooling, got 'draft'"),
+    (["serve", "--convert", "classify"], "convert (--convert) must be one of auto, none, "
+                                         "embed"),
+    (["serve", "--runner", "generate", "--convert", "embed"], "needs --runner pooling or auto"),
     (["serve", "--enable-lora", "--lora-modules", "a"], "must be name=path or a JSON object"),
     (["bench", "serve", "--backend", "openai-chat", "--endpoint", "completions"],
      "--backend openai-chat contradicts --endpoint completions"),

@@ -40,6 +40,30 @@ def test_a_flat_name_is_read_only_and_an_unknown_one_is_named():
         config.num_blocks  # noqa: B018
 
 
+def test_runner_and_convert_resolve_as_vllms():
+    """vLLM's --runner / --convert: auto serves generation and embeddings; --convert embed
+    implies a pooling runner, none a generate one; contradictions and values minivllm does not
+    run are refused naming the flag."""
+    for kwargs, runner_type in (({}, "auto"), ({"runner": "pooling"}, "pooling"),
+                                ({"convert": "embed"}, "pooling"),
+                                ({"runner": "pooling", "convert": "embed"}, "pooling"),
+                                ({"runner": "generate"}, "generate"),
+                                ({"convert": "none"}, "generate")):
+        config = EngineConfig(**kwargs)
+        assert config.model_config.runner_type == runner_type, kwargs
+        assert EngineConfig(**config.to_kwargs()) == config
+    for kwargs, why in (({"runner": "draft"}, r"runner \(--runner\) must be one of auto, "
+                                              "generate, pooling, got 'draft'"),
+                        ({"convert": "reward"}, r"convert \(--convert\) must be one of auto, "
+                                                "none, embed"),
+                        ({"runner": "generate", "convert": "embed"},
+                         "needs --runner pooling or auto"),
+                        ({"runner": "pooling", "convert": "none"},
+                         "needs --convert embed or auto")):
+        with pytest.raises(ValueError, match=why):
+            EngineConfig(**kwargs)
+
+
 def test_every_policy_option_is_a_setting_its_policy_checks():
     names = {f.name for f in dataclasses.fields(PolicyConfig)}
     for cls in POLICIES.values():

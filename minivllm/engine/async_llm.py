@@ -40,6 +40,7 @@ from minivllm.engine.errors import EngineDeadError, EngineOverloadedError, Reque
 from minivllm.engine.frontend import (
     TURNED_AWAY,
     build_request,
+    check_runner,
     process_outputs,
     request_error,
     turned_away_error,
@@ -211,6 +212,7 @@ class AsyncLLM:
             raise ValueError(f"request id {request_id!r} is in use")
         request, prompt = build_request(prompt, params, request_id, prompt_token_ids,
                                         priority, prompt_text, self.tokenizer)
+        check_runner(request, self.config.model_config)
         self._client.add_request(request)  # nothing is answered before the loop reads it
         stream = RequestStream(params.output_kind is RequestOutputKind.DELTA)
         self._processor.add_request(request, prompt, params)

@@ -24,3 +24,8 @@ class RequestFailedError(RuntimeError):
 
 class RequestTimeoutError(RequestFailedError):
     """The request waited in the queue, never scheduled, longer than request_timeout."""
+
+
+class RunnerMismatchError(ValueError):
+    """A request of a kind this engine does not serve: a generation request under --runner
+    pooling, a pooling request (embeddings) under --runner generate."""

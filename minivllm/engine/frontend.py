@@ -6,7 +6,7 @@ server, over any EngineCoreClient) and LLMEngine (offline, the core in the same 
   abort the requests that failed on this side (a detokenizer error, say).
 - The errors a request raises when the core turned it away (TURNED_AWAY) or failed it.
 - build_request: vLLM's call form (a prompt, or an EngineCoreRequest an edge built) to the
-  EngineCoreRequest sent to the core.
+  EngineCoreRequest sent to the core; check_runner: whether --runner lets it in.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from minivllm.engine.errors import EngineOverloadedError, RequestFailedError, RequestTimeoutError
+from minivllm.config import ModelConfig
+from minivllm.engine.errors import (
+    EngineOverloadedError,
+    RequestFailedError,
+    RequestTimeoutError,
+    RunnerMismatchError,
+)
 from minivllm.engine.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -86,3 +92,18 @@ def build_request(prompt: str | EngineCoreRequest | None, params: SamplingParams
         prompt_token_ids = tokenizer(prompt).input_ids
     return (make_core_request(request_id, prompt_token_ids, params, priority=priority,
                               arrival_time=arrival_time), prompt)
+
+
+def check_runner(request: EngineCoreRequest, model_config: ModelConfig) -> None:
+    """Refuse a request of the kind --runner (or --convert) turned off, before it reaches
+    the core: a generation request on a pooling runner, a pooling request on a generate one."""
+    runner = model_config.runner_type
+    if runner == "auto" or (runner == "pooling") == (request.pooling_params is not None):
+        return
+    flags = f"--runner {model_config.runner}" + (
+        f" --convert {model_config.convert}" if model_config.convert != "auto" else "")
+    serves, refused = ("embeddings", "generation") if runner == "pooling" \
+        else ("generation", "embeddings")
+    raise RunnerMismatchError(
+        f"this engine runs {flags}: it serves {serves} only, not {refused} requests "
+        "(--runner auto with --convert auto, the defaults, serves both)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.core import EngineCore
-from minivllm.engine.frontend import build_request, process_outputs
+from minivllm.engine.frontend import build_request, check_runner, process_outputs
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.outputs import RequestOutput
@@ -46,6 +46,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         request, prompt = build_request(prompt, params, request_id, prompt_token_ids, priority,
                                         prompt_text, self.tokenizer, arrival_time)
+        check_runner(request, self.config.model_config)
         self.core.add_request(request)  # raises for input it rejects, leaving nothing behind
         self.output_processor.add_request(request, prompt, params)
 

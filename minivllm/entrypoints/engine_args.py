@@ -85,6 +85,10 @@ _HELP = {
     "pooler_config": "how /v1/embeddings and LLM.embed pool the prompt's hidden states, "
                      "vLLM's JSON: '{\"pooling_type\": \"MEAN\", \"normalize\": true}' "
                      "(pooling_type LAST | MEAN; unset: LAST, normalized)",
+    "runner": "vLLM's: auto (generation and embeddings both) | generate (embeddings "
+              "refused) | pooling (embeddings only: generation requests refused)",
+    "convert": "vLLM's: auto | none (no embedding model: implies --runner generate) | embed "
+               "(the model pooled as an embedding model: implies --runner pooling)",
 }
 
 

@@ -130,3 +130,23 @@ def test_pooler_config_flag(stories_dir, hf_model):
     got = llm.embed(LONG, use_tqdm=False)[0].outputs.embedding
     torch.testing.assert_close(torch.tensor(got), reference(hf_model, ids(llm, LONG), "MEAN"),
                                atol=1e-5, rtol=0)
+
+
+def test_runner_flags_offline(stories_dir, hf_model):
+    """LLM(runner="pooling") embeds and refuses generate (a ValueError naming runner);
+    LLM(runner="generate") generates and refuses embed. Nothing refused reaches the core."""
+    pooling = LLM(str(stories_dir), runner="pooling", convert="embed", num_kv_blocks=16)
+    with pytest.raises(ValueError, match="--runner pooling --convert embed: it serves "
+                                         "embeddings only"):
+        pooling.generate(PROMPTS, SamplingParams(max_tokens=2), use_tqdm=False)
+    got = pooling.embed(LONG, use_tqdm=False)[0].outputs.embedding
+    torch.testing.assert_close(torch.tensor(got), reference(hf_model, ids(pooling, LONG),
+                                                            "LAST"), atol=1e-5, rtol=0)
+    assert_all_blocks_free(pooling)
+    generate = LLM(str(stories_dir), runner="generate", num_kv_blocks=16)
+    with pytest.raises(ValueError, match="--runner generate: it serves generation only"):
+        generate.embed(PROMPTS, use_tqdm=False)
+    out = generate.generate("Once upon a time", SamplingParams(max_tokens=2, ignore_eos=True),
+                            use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2
+    assert_all_blocks_free(generate)

@@ -15,6 +15,7 @@ from minivllm.engine.errors import (
     EngineOverloadedError,
     RequestFailedError,
     RequestTimeoutError,
+    RunnerMismatchError,
 )
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
@@ -72,6 +73,8 @@ def to_openai_error(exc: Exception) -> OpenAIError:
         return OpenAIError(f"the engine failed this request: {exc}", 500)
     if isinstance(exc, EngineDeadError):
         return OpenAIError(str(exc), 503)
+    if isinstance(exc, RunnerMismatchError):  # as OpenAI's "not a chat model": param model
+        return OpenAIError(str(exc), 400, "model")
     if isinstance(exc, ValueError):  # the engine rejected the input
         return OpenAIError(str(exc), 400)
     return OpenAIError(f"internal server error: {type(exc).__name__}: {exc}", 500)

@@ -9,6 +9,7 @@ import uuid
 
 from fastapi.responses import JSONResponse
 
+from minivllm.engine.errors import RunnerMismatchError
 from minivllm.engine.messages import make_pooling_request
 from minivllm.entrypoints.openai.embedding.protocol import (
     EmbeddingData,
@@ -36,6 +37,8 @@ class OpenAIServingEmbedding(OpenAIServing):
                 for i, (text, token_ids) in enumerate(inputs)]
         try:
             finals = await gather_or_cancel(last_output(gen) for gen in gens)
+        except RunnerMismatchError:
+            raise  # --runner generate: to_openai_error's 400, param model
         except ValueError as e:  # the engine's checks: the hidden size bounds dimensions
             param = "dimensions" if str(e).startswith("dimensions") else "input"
             raise OpenAIError(str(e), 400, param) from e
