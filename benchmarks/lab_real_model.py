@@ -32,17 +32,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts/, minivllm
-
-from minivllm.bench.prediction import kendall_tau  # noqa: E402
-from minivllm.bench.prompt_file import read_custom  # noqa: E402
-from minivllm.core.length_predictor import BucketPredictor, OnlineRidge, ProbePredictor  # noqa: E402
+from minivllm.bench.models import smollm2_gguf
+from minivllm.bench.prediction import kendall_tau
+from minivllm.bench.prompt_file import read_custom
+from minivllm.core.length_predictor import BucketPredictor, OnlineRidge, ProbePredictor
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "chat_prompts.jsonl"
 
@@ -154,8 +152,6 @@ def main() -> None:
         args.samples, args.max_tokens = len(rows[0]), rows[0][0].max_tokens
     else:
         if args.model is None:
-            from scripts.smollm2_path import smollm2_gguf
-
             args.model = str(smollm2_gguf())
         rows = generate(args.model, read_custom(args.prompts), args.samples, args.temperature,
                         args.max_tokens, args.seed)
