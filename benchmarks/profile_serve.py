@@ -50,6 +50,7 @@ from minivllm.bench.serving_scenarios import (
     one_scenario,
     start_named,
 )
+from minivllm.bench.timing import timed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -265,9 +266,8 @@ def main() -> None:
                 stop_sampler(proc, mode, out)  # raises with py-spy's message
         print(f"ready in {ready_s:.1f} s; py-spy x{len(samplers)} at {args.rate} Hz on "
               f"{sorted(set(targets.values()))}; replaying the trace ...", flush=True)
-        started = time.perf_counter()
-        summary = bench(ROOT, args.port, model, spec, "completions", out / "bench")
-        elapsed = time.perf_counter() - started
+        summary, elapsed = timed(bench, ROOT, args.port, model, spec, "completions",
+                                 out / "bench")
     finally:
         for mode, proc in samplers.items():
             stop_sampler(proc, mode, out)
