@@ -43,7 +43,8 @@ def main() -> None:
     sampling = sampling_fields(args)
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, **sampling)
     prompts = [{"prompt_token_ids": p}
-               for p in random_prompts(args.batch, args.input_len, 49152, seed=1)]
+               for p in random_prompts(args.batch, args.input_len, llm.llm_engine.vocab_size,
+                                       seed=1)]
     llm.generate(prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm up
     engine, runner = llm.llm_engine, llm.llm_engine.runner
     step_parts: dict[str, float] = defaultdict(float)
