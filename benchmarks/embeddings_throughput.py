@@ -12,12 +12,12 @@ the shared folder.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from minivllm import LLM
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.throughput import random_prompts
+from minivllm.bench.timing import timed
 
 STORIES = Path(__file__).resolve().parents[1] / ".." / "shared" / "models" / "stories260K"
 
@@ -36,9 +36,7 @@ def main() -> None:
     prompts = [{"prompt_token_ids": p} for p in random_prompts(
         args.num_inputs, args.input_len, llm.llm_engine.vocab_size, seed=0)]
     llm.embed(prompts[:8], use_tqdm=False)  # warm-up: kernels built, first-step costs paid
-    start = time.perf_counter()
-    outputs = llm.embed(prompts, use_tqdm=False)
-    elapsed = time.perf_counter() - start
+    outputs, elapsed = timed(llm.embed, prompts, use_tqdm=False)
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
     print(f"model {args.model}, {args.num_inputs} inputs of {args.input_len} tokens, "
           f"max_num_seqs={args.max_num_seqs}, max_num_batched_tokens="

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from minivllm.bench.timing import call_seconds, timed
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear import Linear
 from minivllm.model.kernels.linear_amx import AmxBf16Linear
@@ -92,19 +94,13 @@ def peaks(threads: int) -> tuple[float, float]:
         results = []
         for fn, ops in ((peak.fma_peak, 10 * 8 * 2), (peak.int8_peak, 10 * 32 * 2)):
             fn(iters // 10)
-            start = time.perf_counter()
-            fn(iters)
-            results.append(ops * iters * threads / (time.perf_counter() - start) / 1e9)
+            results.append(ops * iters * threads / timed(fn, iters)[1] / 1e9)
     return results[0], results[1]
 
 
-def per_call_ms(fn, min_time: float = 0.3) -> float:
-    fn()
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < min_time:
-        fn()
-        calls += 1
-    return (time.perf_counter() - start) / calls * 1e3
+def per_call_ms(fn) -> float:
+    """The mean of as many calls as 0.3 s holds, after a warm-up."""
+    return statistics.mean(call_seconds(fn, min_seconds=0.3)) * 1e3
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,17 +32,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts/, minivllm
-
-from minivllm.bench.prediction import kendall_tau  # noqa: E402
-from minivllm.bench.prompt_file import read_custom  # noqa: E402
-from minivllm.core.length_predictor import BucketPredictor, OnlineRidge, ProbePredictor  # noqa: E402
+from minivllm.bench.models import smollm2_gguf
+from minivllm.bench.prediction import kendall_tau
+from minivllm.bench.prompt_file import read_custom
+from minivllm.bench.timing import timed
+from minivllm.core.length_predictor import BucketPredictor, OnlineRidge, ProbePredictor
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "chat_prompts.jsonl"
 
@@ -96,13 +94,12 @@ def generate(model: str, prompts: list[str], samples: int, temperature: float,
     for s in range(samples):
         params = [SamplingParams(temperature=temperature, max_tokens=max_tokens,
                                  seed=seed + s * len(prompts) + i) for i in range(len(prompts))]
-        start = time.perf_counter()
-        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params,
-                        use_tqdm=False)
+        outs, seconds = timed(llm.chat, [[{"role": "user", "content": p}] for p in prompts],
+                              params, use_tqdm=False)
         for i, out in enumerate(outs):
             rows[i].append(seen.pop(out.request_id))
         lengths = [r[s].num_output_tokens for r in rows]
-        print(f"sample {s}: {time.perf_counter() - start:.0f} s, output tokens mean "
+        print(f"sample {s}: {seconds:.0f} s, output tokens mean "
               f"{np.mean(lengths):.0f}, median {np.median(lengths):.0f}, min {min(lengths)}, "
               f"max {max(lengths)}, at the cap {sum(n >= max_tokens for n in lengths)}",
               flush=True)
@@ -154,8 +151,6 @@ def main() -> None:
         args.samples, args.max_tokens = len(rows[0]), rows[0][0].max_tokens
     else:
         if args.model is None:
-            from scripts.smollm2_path import smollm2_gguf
-
             args.model = str(smollm2_gguf())
         rows = generate(args.model, read_custom(args.prompts), args.samples, args.temperature,
                         args.max_tokens, args.seed)

@@ -18,14 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from real_model import save_smollm2  # benchmarks/, this script's folder
-
 from minivllm import LLM, SamplingParams
 from minivllm.bench.machine import cpu_description
+from minivllm.bench.models import save_smollm2
+from minivllm.bench.timing import timed
 from minivllm.lora import LoRARequest
 from minivllm.lora.peft_format import TARGETS, projection_shapes
 
@@ -59,9 +58,7 @@ def write_adapter(directory: Path, cfg, rank: int, seed: int) -> Path:
 
 def run(llm: LLM, prompts: list[str], params: SamplingParams, loras) -> float:
     """Output tokens per second of one batch."""
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
-    seconds = time.perf_counter() - start
+    outputs, seconds = timed(llm.generate, prompts, params, use_tqdm=False, lora_request=loras)
     return sum(len(o.outputs[0].token_ids) for o in outputs) / seconds
 
 

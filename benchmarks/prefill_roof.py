@@ -3,7 +3,7 @@
     python benchmarks/prefill_roof.py [--lengths 1024 4096] [--budgets 512 2048 4096]
                                       [--dtype bfloat16] [--repeats 3]
 
-Model: SmolLM2-135M-Instruct (benchmarks/real_model.py). For each prompt length and step
+Model: SmolLM2-135M-Instruct (minivllm/bench/models.py). For each prompt length and step
 budget (--max-num-batched-tokens: the chunk a step prefills), one request of random token ids
 with max_tokens=1 and the prefix cache off: its TTFT is the prefill (the median of --repeats, after a warm-up).
 Printed per row: prefill tokens/s, the model FLOPs it did per second (linears, 2 x
@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
-from real_model import save_smollm2
 
 from minivllm import LLM, SamplingParams
 from minivllm.bench.machine import cpu_description, when_and_load
+from minivllm.bench.models import save_smollm2
+from minivllm.bench.timing import call_seconds, timed
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear_amx import AmxBf16Linear
 
@@ -61,14 +61,11 @@ def gemm_roof(config: dict, rows: int, dtype: torch.dtype, repeats: int) -> floa
         weights = [(torch.randn(n, k).to(dtype) * 0.02, k) for n, k in shapes]
         layers = [((lambda t, w=w: torch.nn.functional.linear(t.to(w.dtype), w)), k)
                   for w, k in weights]
-    for layer, k in layers:  # warm-up
-        layer(x[k])
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    def one_layer():
         for layer, k in layers:
             layer(x[k])
-        times.append(time.perf_counter() - start)
+
+    times = call_seconds(one_layer, repeats)
     return 2 * rows * sum(n * k for n, k in shapes) / statistics.median(times)
 
 
@@ -100,11 +97,8 @@ def main() -> None:
             # project's prose is shorter than 4,096 tokens)
             prompts = torch.randint(100, config["vocab_size"] - 100, (args.repeats + 1, length),
                                     generator=torch.Generator().manual_seed(length)).tolist()
-            times = []
-            for prompt in prompts:  # the first is the warm-up
-                start = time.perf_counter()
-                llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-                times.append(time.perf_counter() - start)
+            times = [timed(llm.generate, [{"prompt_token_ids": prompt}], params,
+                           use_tqdm=False)[1] for prompt in prompts]  # the first: warm-up
             seconds = statistics.median(times[1:])
             flops = prefill_flops(config, length) / seconds
             roof = gemm_roof(config, min(budget, length), dtype, args.repeats + 2)

@@ -41,8 +41,18 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from compare_serving import ROOT, SCENARIOS, bench, describe, one_scenario, start, stop
-from random_model import save_random_model
+from minivllm.bench.models import save_random_model
+from minivllm.bench.server_process import stop_server
+from minivllm.bench.serving_scenarios import (
+    SCENARIOS,
+    bench,
+    describe,
+    one_scenario,
+    start_named,
+)
+from minivllm.bench.timing import timed
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MAIN_THREAD = "MainThread"
 # The thread that runs the engine loop: the core process's main thread, or a server thread.
@@ -238,8 +248,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     spec, max_model_len = one_scenario(args.scenario, args.num_prompts)
     print(f"starting minivllm serve ({args.scenario}: {describe(spec)}) ...", flush=True)
-    server, ready_s = start("minivllm", model, args.port, max_model_len, out / "server.log",
-                            ("--engine-mode", args.engine_mode))
+    server, ready_s = start_named("minivllm", ROOT, model, args.port, max_model_len,
+                                  out / "server.log", ("--engine-mode", args.engine_mode))
     samplers = {}
     try:
         engine_pid = (server.pid if args.engine_mode == "thread"
@@ -256,13 +266,12 @@ def main() -> None:
                 stop_sampler(proc, mode, out)  # raises with py-spy's message
         print(f"ready in {ready_s:.1f} s; py-spy x{len(samplers)} at {args.rate} Hz on "
               f"{sorted(set(targets.values()))}; replaying the trace ...", flush=True)
-        started = time.perf_counter()
-        summary = bench(args.port, model, spec, "completions", out / "bench")
-        elapsed = time.perf_counter() - started
+        summary, elapsed = timed(bench, ROOT, args.port, model, spec, "completions",
+                                 out / "bench")
     finally:
         for mode, proc in samplers.items():
             stop_sampler(proc, mode, out)
-        stop(server)
+        stop_server(server)
     header = (f"# minivllm serve --engine-mode {args.engine_mode} under py-spy: "
               f"{args.scenario} ({describe(spec)})\n\n"
               f"{elapsed:.1f} s profiled; {summary['completed']} requests completed, "

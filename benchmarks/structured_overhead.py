@@ -17,11 +17,11 @@ import argparse
 import datetime
 import os
 import statistics
-import time
 from pathlib import Path
 
 import minivllm
 from minivllm import LLM, SamplingParams
+from minivllm.bench.timing import accumulating, timed
 from minivllm.model import sampler as sampler_module
 from minivllm.sampling_params import StructuredOutputsParams
 
@@ -31,17 +31,7 @@ SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom", "One day", "The sun",
            "A big red ball", "Mom said", "The cat"]
 
-_spent = [0.0, 0]  # seconds in the constraint's sampler work, constrained tokens
-
-
-def _timed(fn):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _spent[0] += time.perf_counter() - start
-    return wrapper
+SPENT: dict[str, float] = {}  # seconds in the constraint's sampler work
 
 
 def main() -> None:
@@ -53,8 +43,8 @@ def main() -> None:
     args = parser.parse_args()
     # The constraint's own work in the sampler: the bitmask and the masking (the matcher's
     # advance, a call inside sample(), is not timed apart).
-    sampler_module.fill_bitmask = _timed(sampler_module.fill_bitmask)
-    sampler_module.apply_bitmask = _timed(sampler_module.apply_bitmask)
+    sampler_module.fill_bitmask = accumulating(SPENT, "mask", sampler_module.fill_bitmask)
+    sampler_module.apply_bitmask = accumulating(SPENT, "mask", sampler_module.apply_bitmask)
     llm = LLM(model=args.model, max_num_seqs=args.batch)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.batch)]
     plain = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.tokens, ignore_eos=True)
@@ -68,15 +58,13 @@ def main() -> None:
     per_token: list[float] = []
     for r in range(args.rounds):
         for name in (("plain", "mixed") if r % 2 == 0 else ("mixed", "plain")):
-            _spent[:] = [0.0, 0]
-            start = time.perf_counter()
-            outputs = llm.generate(prompts, plain if name == "plain" else mixed,
-                                   use_tqdm=False)
-            elapsed = time.perf_counter() - start
+            SPENT.clear()
+            outputs, elapsed = timed(llm.generate, prompts,
+                                     plain if name == "plain" else mixed, use_tqdm=False)
             assert all(len(o.outputs[0].token_ids) == args.tokens for o in outputs)
             times[name].append(elapsed / args.tokens)
             if name == "mixed":
-                per_token.append(_spent[0] / (args.tokens * (args.batch // 2)))
+                per_token.append(SPENT.get("mask", 0.0) / (args.tokens * (args.batch // 2)))
     plain_s, mixed_s = statistics.median(times["plain"]), statistics.median(times["mixed"])
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load "
           f"{os.getloadavg()[0]:.2f}; {args.model}, batch {args.batch} "

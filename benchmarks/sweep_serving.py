@@ -7,7 +7,7 @@ request rate, runs alternating between the servers, median of --num-runs).
 
 The peer is vLLM at its best dtype on this CPU: bf16 where the CPU has AVX512-BF16 (its
 default there), fp32 elsewhere (its bf16 is emulated on AVX2); minivllm the same dtype
-(`--servers` picks others from benchmarks/compare_serving.py's list). Not `--dtype auto`:
+(`--servers` picks others from compare_serving.py's list). Not `--dtype auto`:
 the model directory here holds fp32 weights (dequantized from the package's GGUF file), and
 auto keeps an fp32 checkpoint in fp32; on the hub's bf16 checkpoint auto picks bf16 where
 the CPU has native bf16, fp32 elsewhere, as chosen here. Random 128-token
@@ -26,10 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-from compare_serving import ROOT, SERVERS, start, stop  # benchmarks/, this script's folder
-from real_model import save_smollm2
-
 from minivllm.bench.machine import cpu_description
+from minivllm.bench.models import save_smollm2
+from minivllm.bench.server_process import stop_server
+from minivllm.bench.serving_scenarios import SERVERS, start_named
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def best_dtype_servers() -> list[str]:
@@ -89,8 +91,8 @@ def main() -> None:
     procs, urls = [], []
     try:
         for port, (name, server, flags) in enumerate(launches, start=8200):
-            proc, ready_s = start(server, model, port, max_model_len, out / f"{name}.log",
-                                  flags)
+            proc, ready_s = start_named(server, ROOT, model, port, max_model_len,
+                                        out / f"{name}.log", flags)
             print(f"{name} ready in {ready_s:.1f} s on port {port}", flush=True)
             procs.append(proc)
             urls.append(f"{name}=http://127.0.0.1:{port}")
@@ -107,7 +109,7 @@ def main() -> None:
         subprocess.run(command, check=True, cwd=ROOT)
     finally:
         for proc in procs:
-            stop(proc)
+            stop_server(proc)
 
 
 if __name__ == "__main__":

@@ -43,9 +43,7 @@ from pathlib import Path
 
 import llama_cpp as lc
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from to_gguf import ensure_gguf  # noqa: E402
+from to_gguf import ensure_gguf  # this folder's: the runner runs in the peer's venv
 
 ROOT = Path(__file__).resolve().parents[2]
 GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type values for the KV cache
@@ -192,8 +190,7 @@ print("RESULT " + json.dumps(outs))
 MAKE_CHECK_MODEL = """
 import shutil, sys, torch
 from pathlib import Path
-sys.path.insert(0, sys.argv[1] + "/benchmarks")
-from random_model import SHAPES, save_random_model
+from minivllm.bench.models import SHAPES, save_random_model
 from transformers import LlamaConfig, LlamaForCausalLM
 bench = save_random_model("smollm-135m", Path(sys.argv[1]) / "results" / "smollm-135m-random")
 torch.manual_seed(1)

@@ -1,7 +1,6 @@
-"""Convert the random-weight Llama model of benchmarks/random_model.py to a GGUF file that
-llama.cpp loads, with the public writer API of the `gguf` package (GGUFWriter).
-
-    peers/llamacpp/bin/python benchmarks/peers/to_gguf.py results/smollm-135m-random [--dtype bf16|q8_0|q4_0]
+"""run_llamacpp.py's conversion of a Hugging Face Llama model (the random-weight ones of
+minivllm/bench/models.py, SmolLM2's fp32 directory) to a GGUF file that llama.cpp loads, with
+the public writer API of the `gguf` package (GGUFWriter), cached beside the model directory.
 
 Runs in the peers/llamacpp venv (gguf, numpy, safetensors; no torch). Input: a Hugging Face
 LlamaForCausalLM directory (config.json, model.safetensors in fp32, tokenizer.json with a
@@ -32,7 +31,6 @@ Verification (llama.cpp's greedy tokens equal transformers' on the same ids) liv
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -181,18 +179,3 @@ def ensure_gguf(model_dir: Path, dtype: str = "f32") -> Path:
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
         convert(model_dir, out, dtype)
     return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_dir", type=Path)
-    parser.add_argument("--dtype", choices=list(DTYPES), default="f32")
-    parser.add_argument("--out", type=Path, help="default: <model dir>-<dtype>.gguf beside it")
-    args = parser.parse_args()
-    out = convert(args.model_dir, args.out or gguf_path(args.model_dir, args.dtype), args.dtype)
-    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
-
-
-if __name__ == "__main__":
-    main()

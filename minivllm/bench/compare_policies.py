@@ -4,7 +4,6 @@ the same trace and prompts against each, and a comparison report."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 from minivllm.bench import metrics, prediction, report
@@ -15,8 +14,8 @@ from minivllm.bench.server_process import (
     engine_flags,
     free_port,
     server_command,
+    start_server,
     stop_server,
-    wait_healthy,
 )
 
 
@@ -52,31 +51,29 @@ def run_policies(args) -> int:
         log = out / f"server-{name.replace('/', '-')}.log"
         cmd = server_command(args.model, port, policy, flags, predictor, predictions)
         print(f"[{name}] starting: {' '.join(cmd)}")
-        with open(log, "w") as log_file:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-            try:
-                wait_healthy(base_url, proc, args.server_timeout, log)
-                if prepared is None:  # the same trace and prompts for every policy
-                    prepared = asyncio.run(prepare(args, base_url, None, args.max_model_len))
-                trace, texts, counts, model, _ = prepared
-                oracle = None
-                if predictor == "oracle" and not args.ignore_eos and generated is None:
-                    raise SystemExit("no earlier run completed every request: no output "
-                                     "lengths for the oracle")
-                if predictor == "oracle":
-                    oracle = ([e.output_tokens for e in trace.entries] if args.ignore_eos
-                              else [max(1, n) for n in generated])
-                title = f"{trace.workload} (seed {args.seed}), policy {name}"
-                runs[name] = measure(args, trace, texts, counts, base_url, model, run_dir,
-                                     title, send_priority=policy == "priority",
-                                     oracle_lengths=oracle, prediction_log=str(predictions))
-                if generated is None and all(r.success for r in runs[name][1]):
-                    generated = [r.output_tokens for r in runs[name][1]]
-                print(report.markdown_summary(runs[name][0], title))
-                print(f"[{name}] length predictor {predictor}: "
-                      f"{prediction.describe(runs[name][0]['length_prediction'])}")
-            finally:
-                stop_server(proc)
+        proc, _ = start_server(cmd, log, base_url, args.server_timeout)
+        try:
+            if prepared is None:  # the same trace and prompts for every policy
+                prepared = asyncio.run(prepare(args, base_url, None, args.max_model_len))
+            trace, texts, counts, model, _ = prepared
+            oracle = None
+            if predictor == "oracle" and not args.ignore_eos and generated is None:
+                raise SystemExit("no earlier run completed every request: no output "
+                                 "lengths for the oracle")
+            if predictor == "oracle":
+                oracle = ([e.output_tokens for e in trace.entries] if args.ignore_eos
+                          else [max(1, n) for n in generated])
+            title = f"{trace.workload} (seed {args.seed}), policy {name}"
+            runs[name] = measure(args, trace, texts, counts, base_url, model, run_dir,
+                                 title, send_priority=policy == "priority",
+                                 oracle_lengths=oracle, prediction_log=str(predictions))
+            if generated is None and all(r.success for r in runs[name][1]):
+                generated = [r.output_tokens for r in runs[name][1]]
+            print(report.markdown_summary(runs[name][0], title))
+            print(f"[{name}] length predictor {predictor}: "
+                  f"{prediction.describe(runs[name][0]['length_prediction'])}")
+        finally:
+            stop_server(proc)
     trace, model = prepared[0], prepared[3]
     meta = {"title": f"Policies on {trace.workload} (seed {args.seed}, length scale "
                      f"{trace.length_scale:.4g}, model {model})",

@@ -1,9 +1,12 @@
-"""A minivllm server as a child process, for `bench policies` (one per policy) and the soak
-benchmark: its command line, its port, waiting for /health and stopping it."""
+"""A server as a child process, for `bench policies` (one per policy) and every benchmark
+that starts one (minivllm's or a peer's): its command line, its port, starting it and waiting
+for /health, stopping it."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -49,6 +52,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(command: list[str], log: Path, base_url: str, timeout: float = 600.0,
+                 env: dict[str, str] | None = None, cwd: Path | None = None
+                 ) -> tuple[subprocess.Popen, float]:
+    """Start `command` (its output to `log`, `env` over this environment) and wait until
+    `base_url`/health answers 200; the process and the seconds that took (its ready time).
+    The server gets a session of its own, so that stop_server reaches every process it
+    started (an engine core, a peer's workers)."""
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                                env=None if env is None else {**os.environ, **env},
+                                start_new_session=True)
+    try:
+        wait_healthy(base_url, proc, timeout, log)
+    except BaseException:
+        stop_server(proc)
+        raise
+    return proc, time.perf_counter() - started
+
+
 def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -61,15 +84,22 @@ def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log: Pat
                     return
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.05)  # fine enough for the ready times benchmarks print
     raise RuntimeError(f"server at {base_url} not healthy after {timeout:.0f} s; see {log}")
 
 
-def stop_server(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    """SIGTERM, so that the server stops what it started (engine core, replicas, a Ray
+    cluster) itself; SIGKILL if it has not exited within `timeout`. Then whatever is left
+    of its session is killed: nothing it started outlives a benchmark."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
+
+from minivllm.bench.timing import timed
 
 
 @dataclass
@@ -47,8 +48,7 @@ def run_minivllm(model: str, prompts: list[list[int]] | None, output_len: int,
                                 max_tokens=output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=2),
                  use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
+    outputs, elapsed = timed(llm.generate, [{"prompt_token_ids": p} for p in prompts], params,
+                             use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == output_len for o in outputs)
     return ThroughputResult(len(prompts), len(prompts[0]), output_len, elapsed)

@@ -12,13 +12,14 @@ import argparse
 import asyncio
 import json
 import re
-import socket
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 from aiohttp import web
+
+from minivllm.bench.server_process import free_port
 
 MAX_MODEL_LEN = 512
 
@@ -91,12 +92,6 @@ def fake_app(record: list | None = None, record_file: str | None = None) -> web.
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
     return app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeServer:

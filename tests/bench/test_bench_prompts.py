@@ -11,7 +11,7 @@ from minivllm.bench.prompts import LocalTokenizer, token_pool
 
 
 def word_level_tokenizer(path, size: int) -> LocalTokenizer:
-    """The tokenizer of benchmarks/random_model.py: w3, w4, ... and three specials."""
+    """The tokenizer of minivllm/bench/models.py: w3, w4, ... and three specials."""
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, size)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

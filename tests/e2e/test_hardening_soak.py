@@ -1,8 +1,8 @@
 """Soak: 2,000 mixed requests, a fifth of whose clients leave early; nothing leaks.
 
-The driver is benchmarks/soak.py (its longer variant runs by hand). Tiny max_tokens keep this
-one short; a small KV cache makes the batch preempt, and multi-sequence requests (n > 1) are
-preempted by swapping, so both block pools are exercised.
+The driver is minivllm/bench/soak.py (benchmarks/soak.py runs it longer, by hand). Tiny
+max_tokens keep this one short; a small KV cache makes the batch preempt, and multi-sequence
+requests (n > 1) are preempted by swapping, so both block pools are exercised.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from benchmarks.soak import make_requests, rss_mb, run_soak, wait_idle
+from minivllm.bench.soak import make_requests, rss_mb, run_soak, wait_idle
 from tests.server_utils import CHAT_TEMPLATE, FAST_ENGINE_ARGS, ServerProcess, stories_model
 
 pytestmark = pytest.mark.e2e  # make test-e2e (also run by CI), not make test
