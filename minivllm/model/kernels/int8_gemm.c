@@ -4,7 +4,8 @@
  *     sw[c][G] per output channel and group of WGROUP = 32 input values;
  *   - x is quantized here, per row and per group of GROUP = 16 consecutive values,
  *     symmetric, to [-127, 127] with scale sx[r][g].
- * Why these scales (docs/quantization.md, benchmarks/int8_error_sources.py): on
+ * Why these scales (docs/quantization.md; measured by benchmarks/int8_error_sources.py,
+ * removed after 1e39609): on
  * SmolLM2-135M int8 lost on both sides. The activations: per-token scales cost +4.8%
  * perplexity, per group of 32 +0.8%, of 16 +0.3% (a few channels are 10-40 times the row's
  * rms). The weights: 7-bit per channel +1.2%, 8-bit per channel +0.1% on one text but +1.0%

@@ -5,7 +5,7 @@ values (llama.cpp's Q8_0 blocks); activations quantized dynamically, symmetric, 
 group's product runs in int32 and is accumulated in fp32 with its two scales. Why these
 scales: on SmolLM2-135M per-token activation scales cost +4.8% perplexity (per group of 16:
 +0.3%), and per-channel weight scales up to +1.0% (per group of 32: none measurable);
-docs/quantization.md, benchmarks/int8_error_sources.py.
+docs/quantization.md; measured by benchmarks/int8_error_sources.py, removed after 1e39609.
 
 On the CPU with the C kernels built, int8_gemm.c does all of it in one call (quantize the
 rows, multiply, scale, add bias and residual), with VNNI where the CPU has it and AVX2's
