@@ -25,7 +25,8 @@ from types import SimpleNamespace
 
 import torch
 
-from minivllm.model.kernels.linear_gguf import BLOCK_BYTES, BlockWeight
+from minivllm.model.kernels.gguf_blocks import UNIT_BYTES
+from minivllm.model.kernels.linear_gguf import BlockWeight
 
 logger = logging.getLogger(__name__)
 # The pointer from a cache directory to its GGUF file; load_state_dict looks for it.
@@ -275,7 +276,7 @@ def _keeps_blocks(qtype, processor) -> bool:
     default, Llama's Q/K un-permutation); other processors change values."""
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor
 
-    return (int(qtype) in BLOCK_BYTES
+    return (int(qtype) in UNIT_BYTES
             and type(processor) in (TensorProcessor, LlamaTensorProcessor))
 
 
