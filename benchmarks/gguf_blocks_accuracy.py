@@ -22,7 +22,8 @@ from gguf.quants import quantize
 from quant_accuracy import TEXT, perplexity_with_linears
 from real_model import smollm2_gguf
 
-from minivllm.model.kernels.linear_gguf import Q4_0, Q8_0, BlockWeight, GGUFLinear
+from minivllm.model.kernels.gguf_blocks import Q4_0, Q8_0
+from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
 
 ROWS = [("fp32 (the file's weights dequantized)", None, False),
         ("Q8_0, reference", Q8_0, False), ("Q8_0, kernel", Q8_0, True),

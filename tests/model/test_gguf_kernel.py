@@ -101,8 +101,9 @@ def test_cat_rows_keeps_blocks_of_one_type_stacks_several_and_dequantizes_a_mix(
     same = cat_rows([a, b])
     assert isinstance(same, BlockWeight) and same.shape == (12, 64)
     assert torch.equal(same.dequantize(), torch.from_numpy(np.concatenate([a_ref, b_ref])))
-    stacked = cat_rows([c, c, a])  # a Q4_K_M file's q / k / v
+    stacked = cat_rows([c, c, a])  # a Q4_K_M file's q / k / v: q and k joined
     assert isinstance(stacked, BlockRows) and stacked.shape == (16, 64)
+    assert [(p.qtype, p.shape[0]) for p in stacked.parts] == [(Q5_0, 8), (Q8_0, 8)]
     assert torch.equal(stacked.dequantize(), torch.from_numpy(np.concatenate([c_ref, c_ref,
                                                                               a_ref])))
     mixed = cat_rows([a, torch.from_numpy(c_ref)])  # a part the kernels do not run

@@ -17,6 +17,7 @@ blocks dequantized once at load, and F.linear.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
 import torch.nn.functional as F
@@ -96,16 +97,15 @@ class BlockRows:
         return torch.cat([p.dequantize() for p in self.parts])
 
 
-def cat_rows(parts: list[torch.Tensor | BlockWeight | BlockRows]
-             ) -> torch.Tensor | BlockWeight | BlockRows:
+def cat_rows(parts: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWeight | BlockRows:
     """Weights stacked along the output dimension (q/k/v, gate/up): blocks of one type stay
-    one BlockWeight, blocks of several types a BlockRows; a mix with dequantized weights is
-    dequantized (a part the kernels do not run)."""
-    if all(isinstance(p, BlockWeight) for p in parts):
-        if len({p.qtype for p in parts}) == 1:
-            return BlockWeight(parts[0].qtype, torch.cat([p.blocks for p in parts]))
-        return BlockRows(list(parts))
-    return torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts])
+    one BlockWeight; blocks of several types a BlockRows, neighbours of one type joined; a
+    mix with dequantized weights is dequantized (a part the kernels do not run)."""
+    if not all(isinstance(p, BlockWeight) for p in parts):
+        return torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts])
+    joined = [BlockWeight(qtype, torch.cat([p.blocks for p in run]))
+              for qtype, run in groupby(parts, key=lambda p: p.qtype)]
+    return joined[0] if len(joined) == 1 else BlockRows(joined)
 
 
 def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
