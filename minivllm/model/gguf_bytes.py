@@ -71,7 +71,7 @@ class WeightBytes:
                 "rows dequantized as looked up" if embeddings.as_blocks else
                 "dequantized to float32") + (" (the LM head tied to them)" if tied else ""))
         matrices = [t for t in self.tensors if t.matrix]
-        logger.info("GGUF tensors by kind (across layers): %s; %d norms and biases in float32",
+        logger.info("GGUF tensors by kind (across layers): %s; the other %d tensors in float32",
                     _by_kind(matrices), len(self.tensors) - len(matrices))
         blocks = sum(t.stored_bytes for t in whole if t.as_blocks)
         total = sum(step_bytes(t, t.as_blocks) for t in whole)

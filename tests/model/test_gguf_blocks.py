@@ -95,7 +95,7 @@ def test_linears_and_embeddings_load_as_their_blocks_and_the_log_says_so(blocks_
             "dequantized as looked up (the LM head tied to them)") in caplog.text
     assert ("GGUF tensors by kind (across layers): token_embd Q5_0, ffn_down BF16 + Q8_0, "
             "ffn_gate Q4_1 + Q8_0, ffn_up Q4_1 + Q8_0, attn_k Q4_0 + Q8_0, attn_output Q5_1 + "
-            "Q8_0, attn_q Q4_0 + Q8_0, attn_v Q8_0 x2; 5 norms and biases in float32"
+            "Q8_0, attn_q Q4_0 + Q8_0, attn_v Q8_0 x2; the other 5 tensors in float32"
             ) in caplog.text
     # Blocks: the embeddings as the tied head (512 x 64 Q5_0: 22,528 bytes), layer 0's
     # 39,168 and layer 1's 18,944; fp32 scales and minima 4 bytes per 32 values each;
