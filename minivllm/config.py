@@ -41,7 +41,7 @@ class ModelConfig:
     served_model_name: str | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # None | int8: W8A8 linear layers, quantized at load (model/kernels/linear_int8.py) |
-    # gguf: a GGUF file's Q8_0 / Q4_0 / Q4_1 linear weights run as stored (linear_gguf.py)
+    # gguf: a GGUF file's linear weights and embeddings run as stored (linear_gguf.py)
     quantization: str | None = None
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0

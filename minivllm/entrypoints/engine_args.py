@@ -16,7 +16,7 @@ _HELP = {
     "model": "local Hugging Face model directory, hub id, or 'minivllm-demo'",
     "dtype": "auto | float32 | bfloat16 | float16",
     "quantization": "int8: W8A8 linear layers, quantized at load; gguf: a .gguf file's "
-                    "Q8_0 / Q4_0 / Q4_1 linear weights run as stored (dtype auto or float32)",
+                    "linear weights and embeddings run as stored (dtype auto or float32)",
     "num_kv_blocks": "number of KV blocks (overrides --kv-cache-space)",
     "kv_cache_space": "GiB of memory for the KV cache; unset: 4 GiB, but no more than "
                       "--max-num-seqs requests of --max-model-len tokens can fill",

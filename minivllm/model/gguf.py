@@ -1,8 +1,8 @@
 """GGUF files (llama.cpp's format) as models: the file's metadata becomes a small model
 directory the engine reads like any other (config.json, generation_config.json, the
 tokenizer with its chat template), and its tensors are dequantized to float32 at load (with
-`quantization="gguf"`, Q8_0 / Q4_0 / Q4_1 / Q4_K linear weights stay the file's blocks, and so
-does a tied LM head's copy of the token embeddings).
+`quantization="gguf"`, linear weights and token embeddings of the block types the kernels run
+stay the file's blocks; a tied LM head runs from the embeddings' blocks).
 
 Both halves are transformers' GGUF support (metadata -> config and tokenizer; tensor names
 and llama.cpp's Q/K permutation undone) over the `gguf` package's reader and dequantizers;
@@ -19,13 +19,14 @@ import math
 import os
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from minivllm.model.kernels.linear_gguf import BLOCK_BYTES, BlockWeight
+from minivllm.model.gguf_bytes import Tensor, WeightBytes
+from minivllm.model.kernels.gguf_blocks import UNIT_BYTES
+from minivllm.model.kernels.linear_gguf import BlockWeight
 
 logger = logging.getLogger(__name__)
 # The pointer from a cache directory to its GGUF file; load_state_dict looks for it.
@@ -214,14 +215,15 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
     every metadata field into Python values (the vocabulary and merges: seconds; the
     directory has them) and its name map (kept in the directory).
 
-    keep_blocks (`quantization="gguf"`): linear weights stored as Q8_0, Q4_0, Q4_1, Q4_K come
-    back as their blocks (BlockWeight, kernels/linear_gguf.py), not dequantized; the rest as
-    above, and one INFO line counts both kinds of linears. A file without an output tensor
-    (a tied LM head) whose token embeddings are such blocks also gets them as
-    "lm_head.weight": looked up, the embeddings are dequantized; multiplied, as the LM head,
-    they run from the blocks (SmolLM2's Q8_0 LM head reads a quarter of fp32's bytes)."""
+    keep_blocks (`quantization="gguf"`): the linear weights and the token embeddings stored
+    as a block type the kernels run (kernels/gguf_blocks.py) come back as their blocks
+    (BlockWeight, kernels/linear_gguf.py), not dequantized; the rest as above. Looked up,
+    the embeddings' rows are dequantized; a tied LM head runs from their blocks. The start
+    log (gguf_bytes.py) says which tensors run in which type, and the bytes of weights a
+    decode step reads; a linear dequantized under keep_blocks is a warning saying what it
+    costs."""
     import numpy as np
-    from gguf import GGMLQuantizationType, dequantize
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
     from transformers import AutoConfig
 
     pointer = json.loads((directory / POINTER).read_text())
@@ -230,22 +232,18 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
     parsed: dict = {"tensors": {}}  # where the expert processors put what they stack
     state: dict[str, torch.Tensor | BlockWeight] = parsed["tensors"]
     mapped = np.memmap(pointer["gguf_file"], mode="r").view(np.ndarray)
-    stored, dequantized = Counter(), Counter()
-    tied_blocks = None
+    report = WeightBytes()
     for tensor in pointer["tensors"]:
         dtype, shape = np.dtype(tensor["dtype"]), tensor["shape"]
         data = mapped[tensor["offset"]:tensor["offset"] + dtype.itemsize * math.prod(shape)]
         qtype = GGMLQuantizationType(tensor["type"])
-        linear = _is_linear(tensor["name"], shape)
-        as_blocks = keep_blocks and linear and _keeps_blocks(qtype, processor)
+        matrix = len(shape) == 2  # a linear's weight or the embeddings (3-D: experts)
+        why_not = _why_not_blocks(qtype, processor)
+        as_blocks = keep_blocks and matrix and not why_not
         # Blocks run along the input dimension, so a processor's row permutation (llama.cpp's
         # Q/K order undone) moves whole rows of bytes as it moves rows of values.
         weights = (data.view(dtype).reshape(shape) if as_blocks else
                    dequantize(data.view(dtype).reshape(shape), qtype))
-        if keep_blocks and tensor["name"] == "token_embd.weight" and _keeps_blocks(
-                qtype, processor):
-            tied_blocks = BlockWeight(int(qtype), torch.from_numpy(data.view(dtype).reshape(
-                shape).copy()))
         result = processor.process(weights=weights, name=tensor["name"],
                                    tensor_key_mapping=names, parsed_parameters=parsed)
         if result.name in names:  # not e.g. llama.cpp's precomputed rope_freqs
@@ -253,34 +251,25 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
             weights = torch.from_numpy(weights if weights.flags.writeable else weights.copy())
             state[names[result.name]] = (BlockWeight(int(qtype), weights) if as_blocks
                                          else weights)
-            if linear:
-                (stored if as_blocks else dequantized)[qtype.name] += 1
-    if tied_blocks is not None and "lm_head.weight" not in state:
-        state["lm_head.weight"] = tied_blocks
-        stored[GGMLQuantizationType(tied_blocks.qtype).name] += 1
-    if keep_blocks:
-        logger.info("quantization=gguf: %d linears run from their stored blocks (%s), %d "
-                    "dequantized to float32 (%s)", stored.total(), _types(stored),
-                    dequantized.total(), _types(dequantized))
+            block_values, type_bytes = GGML_QUANT_SIZES[qtype]
+            report.add(Tensor(tensor["name"], qtype.name, int(qtype), matrix,
+                              data.nbytes // type_bytes * block_values, data.nbytes,
+                              as_blocks, why_not if matrix else ""))
+    report.log(keep_blocks)
     return state
 
 
-def _is_linear(gguf_name: str, shape: list[int]) -> bool:
-    """A linear layer's weight: 2-D and not the token embeddings (which are looked up)."""
-    return len(shape) == 2 and not gguf_name.startswith("token_embd")
-
-
-def _keeps_blocks(qtype, processor) -> bool:
-    """Blocks the kernel reads, under a processor that at most permutes rows (transformers'
-    default, Llama's Q/K un-permutation); other processors change values."""
+def _why_not_blocks(qtype, processor) -> str:
+    """Why a matrix of this type cannot run from its blocks ("" if it can): a type the
+    kernels do not run, or a processor other than transformers' default or Llama's Q/K
+    un-permutation (the others change values)."""
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor
 
-    return (int(qtype) in BLOCK_BYTES
-            and type(processor) in (TensorProcessor, LlamaTensorProcessor))
-
-
-def _types(counts: Counter) -> str:
-    return ", ".join(f"{name}: {count}" for name, count in sorted(counts.items())) or "none"
+    if int(qtype) not in UNIT_BYTES:
+        return "a type the kernels do not run"
+    if type(processor) not in (TensorProcessor, LlamaTensorProcessor):
+        return f"transformers' {type(processor).__name__} rewrites the values"
+    return ""
 
 
 def open_gguf(path: Path):

@@ -74,7 +74,7 @@ class ModelRunner:
         model_config = config.model_config
         self.device = resolve_device(model_config.device)
         # int8 quantizes the linears and keeps everything else in float32 (linear_int8.py);
-        # gguf keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 linear weights as stored (linear_gguf.py).
+        # gguf keeps a GGUF file's linear weights and embeddings as stored (linear_gguf.py).
         # bf16 on the CPU is bf16 linear weights and KV cache, with fp32 activations between
         # the ops, so that the C kernels (fp32) keep running (kernels/linear.py).
         dtype = (torch.float32 if model_config.quantization

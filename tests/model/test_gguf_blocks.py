@@ -1,8 +1,9 @@
-"""quantization="gguf": a GGUF file's Q8_0 / Q4_0 / Q4_1 linear weights run from their stored
-blocks (model/gguf.py, kernels/linear_gguf.py), on a tiny Llama written here as llama.cpp's
-converter writes it (Q/K rows permuted): its token embeddings Q8_0 (the tied LM head runs
-from them), layer 0's linears Q8_0, layer 1's attention Q4_0, gate/up Q4_1 and down_proj
-Q5_0 (which runs dequantized)."""
+"""quantization="gguf": a GGUF file's linear weights and token embeddings run from their
+stored blocks (model/gguf.py, kernels/linear_gguf.py), on a tiny Llama written here as
+llama.cpp's converter writes it (Q/K rows permuted): its token embeddings Q5_0 (looked up a
+row at a time; the tied LM head runs from them), layer 0's linears Q8_0, layer 1's q / k
+Q4_0 and v Q8_0 (one q/k/v of two types), o_proj Q5_1, gate/up Q4_1 and down_proj BF16
+(which runs dequantized, with a warning saying what that costs)."""
 
 from __future__ import annotations
 
@@ -22,17 +23,20 @@ from minivllm.model.loader import load_state_dict, resolve_model_path
 from tests.model.test_gguf import write_gguf
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LAYER_1 = {"q_proj": "Q4_0", "k_proj": "Q4_0", "v_proj": "Q8_0", "o_proj": "Q5_1",
+           "gate_proj": "Q4_1", "up_proj": "Q4_1", "down_proj": "BF16"}
 
 
 def qtype_of(name: str) -> GGMLQuantizationType | None:
-    """The block type the file stores a checkpoint tensor as (None: F32)."""
-    if name == "model.embed_tokens.weight" or name.startswith("model.layers.0."):
-        return GGMLQuantizationType.Q8_0 if "norm" not in name else None
-    if not any(f".{linear}." in name for linear in LINEARS):
-        return None
-    if "down_proj" in name:
+    """The type the file stores a checkpoint tensor as (None: F32)."""
+    if name == "model.embed_tokens.weight":
         return GGMLQuantizationType.Q5_0
-    return GGMLQuantizationType.Q4_1 if ".mlp." in name else GGMLQuantizationType.Q4_0
+    linear = next((linear for linear in LINEARS if f".{linear}." in name), None)
+    if linear is None:
+        return None
+    if name.startswith("model.layers.0."):
+        return GGMLQuantizationType.Q8_0
+    return GGMLQuantizationType[LAYER_1[linear]]
 
 
 @pytest.fixture(scope="module")
@@ -71,27 +75,37 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIVLLM_CACHE", str(tmp_path / "cache"))
 
 
-def test_q8_0_q4_0_q4_1_linears_and_the_tied_head_load_as_their_blocks(blocks_gguf, caplog):
+def test_linears_and_embeddings_load_as_their_blocks_and_the_log_says_so(blocks_gguf,
+                                                                          caplog):
     directory = resolve_model_path(str(blocks_gguf))
     dequantized = load_state_dict(directory)
     with caplog.at_level(logging.INFO, logger="minivllm.model.gguf"):
         kept = load_state_dict(directory, keep_gguf_blocks=True)
-    # The tied LM head: the embeddings' blocks, beside their dequantized lookup table
-    head = kept.pop("lm_head.weight")
-    assert isinstance(head, BlockWeight) and head.qtype == GGMLQuantizationType.Q8_0
-    assert torch.equal(head.dequantize(), dequantized["model.embed_tokens.weight"])
-    assert set(kept) == set(dequantized)
+    assert set(kept) == set(dequantized)  # no lm_head: the model ties it to the embeddings
     for name, tensor in kept.items():
         qtype = qtype_of(name)
-        if qtype in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0,
-                     GGMLQuantizationType.Q4_1) and name != "model.embed_tokens.weight":
+        if qtype not in (None, GGMLQuantizationType.BF16):
             assert isinstance(tensor, BlockWeight) and tensor.qtype == qtype, name
             # q/k rows un-permuted as whole rows of blocks: the same matrix as dequantized
             assert torch.equal(tensor.dequantize(), dequantized[name]), name
         else:
             assert torch.equal(tensor, dequantized[name]), name
-    assert ("14 linears run from their stored blocks (Q4_0: 4, Q4_1: 2, Q8_0: 8), 1 "
-            "dequantized to float32 (Q5_0: 1)") in caplog.text
+    assert ("14 linears run from their stored blocks (Q4_0: 2, Q4_1: 2, Q5_0: 1, Q5_1: 1, "
+            "Q8_0: 8), 1 dequantized to float32 (BF16: 1); token embeddings Q5_0, rows "
+            "dequantized as looked up (the LM head tied to them)") in caplog.text
+    assert ("GGUF tensors by kind (across layers): token_embd Q5_0, ffn_down BF16 + Q8_0, "
+            "ffn_gate Q4_1 + Q8_0, ffn_up Q4_1 + Q8_0, attn_k Q4_0 + Q8_0, attn_output Q5_1 + "
+            "Q8_0, attn_q Q4_0 + Q8_0, attn_v Q8_0 x2; the other 5 tensors in float32"
+            ) in caplog.text
+    # Blocks: the embeddings as the tied head (512 x 64 Q5_0: 22,528 bytes), layer 0's
+    # 39,168 and layer 1's 18,944; fp32 scales and minima 4 bytes per 32 values each;
+    # float32: down_proj's 8,192 values and 320 of norms
+    assert ("quantization=gguf: a decode step reads 129.5 kB of weights (blocks 80.6 kB, their "
+            "fp32 scales and minima 14.8 kB, float32 34.0 kB)") in caplog.text
+    # BF16 down_proj: 64 x 128 values, 4 bytes each instead of 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["quantization=gguf: 1 linears dequantized to float32 (BF16, a type "
+                        "the kernels do not run: 1): +16.4 kB read per decoded token"]
 
 
 def test_engine_matches_the_dequantized_file(blocks_gguf):
@@ -105,14 +119,19 @@ def test_engine_matches_the_dequantized_file(blocks_gguf):
                   num_kv_blocks=64)
         if quantization == "gguf":
             layers = llm.llm_engine.runner.model.layers
-            # layer 0: every linear Q8_0; layer 1: Q4_0, gate/up Q4_1, down Q5_0 dequantized;
-            # the tied LM head from the embeddings' Q8_0 blocks
+            # layer 0: every linear Q8_0; layer 1: q/k/v Q4_0 + Q8_0 (a kernel call per
+            # part), o Q5_1, gate/up Q4_1, down BF16 dequantized; the embeddings and the tied
+            # LM head from the embeddings' Q5_0 blocks
+            model = llm.llm_engine.runner.model
             assert all(isinstance(lin, GGUFLinear) and lin.use_kernel == kernels_built
                        for lin in (layers[0].self_attn.qkv, layers[0].o_proj,
                                    layers[0].mlp.gate_up, layers[0].mlp.down,
-                                   layers[1].self_attn.qkv, layers[1].mlp.gate_up,
-                                   llm.llm_engine.runner.model.lm_head))
+                                   layers[1].self_attn.qkv, layers[1].o_proj,
+                                   layers[1].mlp.gate_up, model.lm_head))
             assert not isinstance(layers[1].mlp.down, GGUFLinear)
+            assert isinstance(model.embed, BlockWeight) and model.embed.qtype == 6
+            assert not kernels_built or [part.qtype for part, _, _ in
+                                         layers[1].self_attn.qkv.parts] == [2, 8]
         outputs[quantization] = [o.outputs[0] for o in llm.generate(prompts, params,
                                                                        use_tqdm=False)]
     for out, ref in zip(outputs["gguf"], outputs[None]):
@@ -148,6 +167,7 @@ def test_smollm2_q4_1_linears_and_q8_0_head_run_from_their_blocks(model_dir, cap
     runs from its blocks."""
     with caplog.at_level(logging.INFO, logger="minivllm.model.gguf"):
         state = load_state_dict(model_dir, keep_gguf_blocks=True)
-    assert state["lm_head.weight"].qtype == GGMLQuantizationType.Q8_0
+    assert state["model.embed_tokens.weight"].qtype == GGMLQuantizationType.Q8_0
     assert ("211 linears run from their stored blocks (Q4_1: 210, Q8_0: 1), 0 dequantized to "
-            "float32 (none)") in caplog.text
+            "float32 (none); token embeddings Q8_0, rows dequantized as looked up (the LM "
+            "head tied to them)") in caplog.text

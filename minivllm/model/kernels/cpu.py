@@ -244,16 +244,20 @@ def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     return y
 
 
+# The GGUF block types amx_gemm.c unpacks to bf16 tiles (Q4_0, Q4_1, Q8_0, Q4_K). The others
+# run gguf_gemm.c at every batch size: their unpacking to tiles is not written yet.
+GGUF_AMX_TYPES = (2, 3, 8, 12)
+
+
 def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
                 w_mins: torch.Tensor | None, qtype: int, bias: torch.Tensor | None,
                 residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,
-    times GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K weight blocks as stored (uint8 [N, row bytes]) with
-    each block of 32's scale (and Q4_1's / Q4_K's minimum) as fp32 [N, K / 32] -> fp32
-    [T, out_features];
-    bias [N] and residual [T, N] (fp32) added in the same pass. See gguf_gemm.c. From
-    AMX_MIN_ROWS rows on a CPU with AMX, the blocks on AMX-BF16 tiles with x in bf16
-    instead (amx_gemm.c)."""
+    times GGUF weight blocks as stored (uint8 [N, row bytes]; the types of gguf_blocks.py)
+    with each block of 32's scale (and, for the types with one, minimum) as fp32 [N, K / 32]
+    -> fp32 [T, out_features]; bias [N] and residual [T, N] (fp32, rows may be strided)
+    added in the same pass. See gguf_gemm.c. From AMX_MIN_ROWS rows on a CPU with AMX, the
+    blocks of GGUF_AMX_TYPES on AMX-BF16 tiles with x in bf16 instead (amx_gemm.c)."""
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, k = x.shape
@@ -267,15 +271,16 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
                   residual=None if residual is None else residual.data_ptr(),
                   ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
                   rows=rows, k=k, n=out_features, num_threads=torch.get_num_threads())
-    if rows >= AMX_MIN_ROWS and amx() and _library().gguf_linear_amx_f32(**common) == 0:
+    if (rows >= AMX_MIN_ROWS and qtype in GGUF_AMX_TYPES and amx()
+            and _library().gguf_linear_amx_f32(**common) == 0):
         return y
     xq = torch.empty(rows * k, dtype=torch.int8)
     xs = torch.empty(rows * (k // 32), dtype=torch.float32)
-    xsums = torch.empty(rows * (k // 32), dtype=torch.int32)
+    xsums = torch.empty(rows * (k // 16), dtype=torch.int32)
     status = _library().gguf_linear_f32(**common, xq=xq.data_ptr(), xs=xs.data_ptr(),
                                         xsums=xsums.data_ptr())
     if status != 0:
-        raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not Q8_0 / Q4_0 / Q4_1 "
-                         "blocks of 32 or Q4_K super-blocks of 256 (Q4_1 and Q4_K with their "
-                         "minima)")
+        raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not a block type the "
+                         "kernel reads (blocks of 32; the K types' super-blocks of 256; the "
+                         "types with a minimum given their minima)")
     return y

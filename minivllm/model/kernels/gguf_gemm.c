@@ -1,30 +1,50 @@
-/* Linear layer over GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K weight blocks as the file stores them
- * (linear_gguf.py):
- *   y[r][c] = sum_b sx[r][b] * (d[c][b] * (xq[r, b] . wq[c, b]) + m[c][b] * sum(xq[r, b]))
+/* Linear layer over GGUF weight blocks as the file stores them (linear_gguf.py):
+ *   y[r][c] = sum_b sx[r][b] * (d[c][b] * S(xq[r, b], wq[c, b]) + m[c][b] * M(xq[r, b]))
  *             (+ bias) (+ residual)
- * where b runs over the blocks of 32 input values, wq are the block's integers (Q8_0: int8;
- * Q4_0: nibble - 8; Q4_1, Q4_K: nibble, 0..15), d its scale and m its minimum (Q4_1, Q4_K:
- * their values are d * nibble + m; 0 for the others), and x is quantized here per row and
- * block of 32 to int8 in [-127, 127] (llama.cpp's q8_0 activations; for Q4_1 and Q4_K its
- * q8_1, which also carries each block's sum). Each block's dot product is exact in int32, converted to fp32
- * and accumulated with the scales.
+ * where b runs over the blocks of 32 input values, x is quantized here per row and block of
+ * 32 to int8 in [-127, 127] with scale sx (llama.cpp's q8_0 activations; with each half's
+ * sum, its q8_1), wq are the block's integers, d its fp32 scale and m its fp32 minimum:
+ *   S = xq . wq, or for the types with two integer scales per block, one per 16 values
+ *       (Q2_K, Q3_K, Q6_K), sc0 * (first 16 products) + sc1 * (last 16);
+ *   M = sum(xq) for the types with a minimum (Q4_1, Q5_1, Q4_K, Q5_K), for Q2_K
+ *       m0 * (sum of the first 16 xq) + m1 * (the last 16); 0 for the symmetric types.
+ * S and M are exact in int32 (and in fp32: |S| < 2^24), then scaled and accumulated in fp32.
  *
- * Weights: `blocks` is the file's bytes, n rows of k / 32 blocks of `block_bytes` (34 for
- * Q8_0: fp16 scale, 32 int8; 18 for Q4_0: fp16 scale, 16 bytes whose low nibbles are values
- * 0..15 and high nibbles values 16..31; 20 for Q4_1: fp16 scale, fp16 minimum, 16 bytes of
- * nibbles as Q4_0's; 144 for a Q4_K super-block of 256 values: fp16 d and dmin, 12 bytes of
- * 6-bit scales and minima, then 4 x 32 bytes whose low nibbles are one block's values and
- * high nibbles the next block's); `w_scales` [n][k / 32] are the blocks' scales as fp32
- * (Q4_K's d * sc), `w_mins` the same for the minima (Q4_1's m, Q4_K's -dmin * m; NULL for
- * the others), converted once at load.
+ * The block types (`blocks` is the file's bytes, n rows of k / 32 blocks, or k / 256 super-
+ * blocks for the K types; a nibble / bit field is value j of a block at byte j of its
+ * field, low bits first, unless said otherwise):
+ *   Q4_0 (18 bytes): fp16 d, 16 bytes of nibbles (low: values 0..15, high: 16..31);
+ *        wq = nibble - 8;
+ *   Q4_1 (20): fp16 d, fp16 m, nibbles as Q4_0's; wq = nibble;
+ *   Q5_0 (22): fp16 d, 32 bits of 5th bits (value j: bit j), nibbles as Q4_0's;
+ *        wq = nibble + 16 * bit - 16;
+ *   Q5_1 (24): fp16 d, fp16 m, then as Q5_0; wq = nibble + 16 * bit;
+ *   Q8_0 (34): fp16 d, 32 int8; wq = int8;
+ *   Q2_K (84, super-block of 8 blocks s): 16 bytes of 4-bit scales (low) and minima (high)
+ *        per 16 values, 64 bytes of 2-bit crumbs (block s: bits 2 (s & 3) of bytes
+ *        32 (s >> 2) + j), fp16 d, fp16 dmin; wq = crumb, scale d, minimum -dmin (times m);
+ *   Q3_K (110): 32 bytes of high bits (block s: bit s of byte j), 64 bytes of crumbs as
+ *        Q2_K's, 12 bytes of 6-bit scales (sc - 32), fp16 d; wq = crumb + 4 * bit - 4;
+ *   Q4_K (144): fp16 d, fp16 dmin, 12 bytes of 6-bit scales and minima, 4 x 32 bytes of
+ *        nibbles (block s: the low (s even) or high nibbles of bytes 32 (s >> 1) + j);
+ *        wq = nibble, scale d * sc, minimum -dmin * m;
+ *   Q5_K (176): fp16 d, fp16 dmin, 12 bytes as Q4_K's, 32 bytes of 5th bits (block s: bit
+ *        s of byte j), nibbles as Q4_K's; wq = nibble + 16 * bit;
+ *   Q6_K (210): 128 bytes of low nibbles (block s: the low (s & 2 clear) or high nibbles
+ *        of bytes 64 (s >> 2) + 32 (s & 1) + j), 64 bytes of crumbs (bits 2 (s & 3) of
+ *        bytes 128 + 32 (s >> 2) + j), 16 int8 scales per 16 values, fp16 d;
+ *        wq = nibble + 16 * crumb - 32, scale d.
+ * `w_scales` and `w_mins` [n][k / 32] are each block's d and m as fp32 (w_mins NULL for the
+ * symmetric types), converted once at load; the integer scales are read from the blocks.
  *
  * The variants, picked by the compiler's macros (build.py builds one library per ISA level):
- *   - AVX512-VNNI (with VL) / AVX-VNNI: vpdpbusd on 256 bits (one block): Q4_1's and Q4_K's
- *     nibbles are unsigned as they are; Q8_0 / Q4_0 go as |wq| unsigned times x carrying wq's sign;
+ *   - AVX512-VNNI (with VL) / AVX-VNNI: vpdpbusd on 256 bits (one block): the types with a
+ *     minimum have unsigned wq as they are; the symmetric ones go as |wq| unsigned times x
+ *     carrying wq's sign; the two integer scales multiply the int32 lanes of their half;
  *   - AVX2: the same with vpmaddubsw into int16 pairs (at most 2 * 128 * 127, no
  *     saturation) and vpmaddwd to int32 (llama.cpp's sign trick);
  *   - otherwise: the same sums in plain C.
- * All produce the same int32 block sums; only the order of the fp32 accumulation differs
+ * All produce the same integer block sums; only the order of the fp32 accumulation differs
  * (8 lanes summed at the end on x86).
  *
  * A tile is up to ROWS input rows against one weight row: a block's weights are unpacked
@@ -37,14 +57,20 @@
 
 #define BLOCK 32
 #define ROWS 4 /* input rows per tile */
-#define Q8_0 8 /* gguf.GGMLQuantizationType values */
-#define Q4_0 2
+#define Q4_0 2 /* gguf.GGMLQuantizationType values */
 #define Q4_1 3
+#define Q5_0 6
+#define Q5_1 7
+#define Q8_0 8
+#define Q2_K 10
+#define Q3_K 11
 #define Q4_K 12
+#define Q5_K 13
+#define Q6_K 14
 
 /* Per-row, per-block symmetric int8 as linear_gguf.quantize_blocks (the same fp32
- * operations: compiled without -ffast-math, see int8_gemm.c's quantize_rows), and each
- * block's sum of the quantized values. */
+ * operations: compiled without -ffast-math, see int8_gemm.c's quantize_rows), and the sum
+ * of each half block (16 values) of the quantized values. */
 __attribute__((optimize("no-fast-math"))) static void quantize_blocks(
     const float *x, int64_t ldx, int8_t *xq, float *xs, int32_t *xsums, int64_t rows, int k,
     int num_threads) {
@@ -58,35 +84,83 @@ __attribute__((optimize("no-fast-math"))) static void quantize_blocks(
             for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(xr[b * BLOCK + i]));
             const float inv = amax > 0.f ? 127.f / amax : 0.f;
             xs[r * nb + b] = amax > 0.f ? amax / 127.f : 1.f;
-            int32_t sum = 0;
+            int32_t sum[2] = {0, 0};
             for (int i = 0; i < BLOCK; i++) {
                 const int8_t q = (int8_t)nearbyintf(xr[b * BLOCK + i] * inv);
                 xq[r * k + b * BLOCK + i] = q;
-                sum += q;
+                sum[i >> 4] += q;
             }
-            xsums[r * nb + b] = sum;
+            xsums[(r * nb + b) * 2] = sum[0];
+            xsums[(r * nb + b) * 2 + 1] = sum[1];
         }
     }
 }
 
-static inline int has_min(int qtype) { return qtype == Q4_1 || qtype == Q4_K; }
+static inline int is_k_type(int qtype) { return qtype >= Q2_K && qtype <= Q6_K; }
 
-/* Bytes of the unit the file stores (a block, or Q4_K's super-block of 8), 0 if unread. */
+/* Bytes of the unit the file stores (a block, or a K type's super-block of 8), 0 if unread. */
 static inline int unit_bytes(int qtype) {
-    return qtype == Q8_0 ? 34 : qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q4_K ? 144 : 0;
+    switch (qtype) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q2_K: return 84;
+    case Q3_K: return 110;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
 }
 
-/* Block b of a weight row: where its values start (for Q4_K, the 32 bytes whose low
- * nibbles hold block b for b even, whose high nibbles for b odd). */
-static inline const uint8_t *block_values(const uint8_t *wrow, int b, int qtype) {
-    if (qtype == Q4_K) return wrow + (int64_t)(b >> 3) * 144 + 16 + ((b & 7) >> 1) * 32;
-    return wrow + (int64_t)b * unit_bytes(qtype) + (qtype == Q4_1 ? 4 : 2);
+/* w = d * wq + m, wq unsigned; the other types are symmetric, wq signed. */
+static inline int has_min(int qtype) {
+    return qtype == Q4_1 || qtype == Q5_1 || qtype == Q2_K || qtype == Q4_K || qtype == Q5_K;
+}
+
+/* Two integer scales per block of 32, one per 16 values. */
+static inline int has_sub_scales(int qtype) {
+    return qtype == Q2_K || qtype == Q3_K || qtype == Q6_K;
+}
+
+/* The unit that holds block b of a weight row; *s is b's index in it (0 for a block). */
+static inline const uint8_t *unit_of(const uint8_t *wrow, int b, int qtype, int *s) {
+    const int k_type = is_k_type(qtype);
+    *s = k_type ? b & 7 : 0;
+    return wrow + (int64_t)(k_type ? b >> 3 : b) * unit_bytes(qtype);
+}
+
+/* Block s's integer scales of its two halves of 16 values, and for Q2_K their minima. */
+static inline void sub_scales(const uint8_t *unit, int s, int qtype, int32_t sc[2],
+                              int32_t m[2]) {
+    for (int h = 0; h < 2; h++) {
+        const int j = 2 * s + h; /* 0..15 */
+        if (qtype == Q6_K) {
+            sc[h] = (int8_t)unit[192 + j];
+        } else if (qtype == Q3_K) { /* low 4 bits: nibbles of bytes 0-7; high 2: crumbs of 8-11 */
+            sc[h] = (((unit[96 + (j & 7)] >> (4 * (j >> 3))) & 15) |
+                     (((unit[104 + (j & 3)] >> (2 * (j >> 2))) & 3) << 4)) - 32;
+        } else { /* Q2_K */
+            sc[h] = unit[j] & 15;
+            m[h] = unit[j] >> 4;
+        }
+    }
 }
 
 #if defined(__AVX2__)
 #include <immintrin.h>
 
-/* A block's 32 nibbles as bytes 0..15, in value order. */
+static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* (byte >> shift) & mask, for each of 32 bytes */
+static inline __m256i field(__m256i bytes, int shift, int mask) {
+    return _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(shift)),
+                            _mm256_set1_epi8((char)mask));
+}
+
+/* 16 bytes of nibbles as 32 values in order: the low nibbles, then the high. */
 static inline __m256i nibbles(const uint8_t *packed_bytes) {
     const __m128i packed = _mm_loadu_si128((const __m128i *)packed_bytes);
     const __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
@@ -94,15 +168,51 @@ static inline __m256i nibbles(const uint8_t *packed_bytes) {
     return _mm256_set_m128i(high, low);
 }
 
-/* Q4_K's block b: 32 nibbles, the low or high halves of 32 bytes, as bytes 0..15. */
-static inline __m256i q4_k_nibbles(const uint8_t *values, int b) {
-    const __m256i packed = _mm256_loadu_si256((const __m256i *)values);
-    return _mm256_and_si256(b & 1 ? _mm256_srli_epi16(packed, 4) : packed,
-                            _mm256_set1_epi8(0x0F));
+/* 32 bits (value j: bit j) as 32 bytes, 16 where the bit is set, else 0. */
+static inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8( /* byte j holds bits' byte j / 8 */
+        _mm256_set1_epi32((int)bits),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                         3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201); /* byte j: bit j % 8 */
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                            _mm256_set1_epi8(16));
 }
 
-/* 8 int32 partial sums of u . x, u unsigned, x signed (each pair within int16 for AVX2:
- * callers keep u <= 128, x in [-127, 127]). */
+/* Block s of a unit (block_value's integers) as 32 bytes in value order. */
+static inline __m256i block_bytes(const uint8_t *u, int s, int qtype) {
+    switch (qtype) {
+    case Q8_0: return load32(u + 2);
+    case Q4_0: return _mm256_sub_epi8(nibbles(u + 2), _mm256_set1_epi8(8));
+    case Q4_1: return nibbles(u + 4);
+    case Q5_0:
+        return _mm256_sub_epi8(_mm256_or_si256(nibbles(u + 6), fifth_bits(u + 2)),
+                               _mm256_set1_epi8(16));
+    case Q5_1: return _mm256_or_si256(nibbles(u + 8), fifth_bits(u + 4));
+    case Q2_K: return field(load32(u + 16 + (s >> 2) * 32), 2 * (s & 3), 3);
+    case Q3_K:
+        return _mm256_sub_epi8(
+            _mm256_or_si256(field(load32(u + 32 + (s >> 2) * 32), 2 * (s & 3), 3),
+                            _mm256_slli_epi16(field(load32(u), s, 1), 2)),
+            _mm256_set1_epi8(4));
+    case Q4_K: return field(load32(u + 16 + (s >> 1) * 32), 4 * (s & 1), 15);
+    case Q5_K:
+        return _mm256_or_si256(field(load32(u + 48 + (s >> 1) * 32), 4 * (s & 1), 15),
+                               _mm256_slli_epi16(field(load32(u + 16), s, 1), 4));
+    case Q6_K:
+        return _mm256_sub_epi8(
+            _mm256_or_si256(
+                field(load32(u + (s >> 2) * 64 + (s & 1) * 32), 4 * ((s >> 1) & 1), 15),
+                _mm256_slli_epi16(field(load32(u + 128 + (s >> 2) * 32), 2 * (s & 3), 3), 4)),
+            _mm256_set1_epi8(32));
+    default: return _mm256_setzero_si256();
+    }
+}
+
+/* 8 int32 partial sums of u . x (lane i: bytes 4i..4i+3), u unsigned, x signed (each pair
+ * within int16 for AVX2: callers keep u <= 128, x in [-127, 127]). */
 static inline __m256i dot_unsigned(__m256i u, __m256i x) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
@@ -130,26 +240,27 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int k,
     float mins[ROWS];
     for (int i = 0; i < nr; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.f;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *values = block_values(wrow, b, qtype);
-        __m256i u, sign = _mm256_setzero_si256(); /* the weights unsigned, and their sign */
-        if (qtype == Q4_1) {
-            u = nibbles(values);
-        } else if (qtype == Q4_K) {
-            u = q4_k_nibbles(values, b);
-        } else {
-            const __m256i w = qtype == Q8_0
-                                  ? _mm256_loadu_si256((const __m256i *)values)
-                                  : _mm256_sub_epi8(nibbles(values), _mm256_set1_epi8(8));
-            u = _mm256_sign_epi8(w, w); /* |w|, unsigned (|-128| = 128 as u8) */
-            sign = w;
-        }
+        int s;
+        const uint8_t *unit = unit_of(wrow, b, qtype, &s);
+        const __m256i w = block_bytes(unit, s, qtype);
+        /* the weights unsigned: as they are with a minimum, else |w| (|-128| = 128 as u8) */
+        const __m256i u = has_min(qtype) ? w : _mm256_sign_epi8(w, w);
+        int32_t sc[2] = {1, 1}, m[2] = {1, 1};
+        if (has_sub_scales(qtype)) sub_scales(unit, s, qtype, sc, m);
+        const __m256i halves = _mm256_setr_epi32(sc[0], sc[0], sc[0], sc[0], sc[1], sc[1],
+                                                 sc[1], sc[1]);
         for (int i = 0; i < nr; i++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)i * k + b * BLOCK));
-            if (!has_min(qtype)) x = _mm256_sign_epi8(x, sign); /* 0 where w is */
+            if (!has_min(qtype)) x = _mm256_sign_epi8(x, w); /* 0 where w is */
+            __m256i dot = dot_unsigned(u, x);
+            if (has_sub_scales(qtype)) dot = _mm256_mullo_epi32(dot, halves);
             const float sx = xs[i * nb + b];
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_unsigned(u, x)),
-                                     _mm256_set1_ps(sx * ws[b]), acc[i]);
-            if (has_min(qtype)) mins[i] = fmaf(sx * wm[b], (float)xsums[i * nb + b], mins[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sx * ws[b]), acc[i]);
+            if (has_min(qtype)) {
+                const int32_t *half_sums = xsums + (int64_t)(i * nb + b) * 2;
+                mins[i] = fmaf(sx * wm[b], (float)(m[0] * half_sums[0] + m[1] * half_sums[1]),
+                               mins[i]);
+            }
         }
     }
     for (int i = 0; i < nr; i++) out[i] = hsum(acc[i]) + mins[i];
@@ -157,24 +268,51 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int k,
 
 #else /* another architecture, or x86 below AVX2 */
 
+static inline int nibble(const uint8_t *packed_bytes, int j) {
+    return j < 16 ? packed_bytes[j] & 15 : packed_bytes[j - 16] >> 4;
+}
+
+static inline int bit(const uint8_t *bits, int j) { return (bits[j >> 3] >> (j & 7)) & 1; }
+
+/* Value j of block s of a unit: its integer wq (see the top of the file). */
+static inline int block_value(const uint8_t *u, int s, int j, int qtype) {
+    switch (qtype) {
+    case Q8_0: return (int8_t)u[2 + j];
+    case Q4_0: return nibble(u + 2, j) - 8;
+    case Q4_1: return nibble(u + 4, j);
+    case Q5_0: return nibble(u + 6, j) + 16 * bit(u + 2, j) - 16;
+    case Q5_1: return nibble(u + 8, j) + 16 * bit(u + 4, j);
+    case Q2_K: return (u[16 + (s >> 2) * 32 + j] >> (2 * (s & 3))) & 3;
+    case Q3_K:
+        return ((u[32 + (s >> 2) * 32 + j] >> (2 * (s & 3))) & 3) + 4 * ((u[j] >> s) & 1) - 4;
+    case Q4_K: return (u[16 + (s >> 1) * 32 + j] >> (4 * (s & 1))) & 15;
+    case Q5_K:
+        return ((u[48 + (s >> 1) * 32 + j] >> (4 * (s & 1))) & 15) + 16 * ((u[16 + j] >> s) & 1);
+    case Q6_K:
+        return ((u[(s >> 2) * 64 + (s & 1) * 32 + j] >> (4 * ((s >> 1) & 1))) & 15) +
+               16 * ((u[128 + (s >> 2) * 32 + j] >> (2 * (s & 3))) & 3) - 32;
+    default: return 0;
+    }
+}
+
 static inline void tile(const int8_t *xq, int k, const float *xs, const int32_t *xsums,
                         const uint8_t *wrow, const float *ws, const float *wm, int nb, int qtype,
                         int nr, float out[ROWS]) {
     for (int i = 0; i < nr; i++) {
         float acc = 0.f;
         for (int b = 0; b < nb; b++) {
-            const uint8_t *q = block_values(wrow, b, qtype);
-            int32_t dot = 0;
-            for (int j = 0; j < BLOCK; j++) {
-                const int nibble = qtype == Q4_K ? (b & 1 ? q[j] >> 4 : q[j] & 0x0F)
-                                   : j < 16      ? (q[j] & 0x0F)
-                                                 : (q[j - 16] >> 4);
-                const int w = qtype == Q8_0 ? (int8_t)q[j] : qtype == Q4_0 ? nibble - 8 : nibble;
-                dot += w * xq[(int64_t)i * k + b * BLOCK + j];
-            }
+            int s;
+            const uint8_t *unit = unit_of(wrow, b, qtype, &s);
+            int32_t sc[2] = {1, 1}, m[2] = {1, 1}, dot[2] = {0, 0};
+            if (has_sub_scales(qtype)) sub_scales(unit, s, qtype, sc, m);
+            for (int j = 0; j < BLOCK; j++)
+                dot[j >> 4] += block_value(unit, s, j, qtype) * xq[(int64_t)i * k + b * BLOCK + j];
             const float sx = xs[i * nb + b];
-            acc = fmaf((float)dot, sx * ws[b], acc);
-            if (has_min(qtype)) acc = fmaf(sx * wm[b], (float)xsums[i * nb + b], acc);
+            acc = fmaf((float)(sc[0] * dot[0] + sc[1] * dot[1]), sx * ws[b], acc);
+            if (has_min(qtype)) {
+                const int32_t *half_sums = xsums + (int64_t)(i * nb + b) * 2;
+                acc = fmaf(sx * wm[b], (float)(m[0] * half_sums[0] + m[1] * half_sums[1]), acc);
+            }
         }
         out[i] = acc;
     }
@@ -184,13 +322,13 @@ static inline void tile(const int8_t *xq, int k, const float *xs, const int32_t 
 /* x [rows, k] fp32 (row stride ldx), k a multiple of 32; blocks, w_scales and w_mins as
  * above for n output columns; bias [n] or NULL; residual [rows, n] (row stride ldr) or
  * NULL; y [rows, n] contiguous. xq: rows * k bytes, xs: rows * k / 32 floats and xsums:
- * rows * k / 32 ints, for the quantized rows. Returns 0, or -1 for a block type it does not
- * read (Q4_K with k not a multiple of 256, Q4_1 / Q4_K without their minima). */
+ * rows * k / 16 ints, for the quantized rows. Returns 0, or -1 for a block type it does not
+ * read (a K type with k not a multiple of 256, a type with a minimum without w_mins). */
 int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const float *w_scales,
                     const float *w_mins, int qtype, const float *bias, const float *residual,
                     int64_t ldr, float *y, int8_t *xq, float *xs, int32_t *xsums, int64_t rows,
                     int k, int n, int num_threads) {
-    const int unit_values = qtype == Q4_K ? 256 : BLOCK;
+    const int unit_values = is_k_type(qtype) ? 256 : BLOCK;
     if (!unit_bytes(qtype) || k % unit_values || (has_min(qtype) && !w_mins)) return -1;
     const int nb = k / BLOCK;
     const int64_t row_bytes = (int64_t)(k / unit_values) * unit_bytes(qtype);
@@ -207,7 +345,7 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const fl
             const int nr = rows - r < ROWS ? (int)(rows - r) : ROWS;
             const int8_t *xr = xq + r * k;
             const float *sx = xs + r * nb;
-            const int32_t *sums = xsums + r * nb;
+            const int32_t *sums = xsums + r * nb * 2;
             float out[ROWS];
             switch (qtype * 8 + nr) { /* one inlined copy per block type and row count */
 #define TILE(TYPE, NR)                                                  \
@@ -215,7 +353,8 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const fl
         tile(xr, k, sx, sums, wrow, ws, wm, nb, TYPE, NR, out); \
         break;
 #define TILES(TYPE) TILE(TYPE, 1) TILE(TYPE, 2) TILE(TYPE, 3) TILE(TYPE, 4)
-                TILES(Q8_0) TILES(Q4_0) TILES(Q4_1) TILES(Q4_K)
+                TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0)
+                TILES(Q2_K) TILES(Q3_K) TILES(Q4_K) TILES(Q5_K) TILES(Q6_K)
 #undef TILES
 #undef TILE
             }

@@ -81,8 +81,9 @@ int gguf_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *blocks,
                         const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
                         int num_threads);
 
-/* gguf_gemm.c: returns 0, or -1 for a block type other than Q8_0 / Q4_0 / Q4_1, k not a
- * multiple of 32, or Q4_1 without w_mins */
+/* gguf_gemm.c: returns 0, or -1 for a block type other than Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+ * Q8_0 / Q2_K..Q6_K, k not a multiple of its unit (32, or 256 for the K types), or a type
+ * with a minimum without w_mins; xsums holds rows * k / 16 ints */
 int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const float *w_scales,
                     const float *w_mins, int qtype, const float *bias, const float *residual,
                     int64_t ldr, float *y, int8_t *xq, float *xs, int32_t *xsums, int64_t rows,

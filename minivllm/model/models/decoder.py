@@ -12,9 +12,10 @@ checkpoint's names (models/__init__.py checks that nothing else differs):
 - Mixtral / Qwen3-MoE: the MLP is a SparseMoeBlock (moe.py).
 With quantization="int8" every linear, the LM head included, is W8A8
 (kernels/linear_int8.py), experts too; embeddings, norms, routers and attention stay fp32.
-With quantization="gguf" the linears whose weights a GGUF file stores as Q8_0 / Q4_0 / Q4_1 run
-from those blocks (kernels/linear_gguf.py; q/k/v and gate/up concatenated as blocks), and a
-tied LM head from the token embeddings' blocks.
+With quantization="gguf" the linears whose weights a GGUF file stores as a block type the
+kernels run, run from those blocks (kernels/linear_gguf.py; q/k/v and gate/up concatenated as
+blocks, or one kernel call per part where their types differ); the token embeddings' blocks
+are dequantized a looked-up row at a time, and a tied LM head runs from them.
 """
 
 from __future__ import annotations
@@ -152,11 +153,17 @@ class CausalLM(nn.Module):
         (the CPU's bf16: model/runner.py)."""
         super().__init__()
         fast = kernels.enabled() if fast is None else fast
-        self.embed = nn.Parameter(weights.pop("model.embed_tokens.weight"), requires_grad=False)
+        embed = weights.pop("model.embed_tokens.weight")
+        # quantization="gguf": the file's blocks, never a whole float32 table (151936 x 896
+        # for Qwen2.5-0.5B: 545 MB)
+        self.embed = (embed if isinstance(embed, BlockWeight)
+                      else nn.Parameter(embed, requires_grad=False))
+        dtype = torch.float32 if isinstance(embed, BlockWeight) else embed.dtype
         # Gemma multiplies the embeddings by sqrt(hidden), rounded to the weights' dtype.
-        self.embed_scale = (torch.tensor(cfg.hidden_size ** 0.5, dtype=self.embed.dtype)
+        self.embed_scale = (torch.tensor(cfg.hidden_size ** 0.5, dtype=dtype)
                             if arch.gemma else None)
-        self.fused = fast and cpu.available(self.embed.device, self.embed.dtype)
+        device = embed.blocks.device if isinstance(embed, BlockWeight) else embed.device
+        self.fused = fast and cpu.available(device, dtype)
         self.fused_rope = self.fused and _whole_head_rope(cfg)
         linear_weights = "int8" if quantization == "int8" else linear_weights
         self.layers = nn.ModuleList(
@@ -165,11 +172,8 @@ class CausalLM(nn.Module):
         norm = weights.pop("model.norm.weight")
         self.norm = RMSNorm(norm + 1 if arch.gemma else norm, cfg.rms_norm_eps, self.fused)
         lm_head = weights.pop("lm_head.weight", None)
-        # A tied head is the embeddings, unless the GGUF loader handed their stored blocks
-        # (quantization="gguf": the LM head runs from them, the lookup dequantized).
-        if lm_head is None or (getattr(cfg, "tie_word_embeddings", False)
-                               and not isinstance(lm_head, BlockWeight)):
-            lm_head = self.embed
+        if lm_head is None or getattr(cfg, "tie_word_embeddings", False):
+            lm_head = self.embed  # a tied head (GGUF blocks too: then a block linear)
         # bf16's LM head keeps fp32 weights where the bf16 product rounds its output to bf16
         # (oneDNN's): that tied SmolLM2's top logits ("The" and "L" after "What is the
         # capital of France?": argmax flipped). On AMX tiles the logits stay fp32.
@@ -198,7 +202,8 @@ class CausalLM(nn.Module):
         """Hidden states [T, hidden] of the flattened batch; K/V written to the caches
         (k_caches / v_caches: [num_layers, num_blocks, block_size, num_kv_heads, head_dim])."""
         k_caches, v_caches = kv_caches
-        x = F.embedding(input_ids, self.embed)
+        x = (self.embed.lookup(input_ids) if isinstance(self.embed, BlockWeight)
+             else F.embedding(input_ids, self.embed))
         if self.embed_scale is not None:
             x = x * self.embed_scale
         ropes = {t: rope.tables if self.fused_rope else rope.at(positions, x.dtype)

@@ -13,7 +13,7 @@ from minivllm.model.attention import AttentionMetadata, paged_attention, write_k
 from minivllm.model.kernels import cpu, linear_amx
 from minivllm.model.kernels.linear import Linear
 from minivllm.model.kernels.linear_amx import AmxBf16Linear
-from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
+from minivllm.model.kernels.linear_gguf import BlockRows, BlockWeight, GGUFLinear
 from minivllm.model.kernels.linear_int8 import Int8Linear
 from minivllm.model.rope import apply_rope
 
@@ -43,13 +43,13 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def linear(weight: torch.Tensor | BlockWeight, bias: torch.Tensor | None, fast: bool,
-           weights: str | None) -> Linear | Int8Linear | GGUFLinear | AmxBf16Linear:
+def linear(weight: torch.Tensor | BlockWeight | BlockRows, bias: torch.Tensor | None,
+           fast: bool, weights: str | None) -> Linear | Int8Linear | GGUFLinear | AmxBf16Linear:
     """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
     weights, fp32 inputs converted at the product: the CPU's bf16, see CausalLM; on AMX
     tiles where the CPU has them, linear_amx.py). A GGUF file's blocks
     (quantization="gguf") run as stored (linear_gguf.py)."""
-    if isinstance(weight, BlockWeight):
+    if isinstance(weight, BlockWeight | BlockRows):
         return GGUFLinear(weight, bias, use_kernel=fast)
     if weights == "int8":
         return Int8Linear(weight, bias, use_kernel=fast)
