@@ -1,5 +1,5 @@
 """A real model of the size people serve on CPUs: Qwen2.5-Coder-0.5B-Instruct as a Q4_K_M
-GGUF file (Q4_K, Q5_0, Q6_K and Q8_0 blocks; scripts/qwen25_coder_path.py assembles it from
+GGUF file (Q4_K, Q5_0, Q6_K and Q8_0 blocks; minivllm/bench/qwen25_coder.py assembles it from
 six PyPI wheels into the cache, never the repository).
 
 - Its blocks: every type the file holds, as real tensors (the 151936-row embeddings and LM
@@ -31,10 +31,10 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from minivllm import LLM, SamplingParams
+from minivllm.bench.qwen25_coder import qwen25_coder_gguf
 from minivllm.model.kernels import build, cpu, isa
 from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
 from minivllm.model.loader import load_state_dict, resolve_model_path
-from scripts.qwen25_coder_path import qwen25_coder_gguf
 from tests.model.test_gguf_kernel import emulated, on_amx
 from tests.model_factory import greedy_batch
 
