@@ -8,7 +8,7 @@ MODEL ?= minivllm-demo
 ARGS ?=
 
 .PHONY: install install-test test test-e2e lint serve profile-serve clean install-browser test-browser \
-	install-ray test-ray docs test-real-models
+	install-ray test-ray docs test-real-models peer-llama-server
 
 # What serving needs, and nothing else.
 $(VENV)/.installed: pyproject.toml
@@ -100,6 +100,21 @@ endif
 serve: $(SERVE_NEEDS)
 	@echo "Try: curl http://127.0.0.1:$(PORT)/v1/$(SERVE_HINT)"
 	$(VENV)/bin/minivllm serve $(SERVE_MODEL) --port $(PORT) $(ARGS)
+
+# llama.cpp's llama-server, the peer of the GGUF benchmarks: built from the llama.cpp source
+# that the llama-cpp-python sdist vendors (PyPI only), once, into the ignored peers/ folder
+# (about 25 minutes on two cores). -DGGML_NATIVE=ON: its best on this CPU.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_SERVER := peers/llama.cpp/build/bin/llama-server
+$(LLAMA_SERVER): $(VENV)/.installed
+	mkdir -p peers/llama.cpp
+	$(PIP) download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMA_CPP_VERSION) -d peers/llama.cpp
+	tar -xzf peers/llama.cpp/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C peers/llama.cpp
+	cmake -S peers/llama.cpp/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp -B peers/llama.cpp/build \
+	  -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
+	cmake --build peers/llama.cpp/build --target llama-server -j 2
+
+peer-llama-server: $(LLAMA_SERVER)
 
 $(VENV)/.profile-installed: $(VENV)/.installed
 	$(PIP) install -q -e '.[profile]'
