@@ -41,7 +41,7 @@ def minivllm_command(model: Path, port: int, ctx: int, slots: int, *flags: str) 
 def llama_server_command(model: Path, port: int, ctx: int, slots: int) -> list[str]:
     # -c is the context of all slots together; -t both cores, as minivllm uses
     return [str(LLAMA_SERVER), "-m", str(model), "--port", str(port), "-np", str(slots),
-            "-c", str(ctx * slots), "-t", str(THREADS), "--no-webui"]
+            "-c", str(ctx * slots), "-t", str(THREADS)]
 
 
 ENGINES = {
