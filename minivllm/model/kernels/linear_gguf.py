@@ -163,10 +163,17 @@ class GGUFLinear:
         self.bias = None if bias is None else bias.float()
         parts = weight.parts if isinstance(weight, BlockRows) else [weight]
         self.use_kernel = use_kernel and cpu.available(parts[0].blocks.device, torch.float32)
+        self.weights = parts
         if self.use_kernel:
             self.parts = [(part, part.scales(), part.mins()) for part in parts]
         else:
             self.dequantized = weight.dequantize()
+
+    @property
+    def step_bytes(self) -> int:
+        """Bytes of weights one call reads: the blocks and the fp32 scales and minima."""
+        return sum(t.nbytes for weight, *side in self.parts
+                   for t in (weight.blocks, *side) if t is not None)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not self.use_kernel:
