@@ -71,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     linears = file_linears(args.gguf)
     step = sum(linear.step_bytes for linear in linears)
-    types = Counter(TYPE_NAMES[p.qtype] for linear in linears for p in linear.weights)
+    types = Counter(TYPE_NAMES[p.qtype] for linear in linears for p in linear.parts)
     print(f"{args.gguf.name}: {len(linears)} linears "
           f"({', '.join(f'{n} {q}' for q, n in sorted(types.items()))}), "
           f"the kernel reads {step / 1e6:.1f} MB per pass")
@@ -82,7 +82,7 @@ def main() -> None:
     for rows in args.rows:
         xs = {linear.in_features: torch.randn(rows, linear.in_features) for linear in linears}
 
-        def one_pass() -> None:
+        def one_pass(xs: dict[int, torch.Tensor] = xs) -> None:
             for linear in linears:
                 linear(xs[linear.in_features])
 
