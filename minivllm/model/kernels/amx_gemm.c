@@ -9,7 +9,8 @@
  *     kernel is bound by its per-group rescaling (an int32 -> fp32 conversion and two
  *     multiplies per 16 products; AMX's int8 tiles would need a K of 64 per scale to pay);
  *   - gguf_linear_amx_f32: gguf_gemm.c's GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K blocks as the file
- *     stores them (scales and minima read from the blocks: gguf_scales.h), where its one-column-at-a-time loop is built for decoding, not for prefill.
+ *     stores them (scales and minima read from the blocks: gguf_scales.h), where its
+ *     one-column-at-a-time loop is built for decoding, not for prefill.
  *
  *   y = bf16(x) @ bf16(w).T (+ bias) (+ residual), accumulated in fp32
  *
@@ -104,10 +105,11 @@ static const uint16_t *unpack_int8_panel(const weights *w, int p, int kp, uint16
  * pair i = values 2i, 2i + 1. Q4_K's block b is the low (b even) or high (b odd) nibbles of
  * 32 bytes of its super-block (gguf_gemm.c's block_values). */
 static inline __m512i gguf_block_bf16(const uint8_t *row, int b, int qtype) {
-    float d, m;
-    gguf_block_scales(row + (int64_t)(qtype == Q4_K ? (b >> 3) * 144
-                                      : b * (qtype == Q8_0 ? 34 : qtype == Q4_0 ? 18 : 20)),
-                      b & 7, qtype, &d, &m);
+    float ds[8], ms[8];
+    gguf_unit_scales(row + (int64_t)(qtype == Q4_K ? (b >> 3) * 144
+                                     : b * (qtype == Q8_0 ? 34 : qtype == Q4_0 ? 18 : 20)),
+                     qtype, ds, ms);
+    const float d = ds[qtype == Q4_K ? b & 7 : 0], m = ms[qtype == Q4_K ? b & 7 : 0];
     __m512 low, high;
     if (qtype == Q4_K) {
         const __m256i packed = _mm256_loadu_si256(

@@ -58,9 +58,7 @@
 
 #define BLOCK 32
 #define ROWS 4 /* input rows per tile */
-/* Bytes ahead of the block being read that the kernel asks the cache for: past what the
- * hardware prefetcher has in flight at a 4 KiB page's start, where it stops. */
-#define PREFETCH_AHEAD 1024
+#define PREFETCH_ROWS 4 /* weight rows ahead */
 
 /* Per-row, per-block symmetric int8 as linear_gguf.quantize_blocks (the same fp32
  * operations: compiled without -ffast-math, see int8_gemm.c's quantize_rows), and the sum
@@ -122,11 +120,6 @@ static inline int has_sub_scales(int qtype) {
 /* Blocks of 32 per unit */
 static inline int unit_blocks(int qtype) { return is_k_type(qtype) ? 8 : 1; }
 
-/* The cache lines of the unit PREFETCH_AHEAD bytes past this one. */
-static inline void prefetch_ahead(const uint8_t *unit, int qtype) {
-    for (int at = 0; at < unit_bytes(qtype); at += 64)
-        __builtin_prefetch(unit + PREFETCH_AHEAD + at, 0, 0);
-}
 
 /* Block s's integer scales of its two halves of 16 values, and for Q2_K their minima. */
 static inline void sub_scales(const uint8_t *unit, int s, int qtype, int32_t sc[2],
@@ -179,6 +172,17 @@ static inline __m256i fifth_bits(const uint8_t *p) {
 
 /* Block s of a unit (block_value's integers) as 32 bytes in value order. */
 static inline __m256i block_bytes(const uint8_t *u, int s, int qtype) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    /* Q5_0 / Q5_1's 32 fifth bits are a byte mask as they are: one masked add */
+    uint32_t bits;
+    if (qtype == Q5_0 || qtype == Q5_1) memcpy(&bits, u + (qtype == Q5_0 ? 2 : 4), 4);
+    if (qtype == Q5_0) /* nibble - 16 where the bit is clear */
+        return _mm256_mask_sub_epi8(nibbles(u + 6), (__mmask32)~bits, nibbles(u + 6),
+                                    _mm256_set1_epi8(16));
+    if (qtype == Q5_1)
+        return _mm256_mask_add_epi8(nibbles(u + 8), (__mmask32)bits, nibbles(u + 8),
+                                    _mm256_set1_epi8(16));
+#endif
     switch (qtype) {
     case Q8_0: return load32(u + 2);
     case Q4_0: return _mm256_sub_epi8(nibbles(u + 2), _mm256_set1_epi8(8));
@@ -232,32 +236,35 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int k,
                                                        const uint8_t *wrow, int nb, int qtype,
                                                        int nr, float out[ROWS]) {
     __m256 acc[ROWS];
-    float mins[ROWS];
+    float mins[ROWS], ds[8], ms[8];
     for (int i = 0; i < nr; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.f;
-    for (int b = 0; b < nb; b++) {
-        const int s = b % unit_blocks(qtype);
-        const uint8_t *unit = wrow + (int64_t)(b / unit_blocks(qtype)) * unit_bytes(qtype);
-        if (s == 0) prefetch_ahead(unit, qtype);
-        float d, dm;
-        gguf_block_scales(unit, s, qtype, &d, &dm);
-        const __m256i w = block_bytes(unit, s, qtype);
-        /* the weights unsigned: as they are with a minimum, else |w| (|-128| = 128 as u8) */
-        const __m256i u = has_min(qtype) ? w : _mm256_sign_epi8(w, w);
-        int32_t sc[2] = {1, 1}, m[2] = {1, 1};
-        if (has_sub_scales(qtype)) sub_scales(unit, s, qtype, sc, m);
-        const __m256i halves = _mm256_setr_epi32(sc[0], sc[0], sc[0], sc[0], sc[1], sc[1],
-                                                 sc[1], sc[1]);
-        for (int i = 0; i < nr; i++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)i * k + b * BLOCK));
-            if (!has_min(qtype)) x = _mm256_sign_epi8(x, w); /* 0 where w is */
-            __m256i dot = dot_unsigned(u, x);
-            if (has_sub_scales(qtype)) dot = _mm256_mullo_epi32(dot, halves);
-            const float sx = xs[i * nb + b];
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sx * d), acc[i]);
-            if (has_min(qtype)) {
-                const int32_t *half_sums = xsums + (int64_t)(i * nb + b) * 2;
-                mins[i] = fmaf(sx * dm, (float)(m[0] * half_sums[0] + m[1] * half_sums[1]),
-                               mins[i]);
+    for (int b0 = 0; b0 < nb; b0 += unit_blocks(qtype)) { /* a unit at a time */
+        const uint8_t *unit = wrow + (int64_t)(b0 / unit_blocks(qtype)) * unit_bytes(qtype);
+        gguf_unit_scales(unit, qtype, ds, ms);
+        for (int s = 0; s < unit_blocks(qtype); s++) {
+            const int b = b0 + s;
+            const float d = ds[s], dm = ms[s];
+            const __m256i w = block_bytes(unit, s, qtype);
+            /* the weights unsigned: as they are with a minimum, else |w| (|-128|: 128 as u8) */
+            const __m256i u = has_min(qtype) ? w : _mm256_sign_epi8(w, w);
+            int32_t sc[2] = {1, 1}, m[2] = {1, 1};
+            if (has_sub_scales(qtype)) sub_scales(unit, s, qtype, sc, m);
+            const __m256i halves = _mm256_setr_epi32(sc[0], sc[0], sc[0], sc[0], sc[1], sc[1],
+                                                     sc[1], sc[1]);
+            for (int i = 0; i < nr; i++) {
+                __m256i x =
+                    _mm256_loadu_si256((const __m256i *)(xq + (int64_t)i * k + b * BLOCK));
+                if (!has_min(qtype)) x = _mm256_sign_epi8(x, w); /* 0 where w is */
+                __m256i dot = dot_unsigned(u, x);
+                if (has_sub_scales(qtype)) dot = _mm256_mullo_epi32(dot, halves);
+                const float sx = xs[i * nb + b];
+                acc[i] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sx * d), acc[i]);
+                if (has_min(qtype)) {
+                    const int32_t *half_sums = xsums + (int64_t)(i * nb + b) * 2;
+                    mins[i] = fmaf(sx * dm, (float)(m[0] * half_sums[0] + m[1] * half_sums[1]),
+                                   mins[i]);
+                }
             }
         }
     }
@@ -297,11 +304,12 @@ static inline void tile(const int8_t *xq, int k, const float *xs, const int32_t 
                         const uint8_t *wrow, int nb, int qtype, int nr, float out[ROWS]) {
     for (int i = 0; i < nr; i++) {
         float acc = 0.f;
+        float ds[8], ms[8];
         for (int b = 0; b < nb; b++) {
             const int s = b % unit_blocks(qtype);
             const uint8_t *unit = wrow + (int64_t)(b / unit_blocks(qtype)) * unit_bytes(qtype);
-            float d, dm;
-            gguf_block_scales(unit, s, qtype, &d, &dm);
+            if (s == 0) gguf_unit_scales(unit, qtype, ds, ms);
+            const float d = ds[s], dm = ms[s];
             int32_t sc[2] = {1, 1}, m[2] = {1, 1}, dot[2] = {0, 0};
             if (has_sub_scales(qtype)) sub_scales(unit, s, qtype, sc, m);
             for (int j = 0; j < BLOCK; j++)
@@ -337,6 +345,11 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtyp
     if (rows * (int64_t)n * k > 1 << 18)
     for (int c = 0; c < n; c++) {
         const uint8_t *wrow = blocks + c * row_bytes;
+        /* The row PREFETCH_ROWS ahead asked for now: one core's stream is bound by how many
+         * misses it has in flight, and the hardware prefetcher stops at each 4 KiB page. */
+        if (c + PREFETCH_ROWS < n)
+            for (int64_t at = 0; at < row_bytes; at += 64)
+                __builtin_prefetch(wrow + PREFETCH_ROWS * row_bytes + at, 0, 3);
         for (int64_t r = 0; r < rows; r += ROWS) {
             const int nr = rows - r < ROWS ? (int)(rows - r) : ROWS;
             const int8_t *xr = xq + r * k;

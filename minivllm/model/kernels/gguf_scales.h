@@ -57,25 +57,31 @@ static inline void gguf_k_scale_min(const uint8_t *unit, int s, int *sc, int *m)
     }
 }
 
-/* Block s's d and m (0 for the symmetric types) of a unit (a block, or a K type's
- * super-block, s its block 0..7). */
-static inline void gguf_block_scales(const uint8_t *unit, int s, int qtype, float *d,
-                                     float *m) {
+/* The d and m (0 for the symmetric types) of each block of a unit: one for a block, 8 for
+ * a K type's super-block. */
+static inline void gguf_unit_scales(const uint8_t *unit, int qtype, float d[8], float m[8]) {
     int sc, mn;
     switch (qtype) {
     case Q4_1:
-    case Q5_1:
-        *d = gguf_half(unit), *m = gguf_half(unit + 2);
-        return;
+    case Q5_1: d[0] = gguf_half(unit), m[0] = gguf_half(unit + 2); return;
     case Q4_K:
-    case Q5_K:
-        gguf_k_scale_min(unit, s, &sc, &mn);
-        *d = gguf_half(unit) * (float)sc, *m = -(gguf_half(unit + 2) * (float)mn);
+    case Q5_K: {
+        const float d_unit = gguf_half(unit), dmin = gguf_half(unit + 2);
+        for (int s = 0; s < 8; s++) {
+            gguf_k_scale_min(unit, s, &sc, &mn);
+            d[s] = d_unit * (float)sc, m[s] = -(dmin * (float)mn);
+        }
         return;
-    case Q2_K: *d = gguf_half(unit + 80), *m = -gguf_half(unit + 82); return;
-    case Q3_K: *d = gguf_half(unit + 108), *m = 0.f; return;
-    case Q6_K: *d = gguf_half(unit + 208), *m = 0.f; return;
-    default: *d = gguf_half(unit), *m = 0.f; return; /* Q4_0, Q5_0, Q8_0 */
+    }
+    case Q2_K:
+        for (int s = 0; s < 8; s++) d[s] = gguf_half(unit + 80), m[s] = -gguf_half(unit + 82);
+        return;
+    case Q3_K:
+    case Q6_K:
+        for (int s = 0; s < 8; s++)
+            d[s] = gguf_half(unit + (qtype == Q3_K ? 108 : 208)), m[s] = 0.f;
+        return;
+    default: d[0] = gguf_half(unit), m[0] = 0.f; return; /* Q4_0, Q5_0, Q8_0 */
     }
 }
 
