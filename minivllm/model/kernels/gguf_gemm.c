@@ -41,6 +41,7 @@
  *   - AVX512-VNNI (with VL) / AVX-VNNI: vpdpbusd on 256 bits (one block): the types with a
  *     minimum have unsigned wq as they are; the symmetric ones go as |wq| unsigned times x
  *     carrying wq's sign; the two integer scales multiply the int32 lanes of their half;
+ *     with AVX-512 (BW, VL), Q5_0 / Q5_1's 32 fifth bits are the byte mask of one masked add;
  *   - AVX2: the same with vpmaddubsw into int16 pairs (at most 2 * 128 * 127, no
  *     saturation) and vpmaddwd to int32 (llama.cpp's sign trick);
  *   - otherwise: the same sums in plain C.
