@@ -121,7 +121,6 @@ static inline int has_sub_scales(int qtype) {
 /* Blocks of 32 per unit */
 static inline int unit_blocks(int qtype) { return is_k_type(qtype) ? 8 : 1; }
 
-
 /* Block s's integer scales of its two halves of 16 values, and for Q2_K their minima. */
 static inline void sub_scales(const uint8_t *unit, int s, int qtype, int32_t sc[2],
                               int32_t m[2]) {
