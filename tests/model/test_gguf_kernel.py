@@ -253,14 +253,14 @@ def test_kernel_reads_every_finite_fp16_scale_and_minimum_exactly():
     """The kernel converts each block's fp16 d and m itself (gguf_scales.h; without F16C,
     bit by bit): every finite fp16, subnormals, zeros and both signs among them, one block
     per output, so each output is one block's d (Q8_0) or m (Q4_1, its integers 0) times
-    the activation's scale and integer sum."""
+    the activation's scale and integer sum (Q8_0's integers past the first 4 are 0: one
+    int32 lane, whose product is then the kernel's one rounding, as the emulation's)."""
     halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     halves = halves[np.isfinite(halves)]
     x = torch.randn(1, 32, generator=torch.Generator().manual_seed(0))
     for qtype, at in ((Q8_0, 0), (Q4_1, 2)):
         units = np.zeros((len(halves), UNIT_BYTES[qtype]), np.uint8)
-        units[:, 2:] = np.random.default_rng(0).integers(0, 256, (len(halves),
-                                                                   UNIT_BYTES[qtype] - 2))
+        units[:, 2:6] = np.random.default_rng(0).integers(0, 256, (len(halves), 4))
         if qtype == Q4_1:  # d 1, integers 0: the minimum alone
             units[:, 0:2] = np.full((len(halves), 1), 1.0, np.float16).view(np.uint8)
             units[:, 4:] = 0
