@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from minivllm.model.kernels.gguf_blocks import BLOCK, UNIT_BYTES, WITH_MIN
+from minivllm.model.kernels.gguf_blocks import UNIT_BYTES
 
 logger = logging.getLogger("minivllm.model.gguf")
 EMBEDDINGS = "token_embd.weight"
@@ -30,12 +30,9 @@ class Tensor:
 
 
 def step_bytes(tensor: Tensor, as_blocks: bool) -> int:
-    """Bytes a decode step reads of a tensor it reads whole: gguf_gemm.c reads the blocks
-    and each block of 32's fp32 scale (and minimum), converted at load; float32 4 a value."""
-    if not as_blocks:
-        return 4 * tensor.values
-    per_block = 2 if tensor.qtype_id in WITH_MIN else 1
-    return tensor.stored_bytes + tensor.values // BLOCK * 4 * per_block
+    """Bytes a decode step reads of a tensor it reads whole: gguf_gemm.c reads the blocks as
+    stored, their scales and minima among them, and nothing else; float32 4 a value."""
+    return tensor.stored_bytes if as_blocks else 4 * tensor.values
 
 
 class WeightBytes:
@@ -73,12 +70,10 @@ class WeightBytes:
         matrices = [t for t in self.tensors if t.matrix]
         logger.info("GGUF tensors by kind (across layers): %s; the other %d tensors in float32",
                     _by_kind(matrices), len(self.tensors) - len(matrices))
-        blocks = sum(t.stored_bytes for t in whole if t.as_blocks)
-        total = sum(step_bytes(t, t.as_blocks) for t in whole)
+        blocks = sum(step_bytes(t, True) for t in whole if t.as_blocks)
         fp32 = sum(step_bytes(t, False) for t in whole if not t.as_blocks)
-        logger.info("quantization=gguf: a decode step reads %s of weights (blocks %s, their "
-                    "fp32 scales and minima %s, float32 %s)", _size(total), _size(blocks),
-                    _size(total - blocks - fp32), _size(fp32))
+        logger.info("quantization=gguf: a decode step reads %s of weights (blocks %s, "
+                    "float32 %s)", _size(blocks + fp32), _size(blocks), _size(fp32))
         if dequantized:
             extra = sum(step_bytes(t, False) - t.stored_bytes for t in dequantized)
             why = Counter(f"{t.qtype}, {t.why_not}" for t in dequantized)

@@ -249,17 +249,33 @@ def test_amx_path_runs_from_its_row_count(qtype):
 
 
 @needs_kernels
-def test_kernel_refuses_another_type_a_minimum_missing_and_a_k_type_off_256():
+def test_kernel_reads_every_finite_fp16_scale_and_minimum_exactly():
+    """The kernel converts each block's fp16 d and m itself (gguf_scales.h; without F16C,
+    bit by bit): every finite fp16, subnormals, zeros and both signs among them, one block
+    per output, so each output is one block's d (Q8_0) or m (Q4_1, its integers 0) times
+    the activation's scale and integer sum (Q8_0's integers past the first 4 are 0: one
+    int32 lane, whose product is then the kernel's one rounding, as the emulation's)."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    halves = halves[np.isfinite(halves)]
+    x = torch.randn(1, 32, generator=torch.Generator().manual_seed(0))
+    for qtype, at in ((Q8_0, 0), (Q4_1, 2)):
+        units = np.zeros((len(halves), UNIT_BYTES[qtype]), np.uint8)
+        units[:, 2:6] = np.random.default_rng(0).integers(0, 256, (len(halves), 4))
+        if qtype == Q4_1:  # d 1, integers 0: the minimum alone
+            units[:, 0:2] = np.full((len(halves), 1), 1.0, np.float16).view(np.uint8)
+            units[:, 4:] = 0
+        units[:, at:at + 2] = halves.reshape(-1, 1).view(np.uint8)
+        weight = BlockWeight(qtype, torch.from_numpy(units))
+        torch.testing.assert_close(GGUFLinear(weight)(x), emulate_kernel(x, weight),
+                                   rtol=1e-6, atol=0)
+
+
+@needs_kernels
+def test_kernel_refuses_another_type_and_a_k_type_off_256():
     with pytest.raises(ValueError, match="not a block type the kernel reads"):  # F16
-        cpu.gguf_linear(torch.randn(1, 32), torch.zeros(1, 64, dtype=torch.uint8),
-                        torch.ones(1, 1), None, 1, None, None, 1)
-    for qtype in (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K):  # the types with a minimum, without it
-        k, unit = UNIT_VALUES[qtype], torch.zeros(1, UNIT_BYTES[qtype], dtype=torch.uint8)
-        with pytest.raises(ValueError, match="given their minima"):
-            cpu.gguf_linear(torch.randn(1, k), unit, torch.ones(1, k // 32), None, qtype, None,
-                            None, 1)
+        cpu.gguf_linear(torch.randn(1, 32), torch.zeros(1, 64, dtype=torch.uint8), 1, None,
+                        None, 1)
     for qtype in K_TYPES:  # K = 32
         unit = torch.zeros(1, UNIT_BYTES[qtype], dtype=torch.uint8)
         with pytest.raises(ValueError, match="super-blocks of 256"):
-            cpu.gguf_linear(torch.randn(1, 32), unit, torch.ones(1, 1), torch.ones(1, 1), qtype,
-                            None, None, 1)
+            cpu.gguf_linear(torch.randn(1, 32), unit, qtype, None, None, 1)

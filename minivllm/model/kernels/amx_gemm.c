@@ -9,7 +9,8 @@
  *     kernel is bound by its per-group rescaling (an int32 -> fp32 conversion and two
  *     multiplies per 16 products; AMX's int8 tiles would need a K of 64 per scale to pay);
  *   - gguf_linear_amx_f32: gguf_gemm.c's GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K blocks as the file
- *     stores them, where its one-column-at-a-time loop is built for decoding, not for prefill.
+ *     stores them (scales and minima read from the blocks: gguf_scales.h), where its
+ *     one-column-at-a-time loop is built for decoding, not for prefill.
  *
  *   y = bf16(x) @ bf16(w).T (+ bias) (+ residual), accumulated in fp32
  *
@@ -37,16 +38,13 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define AMX_BUILT
 #include "amx_tiles.h"
+#include "gguf_scales.h"
 
 #define NC 16          /* output columns per panel (int8_gemm.c's panel width) */
 #define WGROUP 32      /* int8_gemm.c's weight group */
 #define BLOCK 32       /* GGUF's block */
 #define TILE_K 32      /* bf16 values of k per tile row */
 #define W_OFFSET 128
-#define Q8_0 8 /* gguf.GGMLQuantizationType values */
-#define Q4_0 2
-#define Q4_1 3
-#define Q4_K 12
 
 /* The weights of one call, and how to have panel p of them as B tiles: kp / 2 rows of 32
  * bf16 (64 bytes), row i holding the 16 columns' values at k = 2i and 2i + 1, zeros for
@@ -55,7 +53,7 @@ typedef struct weights weights;
 struct weights {
     const uint16_t *(*panel)(const weights *w, int p, int kp, uint16_t *scratch);
     const uint8_t *data;
-    const float *scales, *mins;
+    const float *scales; /* int8_gemm.c's */
     int qtype, n;
 };
 
@@ -106,7 +104,12 @@ static const uint16_t *unpack_int8_panel(const weights *w, int p, int kp, uint16
 /* Block b (of 32 values) of a GGUF weight row, d * q (+ m), as bf16 in order: 16 dwords,
  * pair i = values 2i, 2i + 1. Q4_K's block b is the low (b even) or high (b odd) nibbles of
  * 32 bytes of its super-block (gguf_gemm.c's block_values). */
-static inline __m512i gguf_block_bf16(const uint8_t *row, int b, int qtype, float d, float m) {
+static inline __m512i gguf_block_bf16(const uint8_t *row, int b, int qtype) {
+    float ds[8], ms[8];
+    gguf_unit_scales(row + (int64_t)(qtype == Q4_K ? (b >> 3) * 144
+                                     : b * (qtype == Q8_0 ? 34 : qtype == Q4_0 ? 18 : 20)),
+                     qtype, ds, ms);
+    const float d = ds[qtype == Q4_K ? b & 7 : 0], m = ms[qtype == Q4_K ? b & 7 : 0];
     __m512 low, high;
     if (qtype == Q4_K) {
         const __m256i packed = _mm256_loadu_si256(
@@ -152,9 +155,7 @@ static const uint16_t *unpack_gguf_panel(const weights *w, int p, int kp, uint16
         __m512i r[16];
         for (int j = 0; j < NC; j++) {
             const int64_t c = (int64_t)p * NC + j;
-            r[j] = c < w->n ? gguf_block_bf16(w->data + c * row_bytes, b, w->qtype,
-                                              w->scales[c * nb + b],
-                                              w->mins ? w->mins[c * nb + b] : 0.f)
+            r[j] = c < w->n ? gguf_block_bf16(w->data + c * row_bytes, b, w->qtype)
                             : _mm512_setzero_si512();
         }
         transpose_16x16(r);
@@ -260,7 +261,7 @@ int int8_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *w, const flo
                         const float *bias, const float *residual, int64_t ldr, float *y,
                         int64_t rows, int k, int kp, int n, int num_threads) {
 #ifdef AMX_BUILT
-    const weights weights = {unpack_int8_panel, w, w_scales, NULL, 0, n};
+    const weights weights = {unpack_int8_panel, w, w_scales, 0, n};
     return amx_linear(x, ldx, &weights, bias, residual, ldr, y, rows, k, kp, n, num_threads);
 #else /* the callers keep the integer kernels */
     (void)x, (void)ldx, (void)w, (void)w_scales, (void)bias, (void)residual, (void)ldr;
@@ -273,7 +274,7 @@ int bf16_linear_amx_f32(const float *x, int64_t ldx, const uint16_t *w, const fl
                         const float *residual, int64_t ldr, float *y, int64_t rows, int k, int kp,
                         int n, int num_threads) {
 #ifdef AMX_BUILT
-    const weights weights = {packed_panel, (const uint8_t *)w, NULL, NULL, 0, n};
+    const weights weights = {packed_panel, (const uint8_t *)w, NULL, 0, n};
     return amx_linear(x, ldx, &weights, bias, residual, ldr, y, rows, k, kp, n, num_threads);
 #else
     (void)x, (void)ldx, (void)w, (void)bias, (void)residual, (void)ldr, (void)y, (void)rows;
@@ -282,18 +283,17 @@ int bf16_linear_amx_f32(const float *x, int64_t ldx, const uint16_t *w, const fl
 #endif
 }
 
-int gguf_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *blocks,
-                        const float *w_scales, const float *w_mins, int qtype, const float *bias,
-                        const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
-                        int num_threads) {
+int gguf_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtype,
+                        const float *bias, const float *residual, int64_t ldr, float *y,
+                        int64_t rows, int k, int n, int num_threads) {
 #ifdef AMX_BUILT
     if ((qtype != Q8_0 && qtype != Q4_0 && qtype != Q4_1 && qtype != Q4_K) ||
-        k % (qtype == Q4_K ? 256 : BLOCK) || ((qtype == Q4_1 || qtype == Q4_K) && !w_mins))
+        k % (qtype == Q4_K ? 256 : BLOCK))
         return -1;
-    const weights weights = {unpack_gguf_panel, blocks, w_scales, w_mins, qtype, n};
+    const weights weights = {unpack_gguf_panel, blocks, NULL, qtype, n};
     return amx_linear(x, ldx, &weights, bias, residual, ldr, y, rows, k, k, n, num_threads);
 #else
-    (void)x, (void)ldx, (void)blocks, (void)w_scales, (void)w_mins, (void)qtype, (void)bias;
+    (void)x, (void)ldx, (void)blocks, (void)qtype, (void)bias;
     (void)residual, (void)ldr, (void)y, (void)rows, (void)k, (void)n, (void)num_threads;
     return -1;
 #endif

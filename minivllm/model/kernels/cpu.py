@@ -249,14 +249,12 @@ def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
 GGUF_AMX_TYPES = (2, 3, 8, 12)
 
 
-def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
-                w_mins: torch.Tensor | None, qtype: int, bias: torch.Tensor | None,
+def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, bias: torch.Tensor | None,
                 residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,
-    times GGUF weight blocks as stored (uint8 [N, row bytes]; the types of gguf_blocks.py)
-    with each block of 32's scale (and, for the types with one, minimum) as fp32 [N, K / 32]
-    -> fp32 [T, out_features]; bias [N] and residual [T, N] (fp32, rows may be strided)
-    added in the same pass. See gguf_gemm.c. From AMX_MIN_ROWS rows on a CPU with AMX, the
+    times GGUF weight blocks as stored (uint8 [N, row bytes]; the types of gguf_blocks.py;
+    their scales and minima read from the blocks) -> fp32 [T, out_features]; bias [N] and
+    residual [T, N] (fp32, rows may be strided) added in the same pass. See gguf_gemm.c. From AMX_MIN_ROWS rows on a CPU with AMX, the
     blocks of GGUF_AMX_TYPES on AMX-BF16 tiles with x in bf16 instead (amx_gemm.c)."""
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -264,9 +262,7 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
     y = torch.empty(rows, out_features, dtype=torch.float32)
     if residual is not None and residual.stride(1) != 1:
         residual = residual.contiguous()
-    common = dict(x=x.data_ptr(), ldx=x.stride(0), blocks=blocks.data_ptr(),
-                  w_scales=w_scales.data_ptr(),
-                  w_mins=None if w_mins is None else w_mins.data_ptr(), qtype=qtype,
+    common = dict(x=x.data_ptr(), ldx=x.stride(0), blocks=blocks.data_ptr(), qtype=qtype,
                   bias=None if bias is None else bias.data_ptr(),
                   residual=None if residual is None else residual.data_ptr(),
                   ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
@@ -281,6 +277,5 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, w_scales: torch.Tensor,
                                         xsums=xsums.data_ptr())
     if status != 0:
         raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not a block type the "
-                         "kernel reads (blocks of 32; the K types' super-blocks of 256; the "
-                         "types with a minimum given their minima)")
+                         "kernel reads (blocks of 32; the K types' super-blocks of 256)")
     return y

@@ -25,7 +25,6 @@ K_TYPES = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)  # super-blocks of 256 values (8 blocks
 UNIT_VALUES = {qtype: 256 if qtype in K_TYPES else 32 for qtype in TYPE_NAMES}
 UNIT_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34,
               Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
-WITH_MIN = (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K)
 BLOCK = 32
 
 

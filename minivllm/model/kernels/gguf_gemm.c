@@ -3,7 +3,8 @@
  *             (+ bias) (+ residual)
  * where b runs over the blocks of 32 input values, x is quantized here per row and block of
  * 32 to int8 in [-127, 127] with scale sx (llama.cpp's q8_0 activations; with each half's
- * sum, its q8_1), wq are the block's integers, d its fp32 scale and m its fp32 minimum:
+ * sum, its q8_1), wq are the block's integers, d its scale and m its minimum (fp32, read
+ * from the block's fp16 and 6-bit fields: gguf_scales.h):
  *   S = xq . wq, or for the types with two integer scales per block, one per 16 values
  *       (Q2_K, Q3_K, Q6_K), sc0 * (first 16 products) + sc1 * (last 16);
  *   M = sum(xq) for the types with a minimum (Q4_1, Q5_1, Q4_K, Q5_K), for Q2_K
@@ -34,13 +35,13 @@
  *        of bytes 64 (s >> 2) + 32 (s & 1) + j), 64 bytes of crumbs (bits 2 (s & 3) of
  *        bytes 128 + 32 (s >> 2) + j), 16 int8 scales per 16 values, fp16 d;
  *        wq = nibble + 16 * crumb - 32, scale d.
- * `w_scales` and `w_mins` [n][k / 32] are each block's d and m as fp32 (w_mins NULL for the
- * symmetric types), converted once at load; the integer scales are read from the blocks.
+ * The kernel reads nothing but the blocks: a decode step streams the file's bytes.
  *
  * The variants, picked by the compiler's macros (build.py builds one library per ISA level):
  *   - AVX512-VNNI (with VL) / AVX-VNNI: vpdpbusd on 256 bits (one block): the types with a
  *     minimum have unsigned wq as they are; the symmetric ones go as |wq| unsigned times x
  *     carrying wq's sign; the two integer scales multiply the int32 lanes of their half;
+ *     with AVX-512 (BW, VL), Q5_0 / Q5_1's 32 fifth bits are the byte mask of one masked add;
  *   - AVX2: the same with vpmaddubsw into int16 pairs (at most 2 * 128 * 127, no
  *     saturation) and vpmaddwd to int32 (llama.cpp's sign trick);
  *   - otherwise: the same sums in plain C.
@@ -53,20 +54,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "gguf_scales.h"
 #include "kernels.h"
 
 #define BLOCK 32
 #define ROWS 4 /* input rows per tile */
-#define Q4_0 2 /* gguf.GGMLQuantizationType values */
-#define Q4_1 3
-#define Q5_0 6
-#define Q5_1 7
-#define Q8_0 8
-#define Q2_K 10
-#define Q3_K 11
-#define Q4_K 12
-#define Q5_K 13
-#define Q6_K 14
+#define PREFETCH_ROWS 4 /* weight rows ahead */
 
 /* Per-row, per-block symmetric int8 as linear_gguf.quantize_blocks (the same fp32
  * operations: compiled without -ffast-math, see int8_gemm.c's quantize_rows), and the sum
@@ -125,12 +118,8 @@ static inline int has_sub_scales(int qtype) {
     return qtype == Q2_K || qtype == Q3_K || qtype == Q6_K;
 }
 
-/* The unit that holds block b of a weight row; *s is b's index in it (0 for a block). */
-static inline const uint8_t *unit_of(const uint8_t *wrow, int b, int qtype, int *s) {
-    const int k_type = is_k_type(qtype);
-    *s = k_type ? b & 7 : 0;
-    return wrow + (int64_t)(k_type ? b >> 3 : b) * unit_bytes(qtype);
-}
+/* Blocks of 32 per unit */
+static inline int unit_blocks(int qtype) { return is_k_type(qtype) ? 8 : 1; }
 
 /* Block s's integer scales of its two halves of 16 values, and for Q2_K their minima. */
 static inline void sub_scales(const uint8_t *unit, int s, int qtype, int32_t sc[2],
@@ -183,6 +172,17 @@ static inline __m256i fifth_bits(const uint8_t *p) {
 
 /* Block s of a unit (block_value's integers) as 32 bytes in value order. */
 static inline __m256i block_bytes(const uint8_t *u, int s, int qtype) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    /* Q5_0 / Q5_1's 32 fifth bits are a byte mask as they are: one masked add */
+    uint32_t bits;
+    if (qtype == Q5_0 || qtype == Q5_1) memcpy(&bits, u + (qtype == Q5_0 ? 2 : 4), 4);
+    if (qtype == Q5_0) /* nibble - 16 where the bit is clear */
+        return _mm256_mask_sub_epi8(nibbles(u + 6), (__mmask32)~bits, nibbles(u + 6),
+                                    _mm256_set1_epi8(16));
+    if (qtype == Q5_1)
+        return _mm256_mask_add_epi8(nibbles(u + 8), (__mmask32)bits, nibbles(u + 8),
+                                    _mm256_set1_epi8(16));
+#endif
     switch (qtype) {
     case Q8_0: return load32(u + 2);
     case Q4_0: return _mm256_sub_epi8(nibbles(u + 2), _mm256_set1_epi8(8));
@@ -233,33 +233,38 @@ static inline float hsum(__m256 v) {
  * row. Inlined per row count and block type. */
 static inline __attribute__((always_inline)) void tile(const int8_t *xq, int k,
                                                        const float *xs, const int32_t *xsums,
-                                                       const uint8_t *wrow, const float *ws,
-                                                       const float *wm, int nb, int qtype,
+                                                       const uint8_t *wrow, int nb, int qtype,
                                                        int nr, float out[ROWS]) {
     __m256 acc[ROWS];
-    float mins[ROWS];
+    float mins[ROWS], ds[8], ms[8];
     for (int i = 0; i < nr; i++) acc[i] = _mm256_setzero_ps(), mins[i] = 0.f;
-    for (int b = 0; b < nb; b++) {
-        int s;
-        const uint8_t *unit = unit_of(wrow, b, qtype, &s);
-        const __m256i w = block_bytes(unit, s, qtype);
-        /* the weights unsigned: as they are with a minimum, else |w| (|-128| = 128 as u8) */
-        const __m256i u = has_min(qtype) ? w : _mm256_sign_epi8(w, w);
-        int32_t sc[2] = {1, 1}, m[2] = {1, 1};
-        if (has_sub_scales(qtype)) sub_scales(unit, s, qtype, sc, m);
-        const __m256i halves = _mm256_setr_epi32(sc[0], sc[0], sc[0], sc[0], sc[1], sc[1],
-                                                 sc[1], sc[1]);
-        for (int i = 0; i < nr; i++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)i * k + b * BLOCK));
-            if (!has_min(qtype)) x = _mm256_sign_epi8(x, w); /* 0 where w is */
-            __m256i dot = dot_unsigned(u, x);
-            if (has_sub_scales(qtype)) dot = _mm256_mullo_epi32(dot, halves);
-            const float sx = xs[i * nb + b];
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sx * ws[b]), acc[i]);
-            if (has_min(qtype)) {
-                const int32_t *half_sums = xsums + (int64_t)(i * nb + b) * 2;
-                mins[i] = fmaf(sx * wm[b], (float)(m[0] * half_sums[0] + m[1] * half_sums[1]),
-                               mins[i]);
+    for (int b0 = 0; b0 < nb; b0 += unit_blocks(qtype)) { /* a unit at a time */
+        const uint8_t *unit = wrow + (int64_t)(b0 / unit_blocks(qtype)) * unit_bytes(qtype);
+        gguf_unit_scales(unit, qtype, ds, ms);
+        for (int s = 0; s < unit_blocks(qtype); s++) {
+            const int b = b0 + s;
+            const float d = ds[s], dm = ms[s];
+            const __m256i w = block_bytes(unit, s, qtype);
+            /* the weights unsigned: as they are with a minimum, else |w| (|-128|: 128 as u8) */
+            const __m256i u = has_min(qtype) ? w : _mm256_sign_epi8(w, w);
+            int32_t sc[2] = {1, 1}, m[2] = {1, 1};
+            if (has_sub_scales(qtype)) sub_scales(unit, s, qtype, sc, m);
+            const __m256i halves = _mm256_setr_epi32(sc[0], sc[0], sc[0], sc[0], sc[1], sc[1],
+                                                     sc[1], sc[1]);
+            for (int i = 0; i < nr; i++) {
+                __m256i x =
+                    _mm256_loadu_si256((const __m256i *)(xq + (int64_t)i * k + b * BLOCK));
+                if (!has_min(qtype)) x = _mm256_sign_epi8(x, w); /* 0 where w is */
+                __m256i dot = dot_unsigned(u, x);
+                if (has_sub_scales(qtype)) dot = _mm256_mullo_epi32(dot, halves);
+                const float sx = xs[i * nb + b];
+                acc[i] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sx * d), acc[i]);
+                if (has_min(qtype)) {
+                    const int32_t *half_sums = xsums + (int64_t)(i * nb + b) * 2;
+                    mins[i] = fmaf(sx * dm, (float)(m[0] * half_sums[0] + m[1] * half_sums[1]),
+                                   mins[i]);
+                }
             }
         }
     }
@@ -296,22 +301,24 @@ static inline int block_value(const uint8_t *u, int s, int j, int qtype) {
 }
 
 static inline void tile(const int8_t *xq, int k, const float *xs, const int32_t *xsums,
-                        const uint8_t *wrow, const float *ws, const float *wm, int nb, int qtype,
-                        int nr, float out[ROWS]) {
+                        const uint8_t *wrow, int nb, int qtype, int nr, float out[ROWS]) {
     for (int i = 0; i < nr; i++) {
         float acc = 0.f;
+        float ds[8], ms[8];
         for (int b = 0; b < nb; b++) {
-            int s;
-            const uint8_t *unit = unit_of(wrow, b, qtype, &s);
+            const int s = b % unit_blocks(qtype);
+            const uint8_t *unit = wrow + (int64_t)(b / unit_blocks(qtype)) * unit_bytes(qtype);
+            if (s == 0) gguf_unit_scales(unit, qtype, ds, ms);
+            const float d = ds[s], dm = ms[s];
             int32_t sc[2] = {1, 1}, m[2] = {1, 1}, dot[2] = {0, 0};
             if (has_sub_scales(qtype)) sub_scales(unit, s, qtype, sc, m);
             for (int j = 0; j < BLOCK; j++)
                 dot[j >> 4] += block_value(unit, s, j, qtype) * xq[(int64_t)i * k + b * BLOCK + j];
             const float sx = xs[i * nb + b];
-            acc = fmaf((float)(sc[0] * dot[0] + sc[1] * dot[1]), sx * ws[b], acc);
+            acc = fmaf((float)(sc[0] * dot[0] + sc[1] * dot[1]), sx * d, acc);
             if (has_min(qtype)) {
                 const int32_t *half_sums = xsums + (int64_t)(i * nb + b) * 2;
-                acc = fmaf(sx * wm[b], (float)(m[0] * half_sums[0] + m[1] * half_sums[1]), acc);
+                acc = fmaf(sx * dm, (float)(m[0] * half_sums[0] + m[1] * half_sums[1]), acc);
             }
         }
         out[i] = acc;
@@ -319,17 +326,16 @@ static inline void tile(const int8_t *xq, int k, const float *xs, const int32_t 
 }
 #endif
 
-/* x [rows, k] fp32 (row stride ldx), k a multiple of 32; blocks, w_scales and w_mins as
- * above for n output columns; bias [n] or NULL; residual [rows, n] (row stride ldr) or
+/* x [rows, k] fp32 (row stride ldx), k a multiple of 32; blocks as above for n output
+ * columns; bias [n] or NULL; residual [rows, n] (row stride ldr) or
  * NULL; y [rows, n] contiguous. xq: rows * k bytes, xs: rows * k / 32 floats and xsums:
  * rows * k / 16 ints, for the quantized rows. Returns 0, or -1 for a block type it does not
- * read (a K type with k not a multiple of 256, a type with a minimum without w_mins). */
-int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const float *w_scales,
-                    const float *w_mins, int qtype, const float *bias, const float *residual,
-                    int64_t ldr, float *y, int8_t *xq, float *xs, int32_t *xsums, int64_t rows,
-                    int k, int n, int num_threads) {
+ * read (or a K type with k not a multiple of 256). */
+int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtype,
+                    const float *bias, const float *residual, int64_t ldr, float *y, int8_t *xq,
+                    float *xs, int32_t *xsums, int64_t rows, int k, int n, int num_threads) {
     const int unit_values = is_k_type(qtype) ? 256 : BLOCK;
-    if (!unit_bytes(qtype) || k % unit_values || (has_min(qtype) && !w_mins)) return -1;
+    if (!unit_bytes(qtype) || k % unit_values) return -1;
     const int nb = k / BLOCK;
     const int64_t row_bytes = (int64_t)(k / unit_values) * unit_bytes(qtype);
     quantize_blocks(x, ldx, xq, xs, xsums, rows, k, num_threads);
@@ -339,8 +345,11 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const fl
     if (rows * (int64_t)n * k > 1 << 18)
     for (int c = 0; c < n; c++) {
         const uint8_t *wrow = blocks + c * row_bytes;
-        const float *ws = w_scales + (int64_t)c * nb;
-        const float *wm = w_mins ? w_mins + (int64_t)c * nb : NULL;
+        /* The row PREFETCH_ROWS ahead asked for now: one core's stream is bound by how many
+         * misses it has in flight, and the hardware prefetcher stops at each 4 KiB page. */
+        if (c + PREFETCH_ROWS < n)
+            for (int64_t at = 0; at < row_bytes; at += 64)
+                __builtin_prefetch(wrow + PREFETCH_ROWS * row_bytes + at, 0, 3);
         for (int64_t r = 0; r < rows; r += ROWS) {
             const int nr = rows - r < ROWS ? (int)(rows - r) : ROWS;
             const int8_t *xr = xq + r * k;
@@ -350,7 +359,7 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const fl
             switch (qtype * 8 + nr) { /* one inlined copy per block type and row count */
 #define TILE(TYPE, NR)                                                  \
     case TYPE * 8 + NR:                                                 \
-        tile(xr, k, sx, sums, wrow, ws, wm, nb, TYPE, NR, out); \
+        tile(xr, k, sx, sums, wrow, nb, TYPE, NR, out); \
         break;
 #define TILES(TYPE) TILE(TYPE, 1) TILE(TYPE, 2) TILE(TYPE, 3) TILE(TYPE, 4)
                 TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0)

@@ -76,18 +76,16 @@ int bf16_linear_amx_f32(const float *x, int64_t ldx, const uint16_t *w, const fl
 int int8_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *w, const float *w_scales,
                         const float *bias, const float *residual, int64_t ldr, float *y,
                         int64_t rows, int k, int kp, int n, int num_threads);
-int gguf_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *blocks,
-                        const float *w_scales, const float *w_mins, int qtype, const float *bias,
-                        const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
-                        int num_threads);
+int gguf_linear_amx_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtype,
+                        const float *bias, const float *residual, int64_t ldr, float *y,
+                        int64_t rows, int k, int n, int num_threads);
 
 /* gguf_gemm.c: returns 0, or -1 for a block type other than Q4_0 / Q4_1 / Q5_0 / Q5_1 /
- * Q8_0 / Q2_K..Q6_K, k not a multiple of its unit (32, or 256 for the K types), or a type
- * with a minimum without w_mins; xsums holds rows * k / 16 ints */
-int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, const float *w_scales,
-                    const float *w_mins, int qtype, const float *bias, const float *residual,
-                    int64_t ldr, float *y, int8_t *xq, float *xs, int32_t *xsums, int64_t rows,
-                    int k, int n, int num_threads);
+ * Q8_0 / Q2_K..Q6_K or k not a multiple of its unit (32, or 256 for the K types); the
+ * blocks are all it reads of the weights; xsums holds rows * k / 16 ints */
+int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtype,
+                    const float *bias, const float *residual, int64_t ldr, float *y, int8_t *xq,
+                    float *xs, int32_t *xsums, int64_t rows, int k, int n, int num_threads);
 
 /* isa_info.c: the instruction sets the library was compiled for, bits in the order of
  * isa.py's FEATURES */

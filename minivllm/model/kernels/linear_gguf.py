@@ -53,8 +53,8 @@ class BlockWeight:
         return gguf_blocks.integers(self.qtype, self._units())
 
     def scales(self) -> torch.Tensor:
-        """Each block of 32's scale as fp32 [N, K / 32] (the kernel reads them so, not as
-        fp16)."""
+        """Each block of 32's scale as fp32 [N, K / 32] (what the kernel computes from the
+        block's fp16 and 6-bit fields, gguf_scales.h)."""
         return gguf_blocks.scales(self.qtype, self._units())
 
     def mins(self) -> torch.Tensor | None:
@@ -163,20 +163,24 @@ class GGUFLinear:
         self.bias = None if bias is None else bias.float()
         parts = weight.parts if isinstance(weight, BlockRows) else [weight]
         self.use_kernel = use_kernel and cpu.available(parts[0].blocks.device, torch.float32)
-        if self.use_kernel:
-            self.parts = [(part, part.scales(), part.mins()) for part in parts]
-        else:
+        self.parts = parts
+        if not self.use_kernel:
             self.dequantized = weight.dequantize()
+
+    @property
+    def step_bytes(self) -> int:
+        """Bytes of weights one kernel call reads: the blocks, nothing beside them."""
+        return sum(part.blocks.nbytes for part in self.parts)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not self.use_kernel:
             y = F.linear(x, self.dequantized, self.bias)
             return y if residual is None else residual + y
         outputs, start = [], 0
-        for weight, scales, mins in self.parts:
+        for weight in self.parts:
             end = start + weight.shape[0]
             outputs.append(cpu.gguf_linear(
-                x, weight.blocks, scales, mins, weight.qtype,
+                x, weight.blocks, weight.qtype,
                 None if self.bias is None else self.bias[start:end],
                 None if residual is None else residual[:, start:end], end - start))
             start = end
