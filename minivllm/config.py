@@ -32,6 +32,11 @@ def _bad(config, name: str, why: str) -> ValueError:
     return ValueError(f"{name} {why}, got {getattr(config, name)!r}")
 
 
+def _names_gguf_file(model: str) -> bool:
+    """model/gguf.py's is_gguf_model, not imported here: that module imports torch."""
+    return model.endswith(".gguf") or (":" in model and not Path(model).expanduser().exists())
+
+
 @dataclass
 class ModelConfig:
     """The model, its weights' dtype and device, and its sampling defaults."""
@@ -39,8 +44,13 @@ class ModelConfig:
     model: str = DEMO_MODEL_NAME
     tokenizer: str | None = None
     served_model_name: str | None = None
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    # None | int8: W8A8 linear layers, quantized at load (model/kernels/linear_int8.py) |
+    # auto | float32 | bfloat16 | float16. With a GGUF file's blocks (quantization gguf),
+    # auto and float32 are fp32 activations; bfloat16 the CPU's bf16 (model/runner.py).
+    dtype: str = "auto"
+    # unset: gguf for a GGUF file (as vLLM and llama.cpp run one), else none; resolved here,
+    # once, so the engine and its logs read the value that runs.
+    # none: every weight in the dtype (a GGUF file's blocks dequantized at load) |
+    # int8: W8A8 linear layers, quantized at load (model/kernels/linear_int8.py) |
     # gguf: a GGUF file's linear weights and embeddings run as stored (linear_gguf.py)
     quantization: str | None = None
     device: str = "auto"  # auto | cpu | cuda
@@ -62,17 +72,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "fp32"):
             raise _bad(self, "dtype", "must be one of auto, float32, bfloat16, float16")
-        if self.quantization not in (None, "int8", "gguf"):
-            raise _bad(self, "quantization", "must be int8 or gguf (or unset for none)")
-        # model/gguf.py's is_gguf_model, not imported here: that module imports torch.
-        if self.quantization == "gguf" and not (
-                self.model.endswith(".gguf")
-                or (":" in self.model and not Path(self.model).expanduser().exists())):
-            raise ValueError("quantization='gguf' runs a GGUF file's weight blocks: the model "
-                             f"must be a .gguf file (or 'org/repo:file.gguf'), got {self.model!r}")
-        if self.quantization and self.dtype not in ("auto", "float32", "float", "fp32"):
-            raise ValueError(f"quantization={self.quantization!r} keeps activations in "
-                             f"float32: dtype must be auto or float32, got {self.dtype!r}")
+        self._resolve_quantization()
         if self.generation_config not in ("auto", "vllm"):
             path = Path(self.generation_config).expanduser()
             if not (path / "generation_config.json").is_file() and not path.is_file():
@@ -85,6 +85,27 @@ class ModelConfig:
         self.pooler_config = parse_pooler_config(self.pooler_config,
                                                  "pooler_config (--pooler-config)")
         self._check_runner()
+
+    def _resolve_quantization(self) -> None:
+        if self.quantization not in (None, "none", "int8", "gguf"):
+            raise _bad(self, "quantization", "(--quantization) must be none, int8 or gguf "
+                                             "(unset: gguf for a .gguf file, else none)")
+        gguf_file = _names_gguf_file(self.model)
+        if self.quantization is None:
+            self.quantization = "gguf" if gguf_file else None
+        if self.quantization == "gguf" and not gguf_file:
+            raise ValueError("quantization='gguf' runs a GGUF file's weight blocks: the model "
+                             f"must be a .gguf file (or 'org/repo:file.gguf'), got {self.model!r}")
+        if self.quantization == "int8" and self.dtype not in ("auto", "float32", "float",
+                                                              "fp32"):
+            raise ValueError("quantization='int8' keeps activations in float32: dtype must be "
+                             f"auto or float32, got {self.dtype!r}")
+        if self.quantization == "gguf" and self.dtype in ("float16", "half"):
+            raise ValueError(
+                f"dtype={self.dtype!r} with quantization='gguf' (a GGUF file's default): the "
+                "blocks run with float32 activations (--dtype auto or float32) or the CPU's "
+                "bf16 (--dtype bfloat16); --quantization none --dtype float16 dequantizes "
+                "every weight to float16 instead")
 
     def _check_runner(self) -> None:
         if self.runner not in RUNNERS:

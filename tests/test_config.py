@@ -64,6 +64,33 @@ def test_runner_and_convert_resolve_as_vllms():
             EngineConfig(**kwargs)
 
 
+def test_a_gguf_file_runs_its_blocks_unless_told_otherwise():
+    """quantization unset resolves once, in the config: gguf for a GGUF file (a path or a hub
+    'org/repo:QUANT'), nothing for any other model; 'none' is the opt-out that dequantizes.
+    The resolved value survives the flat round trip (the CLI's generate rebuilds from it)."""
+    for model, resolved in (("m.gguf", "gguf"), ("org/repo:Q4_K_M", "gguf"),
+                            ("org/repo", None), ("minivllm-demo", None)):
+        config = EngineConfig(model=model)
+        assert config.quantization == resolved, model
+        assert EngineConfig(**config.to_kwargs()) == config
+    for quantization in ("none", "int8", "gguf"):
+        config = EngineConfig(model="m.gguf", quantization=quantization)
+        assert config.quantization == quantization
+        assert EngineConfig(**config.to_kwargs()).quantization == quantization
+    assert EngineConfig(model="m.gguf", dtype="bfloat16").quantization == "gguf"
+    assert EngineConfig(quantization="none", dtype="float16").quantization == "none"
+    for kwargs, why in (({"quantization": "q4"}, r"quantization \(--quantization\) must be "
+                                                 "none, int8 or gguf .*got 'q4'"),
+                        ({"quantization": "gguf"}, "must be a .gguf file.*'minivllm-demo'"),
+                        ({"model": "m.gguf", "dtype": "float16"},
+                         "dtype='float16' with quantization='gguf'.*--quantization none "
+                         "--dtype float16"),
+                        ({"quantization": "int8", "dtype": "bfloat16"},
+                         "dtype must be auto or float32, got 'bfloat16'")):
+        with pytest.raises(ValueError, match=why):
+            EngineConfig(**kwargs)
+
+
 def test_every_policy_option_is_a_setting_its_policy_checks():
     names = {f.name for f in dataclasses.fields(PolicyConfig)}
     for cls in POLICIES.values():

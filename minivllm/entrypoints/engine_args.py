@@ -14,9 +14,12 @@ from minivllm.pooling_params import parse_pooler_config
 
 _HELP = {
     "model": "local Hugging Face model directory, hub id, or 'minivllm-demo'",
-    "dtype": "auto | float32 | bfloat16 | float16",
-    "quantization": "int8: W8A8 linear layers, quantized at load; gguf: a .gguf file's "
-                    "linear weights and embeddings run as stored (dtype auto or float32)",
+    "dtype": "auto | float32 | bfloat16 | float16 (with a .gguf file's blocks: auto and "
+             "float32 run float32 activations, bfloat16 the CPU's bf16: bf16 KV cache)",
+    "quantization": "unset: gguf for a .gguf file, else none | none: every weight in "
+                    "--dtype (a .gguf file's blocks dequantized at load) | int8: W8A8 linear "
+                    "layers, quantized at load (dtype auto or float32) | gguf: a .gguf file's "
+                    "linear weights and embeddings run as stored",
     "num_kv_blocks": "number of KV blocks (overrides --kv-cache-space)",
     "kv_cache_space": "GiB of memory for the KV cache; unset: 4 GiB, but no more than "
                       "--max-num-seqs requests of --max-model-len tokens can fill",

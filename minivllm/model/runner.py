@@ -74,18 +74,30 @@ class ModelRunner:
         model_config = config.model_config
         self.device = resolve_device(model_config.device)
         # int8 quantizes the linears and keeps everything else in float32 (linear_int8.py);
-        # gguf keeps a GGUF file's linear weights and embeddings as stored (linear_gguf.py).
+        # gguf keeps a GGUF file's linear weights and embeddings as stored (linear_gguf.py),
+        # with float32 activations unless dtype names bfloat16 (then the CPU's bf16 below).
         # bf16 on the CPU is bf16 linear weights and KV cache, with fp32 activations between
         # the ops, so that the C kernels (fp32) keep running (kernels/linear.py).
-        dtype = (torch.float32 if model_config.quantization
+        quantization = model_config.quantization
+        dtype = (torch.float32 if quantization in ("int8", "gguf") and model_config.dtype == "auto"
                  else resolve_dtype(model_config.dtype, hf_config, self.device))
         cpu_bf16 = self.device.type == "cpu" and dtype == torch.bfloat16
+        if quantization == "gguf" and dtype != torch.float32 and not cpu_bf16:
+            # The blocks' products, the embeddings' rows and the tied head are fp32.
+            raise ValueError(f"dtype={model_config.dtype!r} on {self.device.type} with "
+                             "quantization='gguf' (a GGUF file's default): the blocks run "
+                             "with float32 activations there (--dtype float32); --quantization "
+                             f"none --dtype {model_config.dtype} dequantizes every weight "
+                             "instead")
         self.dtype = torch.float32 if cpu_bf16 else dtype
         if cpu_bf16:
             logger.info("bfloat16 on the CPU: bf16 linear weights (%s), fp32 activations, "
                         "bf16 KV cache", _bf16_linears())
-        self.model = self._load_model(model_path, hf_config, model_config.quantization,
-                                      cpu_bf16)
+        if quantization == "gguf":
+            logger.info("quantization=gguf: the GGUF file's blocks run as stored, float32 "
+                        "activations (--quantization none dequantizes every weight to "
+                        "--dtype instead)")
+        self.model = self._load_model(model_path, hf_config, quantization, cpu_bf16)
         self.block_size = config.scheduler_config.block_size
         cache_config = config.cache_config
         self.kv_dtype = dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16

@@ -19,7 +19,8 @@ TEXTS = ["The capital of France is Paris.", "def fibonacci(n):",
 
 @pytest.fixture(scope="module")
 def fp32_client(smollm2_gguf, model_dir, tmp_path_factory):
-    server = ServerProcess(smollm2_gguf, ["--dtype", "float32", "--num-kv-blocks", "64"],
+    server = ServerProcess(smollm2_gguf, ["--dtype", "float32", "--quantization", "none",
+                                         "--num-kv-blocks", "64"],
                            tmp_path_factory.mktemp("embed-real") / "server.log",
                            ready_timeout=300)
     yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

@@ -108,21 +108,35 @@ def test_linears_and_embeddings_load_as_their_blocks_and_the_log_says_so(blocks_
                         "the kernels do not run: 1): +16.4 kB read per decoded token"]
 
 
-def test_engine_matches_the_dequantized_file(blocks_gguf):
-    prompts = [{"prompt_token_ids": [1] + [(7 * n + 13 * i) % 500 + 3 for i in range(n)]}
-               for n in (3, 20, 41)]
+PROMPTS = [{"prompt_token_ids": [1] + [(7 * n + 13 * i) % 500 + 3 for i in range(n)]}
+           for n in (3, 20, 41)]
+
+
+def test_engine_matches_the_dequantized_file(blocks_gguf, caplog):
+    """Without --quantization a GGUF file runs its blocks (the default, resolved to gguf);
+    quantization="none" dequantizes every weight, the reference they are compared with."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     outputs = {}
     kernels_built = cpu.available(torch.device("cpu"), torch.float32)
-    for quantization in (None, "gguf"):
-        llm = LLM(str(blocks_gguf), dtype="float32", quantization=quantization, block_size=4,
-                  num_kv_blocks=64)
-        if quantization == "gguf":
+    for quantization in ("none", None):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="minivllm"):
+            llm = LLM(str(blocks_gguf), dtype="float32", quantization=quantization,
+                      block_size=4, num_kv_blocks=64)
+        model = llm.llm_engine.runner.model
+        if quantization == "none":
+            assert not isinstance(model.embed, BlockWeight)
+            assert not isinstance(model.lm_head, GGUFLinear)
+            assert not isinstance(model.layers[0].self_attn.qkv, GGUFLinear)
+            assert "GGUF weights dequantized to float32" in caplog.text
+        else:
+            assert llm.llm_engine.config.quantization == "gguf"
+            assert "quantization=gguf: the GGUF file's blocks run as stored" in caplog.text
+            assert "14 linears run from their stored blocks" in caplog.text
             layers = llm.llm_engine.runner.model.layers
             # layer 0: every linear Q8_0; layer 1: q/k/v Q4_0 + Q8_0 (a kernel call per
             # part), o Q5_1, gate/up Q4_1, down BF16 dequantized; the embeddings and the tied
             # LM head from the embeddings' Q5_0 blocks
-            model = llm.llm_engine.runner.model
             assert all(isinstance(lin, GGUFLinear) and lin.use_kernel == kernels_built
                        for lin in (layers[0].self_attn.qkv, layers[0].o_proj,
                                    layers[0].mlp.gate_up, layers[0].mlp.down,
@@ -130,10 +144,11 @@ def test_engine_matches_the_dequantized_file(blocks_gguf):
                                    layers[1].mlp.gate_up, model.lm_head))
             assert not isinstance(layers[1].mlp.down, GGUFLinear)
             assert isinstance(model.embed, BlockWeight) and model.embed.qtype == 6
-            assert [part.qtype for part in layers[1].self_attn.qkv.parts] == [2, 8]
-        outputs[quantization] = [o.outputs[0] for o in llm.generate(prompts, params,
+            assert not kernels_built or [part.qtype for part in
+                                         layers[1].self_attn.qkv.parts] == [2, 8]
+        outputs[quantization] = [o.outputs[0] for o in llm.generate(PROMPTS, params,
                                                                        use_tqdm=False)]
-    for out, ref in zip(outputs["gguf"], outputs[None]):
+    for out, ref in zip(outputs[None], outputs["none"]):
         # The kernel quantizes the activations to int8 blocks of 32 (or, on AMX tiles for
         # a prompt of 32 tokens and more, rounds them to bf16): close, not equal. This
         # random model's next-token distribution is flat (top logprobs near -2.5), so the
@@ -151,13 +166,37 @@ def test_engine_matches_the_dequantized_file(blocks_gguf):
             assert taken in top and top[chosen].logprob - top[taken].logprob < 0.15, top
 
 
+def test_bfloat16_runs_the_blocks_with_a_bf16_kv_cache(blocks_gguf):
+    """--dtype bfloat16 with the blocks is the CPU's bf16: the blocks as stored, fp32
+    activations, bf16 KV cache."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
+    outputs = {}
+    for dtype in ("float32", "bfloat16"):
+        llm = LLM(str(blocks_gguf), dtype=dtype, block_size=4, num_kv_blocks=64)
+        runner = llm.llm_engine.runner
+        layers = runner.model.layers
+        assert isinstance(layers[0].self_attn.qkv, GGUFLinear)
+        assert isinstance(runner.model.lm_head, GGUFLinear)
+        assert runner.dtype == torch.float32
+        assert runner.kv_dtype == getattr(torch, dtype)
+        outputs[dtype] = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    for out, ref in zip(outputs["bfloat16"], outputs["float32"]):
+        # Only the KV cache's rounding (and down_proj's bf16) apart: the first token's
+        # logprobs close (its K/V rounded once).
+        first = out.logprobs[0][out.token_ids[0]].logprob
+        assert first == pytest.approx(ref.logprobs[0][out.token_ids[0]].logprob, abs=0.1)
+
+
 def test_gguf_quantization_errors(tiny_llama, blocks_gguf):
     with pytest.raises(ValueError, match="must be a .gguf file"):
         EngineConfig(model=str(tiny_llama), quantization="gguf")
-    with pytest.raises(ValueError, match="dtype must be auto or float32"):
-        EngineConfig(model=str(blocks_gguf), quantization="gguf", dtype="bfloat16")
-    assert EngineConfig(model=str(blocks_gguf), quantization="gguf").model_config.quantization \
-        == "gguf"
+    with pytest.raises(ValueError, match="dtype='float16' with quantization='gguf'"):
+        EngineConfig(model=str(blocks_gguf), dtype="float16")
+    # Off the CPU the blocks' products are fp32: bf16 activations are named, with the way out
+    with pytest.raises(ValueError, match="dtype='bfloat16' on cuda with quantization='gguf'.*"
+                                         "--quantization none --dtype bfloat16"):
+        LLM(str(blocks_gguf), dtype="bfloat16", device="cuda", num_kv_blocks=16)
+    assert EngineConfig(model=str(blocks_gguf)).model_config.quantization == "gguf"
 
 
 @pytest.mark.real_model

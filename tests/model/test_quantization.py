@@ -221,7 +221,8 @@ def test_quantization_flag_and_its_errors():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     assert config_from_args(parser.parse_args(["--quantization", "int8"])).quantization == "int8"
-    with pytest.raises(ValueError, match="quantization must be int8"):
+    assert config_from_args(parser.parse_args(["--quantization", "none"])).quantization == "none"
+    with pytest.raises(ValueError, match=r"quantization \(--quantization\) must be none, int8"):
         EngineConfig(quantization="int4")
     with pytest.raises(ValueError, match="dtype must be auto or float32, got 'bfloat16'"):
         EngineConfig(quantization="int8", dtype="bfloat16")

@@ -31,7 +31,7 @@ def hf_model(smollm2_gguf):
 
 @pytest.fixture(scope="module")
 def llm(smollm2_gguf, model_dir):
-    return LLM(str(smollm2_gguf), dtype="float32", num_kv_blocks=256)
+    return LLM(str(smollm2_gguf), dtype="float32", quantization="none", num_kv_blocks=256)
 
 
 @pytest.mark.parametrize("beam_width,length_penalty,early_stopping", [

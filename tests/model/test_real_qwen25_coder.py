@@ -105,7 +105,7 @@ def chosen_logprobs(completion) -> list[float]:
 
 @pytest.fixture(scope="module")
 def fp32_outputs(qwen_gguf, prompts):
-    return generate(LLM(str(qwen_gguf), dtype="float32", num_kv_blocks=64), prompts)
+    return generate(LLM(str(qwen_gguf), dtype="float32", quantization="none", num_kv_blocks=64), prompts)
 
 
 def test_blocks_load_as_stored_and_the_log_says_what_a_step_reads(qwen_gguf, caplog):

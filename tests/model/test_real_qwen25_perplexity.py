@@ -34,7 +34,8 @@ TARGET = 0.001  # issue 49: within 0.1%
 
 def test_gguf_blocks_perplexity_within_target_of_the_dequantized_file(qwen_gguf):
     ppl = {}
-    for mode, options in {"float32": {}, "gguf": {"quantization": "gguf"}}.items():
+    for mode, options in {"float32": {"quantization": "none"},
+                          "gguf": {"quantization": "gguf"}}.items():
         llm = LLM(str(qwen_gguf), dtype="float32", num_kv_blocks=128, **options)
         sequences = windows(llm.get_tokenizer().encode(TEXT.read_text()), WINDOW)
         assert len(sequences) == 8
