@@ -253,9 +253,10 @@ GGUF_AMX_TYPES = (2, 3, 8, 12)
 # From this many rows (a prefill, or a large batch) a GGUF linear without AMX runs as panels
 # of output rows dequantized to fp32 (gguf_dequant.c) and torch's sgemm: the int8 kernel
 # unpacks a block for 4 rows at a time, sgemm runs 2-3x its GFLOP/s. Below, the int8 kernel
-# reads the blocks once for all rows, which a memory-bound decode step wants. The crossover
-# on Qwen2.5-0.5B's shapes on an AVX-512 Xeon: see docs/quantization.md.
-GGUF_DEQUANT_MIN_ROWS = 16
+# reads the blocks once for all rows, which a memory-bound decode step wants. Roughly
+# measured on one layer of Qwen2.5-0.5B's Q4_K_M linears (Xeon, AVX-512 VNNI, one thread):
+# even at 16 rows, panels 1.6x faster at 32, 2x at 128, 2.5x at 512.
+GGUF_DEQUANT_MIN_ROWS = 24
 # fp32 bytes of one panel: a 151936-row LM head never needs its 545 MB at once
 GGUF_PANEL_BYTES = 4 << 20
 _panel_buffers = threading.local()
@@ -306,8 +307,10 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, bias: torch.T
     """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,
     times GGUF weight blocks as stored (uint8 [N, row bytes]; the types of gguf_blocks.py;
     their scales and minima read from the blocks) -> fp32 [T, out_features]; bias [N] and
-    residual [T, N] (fp32, rows may be strided) added in the same pass. See gguf_gemm.c. From AMX_MIN_ROWS rows on a CPU with AMX, the
-    blocks of GGUF_AMX_TYPES on AMX-BF16 tiles with x in bf16 instead (amx_gemm.c)."""
+    residual [T, N] (fp32, rows may be strided) added in the same pass. See gguf_gemm.c.
+    From AMX_MIN_ROWS rows on a CPU with AMX, the blocks of GGUF_AMX_TYPES on AMX-BF16 tiles
+    with x in bf16 instead (amx_gemm.c); otherwise from GGUF_DEQUANT_MIN_ROWS rows, x in
+    fp32 times panels of the blocks dequantized to fp32 (_gguf_linear_panels)."""
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, k = x.shape
