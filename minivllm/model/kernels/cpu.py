@@ -254,8 +254,9 @@ GGUF_AMX_TYPES = (2, 3, 8, 12)
 # of output rows dequantized to fp32 (gguf_dequant.c) and torch's sgemm: the int8 kernel
 # unpacks a block for 4 rows at a time, sgemm runs 2-3x its GFLOP/s. Below, the int8 kernel
 # reads the blocks once for all rows, which a memory-bound decode step wants. Roughly
-# measured on one layer of Qwen2.5-0.5B's Q4_K_M linears (Xeon, AVX-512 VNNI, one thread):
-# even at 16 rows, panels 1.6x faster at 32, 2x at 128, 2.5x at 512.
+# measured on one layer of Qwen2.5-0.5B's Q4_K_M linears (Xeon, AVX-512 VNNI, 2 threads,
+# shared machine): the int8 kernel 1.2x faster at 16 rows, even at 24, panels 1.25x
+# faster at 32, 2.3x at 128, 2.8x at 512.
 GGUF_DEQUANT_MIN_ROWS = 24
 # fp32 bytes of one panel: a 151936-row LM head never needs its 545 MB at once
 GGUF_PANEL_BYTES = 4 << 20
