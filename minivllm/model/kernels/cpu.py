@@ -1,7 +1,7 @@
 """The C kernels (paged_decode_attention.c, paged_prefill_attention.c, amx_attention.c, ops.c,
-sampler.c, int8_gemm.c, gguf_gemm.c, amx_gemm.c) behind torch-facing wrappers: built and
-loaded by build.py on first use, for this CPU's ISA level (isa.py), called with keyword
-arguments named as in kernels.h. Without a compiler, or when the build or the load fails,
+sampler.c, int8_gemm.c, gguf_gemm.c, gguf_dequant.c, amx_gemm.c) behind torch-facing
+wrappers: built and loaded by build.py on first use, for this CPU's ISA level (isa.py),
+called with keyword arguments named as in kernels.h. Without a compiler, or when the build or the load fails,
 `available()` is False and the callers keep their pure-torch paths, which stay the tested
 references. fp32 CPU tensors only."""
 
@@ -266,8 +266,9 @@ _panel_buffers = threading.local()
 def gguf_dequantize(blocks: torch.Tensor, qtype: int, k: int, start: int = 0,
                     end: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Rows [start, end) of GGUF blocks (uint8 [N, row bytes]) as fp32 [end - start, k],
-    bit for bit BlockWeight.dequantize()'s (gguf_dequant.c), into `out` if given
-    (contiguous, at least that many values)."""
+    bit for bit gguf.quants.dequantize (BlockWeight.dequantize()'s values; a zero may carry
+    the other sign), into `out` if given (contiguous, at least that many values). See
+    gguf_dequant.c."""
     end = blocks.shape[0] if end is None else end
     out = (torch.empty((end - start) * k, dtype=torch.float32) if out is None
            else out.view(-1)[:(end - start) * k])
@@ -289,8 +290,8 @@ def _gguf_linear_panels(x: torch.Tensor, blocks: torch.Tensor, qtype: int,
     n, k = y.shape[1], x.shape[1]
     panel = max(1, GGUF_PANEL_BYTES // (4 * k))
     buffer = getattr(_panel_buffers, "fp32", None)
-    if buffer is None or buffer.numel() < min(panel, n) * k:
-        buffer = _panel_buffers.fp32 = torch.empty(max(panel * k, GGUF_PANEL_BYTES // 4))
+    if buffer is None or buffer.numel() < min(panel, n) * k:  # grows to the largest panel
+        buffer = _panel_buffers.fp32 = torch.empty(min(panel, n) * k)
     if residual is not None:
         y.copy_(residual if bias is None else residual + bias)
     elif bias is not None:
