@@ -141,9 +141,17 @@ def on_amx(x: torch.Tensor, weight: BlockWeight) -> bool:
     return x.shape[0] >= cpu.AMX_MIN_ROWS and weight.qtype in cpu.GGUF_AMX_TYPES and cpu.amx()
 
 
+def on_panels(x: torch.Tensor, weight: BlockWeight) -> bool:
+    """Whether the product runs as fp32 panels (gguf_dequant.c and sgemm): from
+    GGUF_DEQUANT_MIN_ROWS rows, off AMX."""
+    return x.shape[0] >= cpu.GGUF_DEQUANT_MIN_ROWS and not on_amx(x, weight)
+
+
 def emulated(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
-    """What the kernels compute: amx_gemm.c's or gguf_gemm.c's."""
-    return emulate_amx(x, weight) if on_amx(x, weight) else emulate_kernel(x, weight)
+    """What the kernels compute: amx_gemm.c's, the fp32 panels' or gguf_gemm.c's."""
+    if on_amx(x, weight):
+        return emulate_amx(x, weight)
+    return F.linear(x, weight.dequantize()) if on_panels(x, weight) else emulate_kernel(x, weight)
 
 
 @needs_kernels
@@ -166,6 +174,8 @@ def test_kernel_matches_torch(qtype, n, k, rows):
     reference = F.linear(x, w)
     if on_amx(x, weight):
         step = x.abs() * 2.0 ** -8
+    elif on_panels(x, weight):
+        step = torch.zeros_like(x)
     else:
         step = x.reshape(rows, -1, 32).abs().amax(dim=2).repeat_interleave(32, dim=1) / 254
     bound = F.linear(step, w.abs()) + 1e-5 * F.linear(x.abs(), w.abs())
@@ -208,7 +218,7 @@ def test_stacked_types_run_each_part_into_its_columns(rows):
 @needs_kernels
 def test_types_amx_does_not_unpack_never_reach_it(monkeypatch):
     """On a CPU with AMX (pretended here), a prefill of GGUF_AMX_TYPES calls amx_gemm.c and
-    one of the other types gguf_gemm.c, without asking amx_gemm.c first."""
+    one of the other types the fp32 panels, without asking amx_gemm.c first."""
     library = cpu._library()
     asked = []
 
@@ -225,7 +235,7 @@ def test_types_amx_does_not_unpack_never_reach_it(monkeypatch):
     x = torch.randn(cpu.AMX_MIN_ROWS, 256)
     for qtype in TYPES:
         weight, _ = block_weight(16, 256, qtype)
-        torch.testing.assert_close(GGUFLinear(weight)(x), emulate_kernel(x, weight),
+        torch.testing.assert_close(GGUFLinear(weight)(x), F.linear(x, weight.dequantize()),
                                    rtol=1e-5, atol=1e-4)
     assert asked == [q for q in TYPES if q in cpu.GGUF_AMX_TYPES] == [Q4_0, Q4_1, Q8_0, Q4_K]
 
@@ -235,7 +245,7 @@ def test_types_amx_does_not_unpack_never_reach_it(monkeypatch):
 def test_amx_path_runs_from_its_row_count(qtype):
     """From AMX_MIN_ROWS rows, amx_gemm.c: bf16 activations, so not the int8 kernel's
     results; 40 columns (the last panel paired with itself, 8 of its columns past n); one
-    row fewer runs gguf_gemm.c again."""
+    row fewer runs the fp32 panels (or gguf_gemm.c below GGUF_DEQUANT_MIN_ROWS)."""
     if not cpu.amx():
         pytest.skip("the kernels run no AMX here (no amx_bf16, or MINIVLLM_ISA forced a "
                     "lower level)")
@@ -244,7 +254,7 @@ def test_amx_path_runs_from_its_row_count(qtype):
     y = GGUFLinear(weight)(x)
     torch.testing.assert_close(y, emulate_amx(x, weight), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(y, emulate_kernel(x, weight), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(GGUFLinear(weight)(x[1:]), emulate_kernel(x[1:], weight),
+    torch.testing.assert_close(GGUFLinear(weight)(x[1:]), emulated(x[1:], weight),
                                rtol=1e-5, atol=1e-5)
 
 

@@ -87,6 +87,12 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtyp
                     const float *bias, const float *residual, int64_t ldr, float *y, int8_t *xq,
                     float *xs, int32_t *xsums, int64_t rows, int k, int n, int num_threads);
 
+/* gguf_dequant.c: rows [n0, n1) of gguf_gemm.c's blocks (n rows of k values) dequantized
+ * to fp32 out [n1 - n0, k], bit for bit as gguf_blocks.py; returns 0, or -1 as
+ * gguf_linear_f32 does */
+int gguf_dequantize_f32(const uint8_t *blocks, int qtype, int k, int64_t n0, int64_t n1,
+                        float *out, int num_threads);
+
 /* isa_info.c: the instruction sets the library was compiled for, bits in the order of
  * isa.py's FEATURES */
 int kernels_isa_features(void);

@@ -10,8 +10,10 @@ integer dot product scaled by the two block scales and accumulated in fp32 (for 
 with a minimum, plus the block's minimum times the sum of its activations, llama.cpp's
 q8_1). On a CPU with AMX, a batch of cpu.AMX_MIN_ROWS rows or more (a prefill) of the types
 amx_gemm.c unpacks (cpu.GGUF_AMX_TYPES) runs there instead: the blocks unpacked to bf16
-tiles, x in bf16, products on AMX-BF16 (emulate_amx). Elsewhere the reference runs: the
-blocks dequantized once at load, and F.linear.
+tiles, x in bf16, products on AMX-BF16 (emulate_amx). Otherwise a batch of
+cpu.GGUF_DEQUANT_MIN_ROWS rows or more runs in fp32: panels of output rows dequantized
+(gguf_dequant.c, as dequantize() computes) times x by torch's sgemm. Without the C kernels
+the reference runs: the blocks dequantized once at load, and F.linear.
 """
 
 from __future__ import annotations
