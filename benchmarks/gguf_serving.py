@@ -1,5 +1,5 @@
-"""A GGUF file served by minivllm (dequantized to float32, and `--quantization gguf`: its
-blocks as stored) and by llama.cpp's `llama-server` (`make peer-llama-server`), one client for
+"""A GGUF file served by minivllm (its blocks as stored, the default for a GGUF file, and
+`--quantization none`: dequantized to float32) and by llama.cpp's `llama-server` (`make peer-llama-server`), one client for
 all (`minivllm bench serve`, random prompts of exact lengths sent as token ids, EOS
 ignored), at batch 1 and at a few concurrencies. Engines alternate within each round; the
 table gives each engine's median over the rounds and its ratio to llama-server, beside the
@@ -45,15 +45,15 @@ def llama_server_command(model: Path, port: int, ctx: int, slots: int) -> list[s
 
 
 ENGINES = {
-    "minivllm-fp32": lambda *a: minivllm_command(*a),
-    "minivllm-gguf": lambda *a: minivllm_command(*a, "--quantization", "gguf"),
+    "minivllm": lambda *a: minivllm_command(*a),  # a GGUF file's blocks, as stored
+    "minivllm-fp32": lambda *a: minivllm_command(*a, "--quantization", "none"),
     "llama-server": llama_server_command,
 }
 
 
 def step_bytes(model: Path) -> dict[str, int]:
     """Bytes of weights a decode step reads: as the file stores them (llama.cpp), all in
-    float32, and as `--quantization gguf` runs them (gguf_bytes.py's rule)."""
+    float32 (`--quantization none`), and as minivllm runs the blocks (gguf_bytes.py's rule)."""
     from gguf import GGUFReader
 
     from minivllm.model.gguf_bytes import EMBEDDINGS, Tensor
@@ -68,7 +68,7 @@ def step_bytes(model: Path) -> dict[str, int]:
     whole = [t for t in tensors if t.name != EMBEDDINGS or tied]  # a step reads these whole
     return {"llama-server": sum(t.stored_bytes for t in whole),
             "minivllm-fp32": sum(tensor_bytes(t, False) for t in whole),
-            "minivllm-gguf": sum(tensor_bytes(t, t.as_blocks) for t in whole)}
+            "minivllm": sum(tensor_bytes(t, t.as_blocks) for t in whole)}
 
 
 def memory_bandwidth(mib: int = 512) -> float:
