@@ -30,10 +30,8 @@ def chat(smollm2_client, model, prompt: str, **kwargs):
 
 
 def test_chat_ends_at_the_models_own_eos(smollm2_client, model):
-    # The file's Q4_1 blocks (the default) answer the bare question with a near-tie first token
-    # that leads away from Paris, as llama-server does on the same file (README.md)
-    reply = chat(smollm2_client, model, "What is the capital of France? Answer in one sentence.",
-                 temperature=0, max_tokens=64)
+    reply = chat(smollm2_client, model, "What is the capital of France?", temperature=0,
+                 max_tokens=64)
     (choice,) = reply.choices
     text = choice.message.content
     assert "Paris" in text
