@@ -7,7 +7,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.server_utils import CHAT_TEMPLATE, FAST_ENGINE_ARGS, ServerProcess, stories_model
+from tests.server_utils import (
+    CHAT_TEMPLATE,
+    DATA_PARALLEL,
+    FAST_ENGINE_ARGS,
+    ServerProcess,
+    stories_model,
+)
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 GENERATION = [("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 2}),
@@ -21,8 +27,10 @@ def start(tmp_path_factory, name: str, *flags: str) -> ServerProcess:
     tmp = tmp_path_factory.mktemp(name)
     template = tmp / "chat.jinja"
     template.write_text(CHAT_TEMPLATE)
-    # One engine core on a thread: the check is AsyncLLM's, whatever client it runs over.
-    return ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--engine-mode", "thread",
+    # The check is AsyncLLM's, whatever client it runs over: a thread where one engine core
+    # serves, the default (process) under MINIVLLM_TEST_DATA_PARALLEL, which needs it.
+    mode = ["--engine-mode", "thread"] if DATA_PARALLEL == 1 else []
+    return ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, *mode,
                                            "--chat-template", str(template), *flags],
                          tmp / "server.log")
 
