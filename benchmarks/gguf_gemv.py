@@ -71,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     linears = file_linears(args.gguf)
     step = sum(linear.step_bytes for linear in linears)
-    types = Counter(TYPE_NAMES[p.qtype] for linear in linears for p in linear.parts)
+    types = Counter(TYPE_NAMES[q] for linear in linears for q in linear.qtypes)
     print(f"{args.gguf.name}: {len(linears)} linears "
           f"({', '.join(f'{n} {q}' for q, n in sorted(types.items()))}), "
           f"the kernel reads {step / 1e6:.1f} MB per pass")

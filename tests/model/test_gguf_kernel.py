@@ -141,10 +141,17 @@ def on_amx(x: torch.Tensor, weight: BlockWeight) -> bool:
     return x.shape[0] >= cpu.AMX_MIN_ROWS and weight.qtype in cpu.GGUF_AMX_TYPES and cpu.amx()
 
 
+def repacked(weight: BlockWeight) -> bool:
+    """Whether the weights run repacked (gguf_repacked.c: the int8 kernel's arithmetic at
+    every row count)."""
+    return cpu.gguf_repacked() and weight.qtype in cpu.GGUF_REPACKED_TYPES
+
+
 def on_panels(x: torch.Tensor, weight: BlockWeight) -> bool:
     """Whether the product runs as fp32 panels (gguf_dequant.c and sgemm): from
-    GGUF_DEQUANT_MIN_ROWS rows, off AMX."""
-    return x.shape[0] >= cpu.GGUF_DEQUANT_MIN_ROWS and not on_amx(x, weight)
+    GGUF_DEQUANT_MIN_ROWS rows, off AMX, where the weights are not repacked."""
+    return (x.shape[0] >= cpu.GGUF_DEQUANT_MIN_ROWS and not on_amx(x, weight)
+            and not repacked(weight))
 
 
 def emulated(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
@@ -217,8 +224,9 @@ def test_stacked_types_run_each_part_into_its_columns(rows):
 
 @needs_kernels
 def test_types_amx_does_not_unpack_never_reach_it(monkeypatch):
-    """On a CPU with AMX (pretended here), a prefill of GGUF_AMX_TYPES calls amx_gemm.c and
-    one of the other types the fp32 panels, without asking amx_gemm.c first."""
+    """On a CPU with AMX (pretended here), a prefill of GGUF_AMX_TYPES calls amx_gemm.c (here
+    refused: the fp32 panels run) and one of the other types runs as it would without AMX,
+    without asking amx_gemm.c first."""
     library = cpu._library()
     asked = []
 
@@ -235,8 +243,9 @@ def test_types_amx_does_not_unpack_never_reach_it(monkeypatch):
     x = torch.randn(cpu.AMX_MIN_ROWS, 256)
     for qtype in TYPES:
         weight, _ = block_weight(16, 256, qtype)
-        torch.testing.assert_close(GGUFLinear(weight)(x), F.linear(x, weight.dequantize()),
-                                   rtol=1e-5, atol=1e-4)
+        expected = (F.linear(x, weight.dequantize()) if qtype in cpu.GGUF_AMX_TYPES
+                    else emulated(x, weight))
+        torch.testing.assert_close(GGUFLinear(weight)(x), expected, rtol=1e-5, atol=1e-4)
     assert asked == [q for q in TYPES if q in cpu.GGUF_AMX_TYPES] == [Q4_0, Q4_1, Q8_0, Q4_K]
 
 

@@ -1,9 +1,9 @@
 """The C kernels (paged_decode_attention.c, paged_prefill_attention.c, amx_attention.c, ops.c,
-sampler.c, int8_gemm.c, gguf_gemm.c, gguf_dequant.c, amx_gemm.c) behind torch-facing
-wrappers: built and loaded by build.py on first use, for this CPU's ISA level (isa.py),
-called with keyword arguments named as in kernels.h. Without a compiler, or when the build or the load fails,
-`available()` is False and the callers keep their pure-torch paths, which stay the tested
-references. fp32 CPU tensors only."""
+sampler.c, int8_gemm.c, gguf_gemm.c, gguf_repacked.c, gguf_dequant.c, amx_gemm.c) behind
+torch-facing wrappers: built and loaded by build.py on first use, for this CPU's ISA level
+(isa.py), called with keyword arguments named as in kernels.h. Without a compiler, or when
+the build or the load fails, `available()` is False and the callers keep their pure-torch
+paths, which stay the tested references. fp32 CPU tensors only."""
 
 from __future__ import annotations
 
@@ -304,6 +304,61 @@ def _gguf_linear_panels(x: torch.Tensor, blocks: torch.Tensor, qtype: int,
     return y
 
 
+# The GGUF block types gguf_repacked.c holds (all but Q2_K and Q3_K, which stay blocks)
+GGUF_REPACKED_TYPES = (2, 3, 6, 7, 8, 12, 13, 14)
+
+
+def gguf_repacked() -> bool:
+    """Whether this CPU's library runs GGUF weights repacked into panels of 16 columns
+    (gguf_repacked.c: AVX-512 VNNI)."""
+    return bool(_library().gguf_repacked_supported())
+
+
+def gguf_repack(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
+    """GGUF blocks (uint8 [N, row bytes]) repacked for gguf_repacked_linear (uint8, the file's
+    bytes per weight), or None where not repacked (another type, or not this CPU)."""
+    n = blocks.shape[0]
+    size = _library().gguf_repacked_bytes(qtype=qtype, k=k, n=n)
+    if not size or not gguf_repacked():
+        return None
+    repacked = torch.empty(size, dtype=torch.uint8)
+    _library().gguf_repack(blocks=blocks.contiguous().data_ptr(), qtype=qtype, k=k, n=n,
+                           repacked=repacked.data_ptr(), num_threads=torch.get_num_threads())
+    return repacked
+
+
+def _activation_buffers(rows: int, k: int) -> dict[str, torch.Tensor]:
+    """Scratch for x quantized per row and block of 32 (gguf_activations.h)."""
+    return {"xq": torch.empty(rows * k, dtype=torch.int8),
+            "xs": torch.empty(rows * (k // 32), dtype=torch.float32),
+            "xsums": torch.empty(rows * (k // 16), dtype=torch.int32)}
+
+
+def gguf_repacked_linear(x: torch.Tensor, repacked: torch.Tensor, qtype: int,
+                         bias: torch.Tensor | None, residual: torch.Tensor | None,
+                         out_features: int) -> torch.Tensor:
+    """gguf_linear over gguf_repack's weights, at every row count (gguf_repacked.c): the same
+    int8 arithmetic, and a row's result does not depend on the rows beside it."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    rows, k = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    scratch = _activation_buffers(rows, k)
+    status = _library().gguf_repacked_linear_f32(
+        x=x.data_ptr(), ldx=x.stride(0), repacked=repacked.data_ptr(), qtype=qtype,
+        bias=None if bias is None else bias.data_ptr(),
+        residual=None if residual is None else residual.data_ptr(),
+        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
+        **{name: t.data_ptr() for name, t in scratch.items()}, rows=rows, k=k,
+        n=out_features, num_threads=torch.get_num_threads())
+    if status != 0:
+        raise ValueError(f"gguf_repacked_linear: GGUF type {qtype} with K={k} is not "
+                         "repacked (or this library does not repack)")
+    return y
+
+
 def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, bias: torch.Tensor | None,
                 residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,
@@ -329,11 +384,9 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, bias: torch.T
         return y
     if rows >= GGUF_DEQUANT_MIN_ROWS:
         return _gguf_linear_panels(x, blocks, qtype, bias, residual, y)
-    xq = torch.empty(rows * k, dtype=torch.int8)
-    xs = torch.empty(rows * (k // 32), dtype=torch.float32)
-    xsums = torch.empty(rows * (k // 16), dtype=torch.int32)
-    status = _library().gguf_linear_f32(**common, xq=xq.data_ptr(), xs=xs.data_ptr(),
-                                        xsums=xsums.data_ptr())
+    scratch = _activation_buffers(rows, k)
+    status = _library().gguf_linear_f32(**common,
+                                        **{name: t.data_ptr() for name, t in scratch.items()})
     if status != 0:
         raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not a block type the "
                          "kernel reads (blocks of 32; the K types' super-blocks of 256)")

@@ -87,6 +87,20 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtyp
                     const float *bias, const float *residual, int64_t ldr, float *y, int8_t *xq,
                     float *xs, int32_t *xsums, int64_t rows, int k, int n, int num_threads);
 
+/* gguf_repacked.c: gguf_gemm.c's product over weights repacked at load into panels of 16
+ * columns (AVX-512 VNNI only: gguf_repacked_supported() says whether this library has it).
+ * gguf_repacked_bytes: the repacked size for a type, or 0 for a type (or k) not repacked;
+ * gguf_repack and gguf_repacked_linear_f32 return 0, or -1 for such a type or a library
+ * without them */
+int gguf_repacked_supported(void);
+int64_t gguf_repacked_bytes(int qtype, int k, int n);
+int gguf_repack(const uint8_t *blocks, int qtype, int k, int n, uint8_t *repacked,
+                int num_threads);
+int gguf_repacked_linear_f32(const float *x, int64_t ldx, const uint8_t *repacked, int qtype,
+                           const float *bias, const float *residual, int64_t ldr, float *y,
+                           int8_t *xq, float *xs, int32_t *xsums, int64_t rows, int k, int n,
+                           int num_threads);
+
 /* gguf_dequant.c: rows [n0, n1) of gguf_gemm.c's blocks (n rows of k values) dequantized
  * to fp32 out [n1 - n0, k], bit for bit as gguf_blocks.py; returns 0, or -1 as
  * gguf_linear_f32 does */

@@ -4,16 +4,20 @@ layouts and torch decoding in gguf_blocks.py). A matrix [N, K] is N rows of K / 
 (K / 256 super-blocks), rows along the output dimension, so whole rows can be permuted or
 concatenated as bytes (gguf.py undoes llama.cpp's Q/K permutation so).
 
-On the CPU with the C kernels built, gguf_gemm.c runs the product as llama.cpp does:
-activations quantized per row and block of 32 to int8 (its q8_0 activations), each block's
-integer dot product scaled by the two block scales and accumulated in fp32 (for the types
-with a minimum, plus the block's minimum times the sum of its activations, llama.cpp's
-q8_1). On a CPU with AMX, a batch of cpu.AMX_MIN_ROWS rows or more (a prefill) of the types
+On the CPU with the C kernels built, the product runs as llama.cpp's does: activations
+quantized per row and block of 32 to int8 (its q8_0 activations), each block's integer dot
+product scaled by the two block scales and accumulated in fp32 (for the types with a
+minimum, plus the block's minimum times the sum of its activations, llama.cpp's q8_1):
+- with AVX-512 VNNI, on the weights repacked at load into panels of 16 columns
+  (gguf_repacked.c, cpu.GGUF_REPACKED_TYPES), at every row count: decode and prefill alike,
+  so a row's result does not depend on its batch;
+- otherwise on the blocks as stored (gguf_gemm.c) below cpu.GGUF_DEQUANT_MIN_ROWS rows, and
+  from there in fp32: panels of output rows dequantized (gguf_dequant.c, as dequantize()
+  computes) times x by torch's sgemm.
+On a CPU with AMX, a batch of cpu.AMX_MIN_ROWS rows or more (a prefill) of the types
 amx_gemm.c unpacks (cpu.GGUF_AMX_TYPES) runs there instead: the blocks unpacked to bf16
-tiles, x in bf16, products on AMX-BF16 (emulate_amx). Otherwise a batch of
-cpu.GGUF_DEQUANT_MIN_ROWS rows or more runs in fp32: panels of output rows dequantized
-(gguf_dequant.c, as dequantize() computes) times x by torch's sgemm. Without the C kernels
-the reference runs: the blocks dequantized once at load, and F.linear.
+tiles, x in bf16, products on AMX-BF16 (emulate_amx). Without the C kernels the reference
+runs: the blocks dequantized once at load, and F.linear.
 """
 
 from __future__ import annotations
@@ -157,7 +161,12 @@ def emulate_amx(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
 
 class GGUFLinear:
     """y = x @ weight.T + bias (+ residual) over a BlockWeight, or a BlockRows (a kernel call
-    per part, each giving its columns of y). x: [T, in_features] fp32."""
+    per part, each giving its columns of y). x: [T, in_features] fp32.
+
+    Where this CPU runs gguf_repacked.c (AVX-512 VNNI), each part of cpu.GGUF_REPACKED_TYPES
+    is repacked once here and every call runs there, whatever its rows (so a row's result
+    does not depend on its batch); the blocks are kept only on a CPU with AMX, whose
+    prefill of cpu.GGUF_AMX_TYPES runs on the tiles."""
 
     def __init__(self, weight: BlockWeight | BlockRows, bias: torch.Tensor | None = None,
                  use_kernel: bool = True) -> None:
@@ -165,25 +174,40 @@ class GGUFLinear:
         self.bias = None if bias is None else bias.float()
         parts = weight.parts if isinstance(weight, BlockRows) else [weight]
         self.use_kernel = use_kernel and cpu.available(parts[0].blocks.device, torch.float32)
-        self.parts = parts
+        self.qtypes = [p.qtype for p in parts]
+        self.part_rows = [p.shape[0] for p in parts]
+        self.blocks: list[torch.Tensor | None] = [p.blocks for p in parts]
+        self.repacked: list[torch.Tensor | None] = [None] * len(parts)
         if not self.use_kernel:
             self.dequantized = weight.dequantize()
+        elif cpu.gguf_repacked():
+            self.repacked = [cpu.gguf_repack(p.blocks, p.qtype, self.in_features)
+                             for p in parts]
+            if not cpu.amx():  # the blocks are not read again: let them go (unless shared)
+                self.blocks = [b if r is None else None
+                               for b, r in zip(self.blocks, self.repacked)]
 
     @property
     def step_bytes(self) -> int:
-        """Bytes of weights one kernel call reads: the blocks, nothing beside them."""
-        return sum(part.blocks.nbytes for part in self.parts)
+        """Bytes of weights one kernel call reads: the blocks (or as repacked), nothing
+        beside them."""
+        return sum(blocks.nbytes if r is None else r.nbytes
+                   for blocks, r in zip(self.blocks, self.repacked))
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not self.use_kernel:
             y = F.linear(x, self.dequantized, self.bias)
             return y if residual is None else residual + y
         outputs, start = [], 0
-        for weight in self.parts:
-            end = start + weight.shape[0]
-            outputs.append(cpu.gguf_linear(
-                x, weight.blocks, weight.qtype,
-                None if self.bias is None else self.bias[start:end],
-                None if residual is None else residual[:, start:end], end - start))
+        for qtype, n, blocks, repacked in zip(self.qtypes, self.part_rows, self.blocks,
+                                              self.repacked):
+            end = start + n
+            bias = None if self.bias is None else self.bias[start:end]
+            res = None if residual is None else residual[:, start:end]
+            on_tiles = x.shape[0] >= cpu.AMX_MIN_ROWS and qtype in cpu.GGUF_AMX_TYPES and cpu.amx()
+            if repacked is not None and not on_tiles:
+                outputs.append(cpu.gguf_repacked_linear(x, repacked, qtype, bias, res, n))
+            else:
+                outputs.append(cpu.gguf_linear(x, blocks, qtype, bias, res, n))
             start = end
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)

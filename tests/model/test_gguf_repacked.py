@@ -1,0 +1,103 @@
+"""GGUF weights repacked at load into panels of 16 columns (gguf_repacked.c, AVX-512 VNNI):
+the same arithmetic as gguf_gemm.c on the blocks as stored (emulate_kernel) at every row
+count — decode rows, a verify step's, a prompt's, across the kernel's tiles of 8 rows and
+tasks of 64 — on tiny shapes, column counts off 16 and Qwen2.5-0.5B's; a row's result
+bit for bit the same alone or in any batch; the bytes a step reads those of the file.
+The rest of the GGUF kernel tests (test_gguf_kernel.py) run through the same GGUFLinear, so
+on this CPU they test this route too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.model.kernels import cpu
+from minivllm.model.kernels.gguf_blocks import (
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    TYPE_NAMES,
+    UNIT_BYTES,
+    UNIT_VALUES,
+)
+from minivllm.model.kernels.linear_gguf import GGUFLinear, emulate_kernel
+from tests.kernel_marks import needs_kernels
+from tests.model.test_gguf_kernel import block_weight
+
+pytestmark = [needs_kernels, pytest.mark.skipif(
+    not (cpu._library() and cpu.gguf_repacked()),
+    reason="the kernels repack no GGUF weights here (no AVX-512 VNNI, or MINIVLLM_ISA forced "
+           "a lower level)")]
+
+REPACKED = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
+# Tiny, columns off 16 (a last panel of 5 and of 8 columns), and Qwen2.5-0.5B's q / k / v
+# and gate (Q5_0, Q8_0 in its Q4_K_M file at K = 896) and down (Q4_K, Q6_K at K = 4864)
+SHAPES = {Q4_0: [(16, 32), (37, 96)], Q4_1: [(16, 32), (40, 96)],
+          Q5_0: [(37, 64), (896, 896), (128, 896), (4864, 896)],
+          Q5_1: [(16, 32), (40, 64)], Q8_0: [(37, 64), (128, 896)],
+          Q4_K: [(40, 512), (896, 4864)], Q5_K: [(37, 256)], Q6_K: [(40, 512), (896, 4864)]}
+CASES = [(qtype, n, k) for qtype in REPACKED for n, k in SHAPES[qtype]]
+
+
+@pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda v: TYPE_NAMES.get(v, str(v)))
+@pytest.mark.parametrize("rows", [1, 4, 9, 70])
+def test_repacked_equals_the_int8_kernels_arithmetic(qtype, n, k, rows):
+    weight, _ = block_weight(n, k, qtype, seed=n + k)
+    layer = GGUFLinear(weight)
+    assert layer.repacked[0] is not None and layer.blocks[0] is None  # the blocks let go
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    x[0, :32] = 0  # an all-zero activation block
+    expected = emulate_kernel(x, weight)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5,
+                               atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", REPACKED, ids=lambda v: TYPE_NAMES[v])
+def test_a_rows_result_does_not_depend_on_its_batch(qtype):
+    """Bit for bit: a row alone (a decode step), among 3 or 8, past a tile of 8 (9) and past
+    a task of 64 rows (a prompt of 70): what a cached re-send needs to decode the same. The
+    blocks route (fp32 panels from GGUF_DEQUANT_MIN_ROWS rows) fails this."""
+    k = 512 if qtype in (Q4_K, Q5_K, Q6_K) else 96
+    weight, _ = block_weight(37, k, qtype)
+    layer = GGUFLinear(weight, torch.randn(37))
+    x = torch.randn(70, k)
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(70)])
+    for rows in (3, 8, 9, 64, 70):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+    assert torch.equal(layer(x[5:70]), alone[5:70])  # a row at another place in its tile
+
+
+@pytest.mark.parametrize("qtype", REPACKED, ids=lambda v: TYPE_NAMES[v])
+def test_repacked_reads_the_files_bytes(qtype):
+    """Q4_K / Q5_K keep their 6-bit scales and minima as bytes: 1/64 byte per weight more."""
+    n, k = 64, 512
+    weight, _ = block_weight(n, k, qtype)
+    stored = n * k // UNIT_VALUES[qtype] * UNIT_BYTES[qtype]
+    extra = n * k // 64 if qtype in (Q4_K, Q5_K) else 0
+    assert GGUFLinear(weight).step_bytes == stored + extra
+
+
+@pytest.mark.parametrize("qtype", [Q2_K, Q3_K], ids=lambda v: TYPE_NAMES[v])
+def test_the_types_not_repacked_keep_their_blocks(qtype):
+    weight, _ = block_weight(16, 256, qtype)
+    layer = GGUFLinear(weight)
+    assert layer.repacked == [None] and layer.blocks[0] is weight.blocks
+    x = torch.randn(2, 256)
+    torch.testing.assert_close(layer(x), emulate_kernel(x, weight), rtol=1e-5, atol=1e-3)
+
+
+def test_bias_and_residual_are_added_by_columns_with_strided_rows():
+    weight, _ = block_weight(37, 96, Q5_0)
+    bias, wide = torch.randn(37), torch.randn(12, 200)
+    residual = torch.randn(12, 80)[:, 3:40]  # rows strided by 80
+    layer = GGUFLinear(weight, bias)
+    expected = emulate_kernel(wide[:, :96].contiguous(), weight) + bias + residual
+    torch.testing.assert_close(layer(wide[:, :96], residual=residual), expected, rtol=1e-5,
+                               atol=1e-4)
