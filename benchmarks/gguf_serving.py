@@ -90,10 +90,10 @@ def local_tokenizer(model: Path, out: Path) -> Path:
 
 
 def bench(port: int, model: Path, tokenizer: Path, concurrency: int, prompts: int, args,
-          out: Path) -> dict:
+          out: Path, seed: int = 0) -> dict:
     subprocess.run([sys.executable, "-m", "minivllm.cli", "bench", "serve",
                     "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
-                    "--tokenizer", str(tokenizer), "--workload", "random", "--seed", "0",
+                    "--tokenizer", str(tokenizer), "--workload", "random", "--seed", str(seed),
                     "--input-len", str(args.input_len), "--output-len", str(args.output_len),
                     "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
                     "--ignore-eos", "--output", str(out), "--disable-tqdm"],
@@ -113,7 +113,8 @@ def one_round(engines: list[str], model: Path, tokenizer: Path, args, work: Path
         proc, _ = start_server(ENGINES[engine](model, port, ctx, slots), work / f"{engine}.log",
                                f"http://127.0.0.1:{port}", cwd=ROOT)
         try:
-            bench(port, model, tokenizer, 1, 2, args, work / "warmup")  # first-request costs
+            # first-request costs, on other prompts (the engines' prefix caches keep them)
+            bench(port, model, tokenizer, 1, 2, args, work / "warmup", seed=1)
             for c in args.concurrency:
                 prompts = max(args.prompts_per_slot * c, args.min_prompts)
                 results[engine, c] = bench(port, model, tokenizer, c, prompts, args,
