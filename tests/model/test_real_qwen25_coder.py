@@ -196,11 +196,12 @@ def test_gguf_blocks_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs, monk
             top = sorted(ref.logprobs[same].items(), key=lambda item: -item[1].logprob)[:2]
             assert out.token_ids[same] in [t for t, _ in top], f"prompt {i}"
             assert top[0][1].logprob - top[1][1].logprob < 0.1, f"prompt {i}: {top}"
-    # Teacher-forced on the fp32 path's continuations: every position compared. A prefill
-    # runs the fp32 panels (the fp32 path's product on the same weights: measured equal);
-    # with the int8 kernel forced on it, its activations' rounding shows.
+    # Teacher-forced on the fp32 path's continuations: every position compared. Where the
+    # weights are repacked (AVX-512 VNNI) a prefill runs the int8 arithmetic of a decode
+    # step, whose activations' rounding shows; elsewhere it runs the fp32 panels (the fp32
+    # path's product on the same weights: measured equal), then the int8 kernel forced on it.
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    for int8_prefill in (False, True):
+    for int8_prefill in (True,) if cpu.gguf_repacked() else (False, True):
         if int8_prefill:
             monkeypatch.setattr(cpu, "GGUF_DEQUANT_MIN_ROWS", 1 << 30)
         forced = llm.generate([{"prompt_token_ids": p + r.token_ids}
