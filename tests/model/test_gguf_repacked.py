@@ -1,4 +1,5 @@
-"""GGUF weights repacked at load into panels of 16 columns (gguf_repacked.c, AVX-512 VNNI):
+"""GGUF weights repacked at load into panels of 16 columns (gguf_repack.c, gguf_repacked.c;
+AVX-512 VNNI and AVX2 variants, test_kernel_isa.py runs this file at every level):
 the same arithmetic as gguf_gemm.c on the blocks as stored (emulate_kernel) at every row
 count — decode rows, a verify step's, a prompt's, across the kernel's tiles of 8 rows and
 tasks of 64 — on tiny shapes, column counts off 16 and Qwen2.5-0.5B's; a row's result
@@ -31,10 +32,14 @@ from minivllm.model.kernels.linear_gguf import GGUFLinear, emulate_kernel
 from tests.kernel_marks import needs_kernels
 from tests.model.test_gguf_kernel import block_weight
 
-pytestmark = [needs_kernels, pytest.mark.skipif(
-    not (cpu._library() and cpu.gguf_repacked()),
-    reason="the kernels repack no GGUF weights here (no AVX-512 VNNI, or MINIVLLM_ISA forced "
-           "a lower level)")]
+pytestmark = needs_kernels
+
+
+@pytest.fixture(autouse=True)
+def repacking_library():
+    """Asked at each test: test_kernel_isa.py runs this file under every level's library."""
+    if not cpu.gguf_repacked():
+        pytest.skip("this library repacks no GGUF weights (below AVX2)")
 
 REPACKED = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
 # Tiny, columns off 16 (a last panel of 5 and of 8 columns), and Qwen2.5-0.5B's q / k / v

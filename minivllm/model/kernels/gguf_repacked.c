@@ -1,168 +1,37 @@
-/* GGUF weights repacked once at load into panels of 16 output columns, and the linear layer
- * over them (linear_gguf.py; llama.cpp repacks Q4_0 / Q4_K into interleaved rows for the
- * same reason — this layout is our own). Same arithmetic as gguf_gemm.c: x quantized per row
- * and block of 32 to int8 (gguf_activations.h), each block's integer dot product exact in
- * int32, scaled in fp32; but one instruction serves 16 columns at once:
+/* The linear layer over GGUF weights repacked at load (gguf_repacked.h's layout,
+ * gguf_repack.c; linear_gguf.py). The arithmetic of gguf_gemm.c: x quantized per row and
+ * block of 32 to int8 (gguf_activations.h), each block's integer dot product exact in
+ * int32, scaled in fp32; but one instruction serves many columns at once:
  *
- *   vpdpbusd(acc, W, broadcast(4 bytes of x)): lane c += the 4 products of column c,
+ *   AVX-512 VNNI: vpdpbusd(acc, W, broadcast(4 bytes of x)): lane c += the 4 products of
+ *                 column c, 16 columns;
+ *   AVX2:         vpmaddubsw + vpmaddwd, the same for 8 columns (two quads' int16 pairs
+ *                 summed first: |q| <= 63 keeps them below 2^15; Q8_0 signed, with
+ *                 llama.cpp's sign trick);
  *
- * so a block of 32 values costs 8 of them for 16 columns and a row of x, where gguf_gemm.c
- * spends one per column and then sums lanes. No horizontal sums, the 16 columns' scales
- * converted by one vcvtph2ps, and a block unpacked once for up to MAX_ROWS rows of x.
- *
- * Each weight is stored unsigned, q = wq + offset (Q4_0: 8, Q5_0: 16, Q8_0: 128, Q6_K: 32,
- * the types with a minimum: 0); the offset comes back exactly as offset * sum(x block)
- * (the sums gguf_activations.h keeps). A panel is 16 columns' units (a block of 32, or a K
- * type's super-block of 256) in order along K, each unit:
- *   fp16 d [16]; Q4_1 / Q5_1: fp16 m [16]; Q4_K / Q5_K: fp16 dmin [16], then their 6-bit
- *   scales and minima as bytes, [8 blocks][16]; Q6_K: its int8 scales, [16 halves][16];
- *   then each block's planes (bits: 4, Q4_x; 5, Q5_x; 6, Q6_K; 8, Q8_0):
- *     8 bits: 8 quads x 64 bytes, byte 4c + j of quad t = q of column c, value 4t + j;
- *     else 4 x 64 bytes of nibbles, byte 4c + j of chunk h: low nibble value 4h + j, high
- *     nibble value 4(h + 4) + j of column c; then bits - 4 planes of the next bits
- *     (bit 4, then 5), each 8 quads x 64 bits (bit 4c + j as above).
- * That is the file's own bytes per weight (Q4_K, Q5_K: +1/64 byte, their 6-bit scales as
- * bytes), so a decode step reads what the file stores, as two contiguous streams (one per
- * thread).
- * Padding columns past n have d = 0 and contribute nothing.
+ * so a block of 32 values costs 8 of them per row of x, where gguf_gemm.c spends one per
+ * column and then sums lanes: no horizontal sums, the columns' fp16 scales converted by one
+ * vcvtph2ps, and a block unpacked once for up to MAX_ROWS rows of x.
  *
  * Every output is its blocks' terms accumulated in K order whatever the number of rows or
- * how they are tiled: a row's result does not depend on the batch it runs in.
- *
- * Only with AVX-512 VNNI (+ BW, VL); elsewhere the functions report it and gguf_gemm.c runs. */
+ * how they are tiled: a row's result does not depend on the batch it runs in. Each thread
+ * streams its panels and asks for the bytes PREFETCH ahead (a matrix is a short stream: the
+ * hardware prefetcher would still be ramping up at its end). */
 #include <stdint.h>
 #include <string.h>
 
 #include "gguf_activations.h"
-#include "gguf_unpack.h"
+#include "gguf_repacked.h"
 #include "kernels.h"
 
-#define PANEL 16   /* output columns per panel: the int32 / fp32 lanes of a zmm */
-#define MAX_ROWS 8 /* rows of x per tile */
-#define CHUNK 64   /* rows of x per task, so a long prompt's int8 rows stay in L2 */
+#define CHUNK 64 /* rows of x per task, so a long prompt's int8 rows stay in L2 */
 #define PREFETCH 3072 /* bytes ahead in the stream (1-4 KiB measured: 3 the best) */
 
-static inline int panel_bits(int qtype) {
-    switch (qtype) {
-    case Q4_0: case Q4_1: case Q4_K: return 4;
-    case Q5_0: case Q5_1: case Q5_K: return 5;
-    case Q6_K: return 6;
-    case Q8_0: return 8;
-    default: return 0; /* Q2_K, Q3_K: gguf_gemm.c */
-    }
-}
-
-static inline int panel_offset(int qtype) {
-    switch (qtype) {
-    case Q4_0: return 8;
-    case Q5_0: return 16;
-    case Q8_0: return 128;
-    case Q6_K: return 32;
-    default: return 0;
-    }
-}
-
-static inline int plane_bytes(int bits) { return bits == 8 ? 8 * 64 : 4 * 64 + (bits - 4) * 64; }
-
-/* Bytes of a unit's header (scales) in a panel */
-static inline int header_bytes(int qtype) {
-    switch (qtype) {
-    case Q4_1: case Q5_1: return 64;
-    case Q4_K: case Q5_K: return 64 + 2 * 8 * PANEL;
-    case Q6_K: return 32 + 16 * PANEL;
-    default: return 32;
-    }
-}
-
-static inline int64_t panel_unit_bytes(int qtype) {
-    return header_bytes(qtype) + (int64_t)unit_blocks(qtype) * plane_bytes(panel_bits(qtype));
-}
-
-int64_t gguf_repacked_bytes(int qtype, int k, int n) {
-    const int unit_values = BLOCK * unit_blocks(qtype);
-    if (!panel_bits(qtype) || !unit_bytes(qtype) || k % unit_values) return 0;
-    return (int64_t)((n + PANEL - 1) / PANEL) * (k / unit_values) * panel_unit_bytes(qtype);
-}
-
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define REPACKED_BUILT
-
-/* One unit of 16 columns (c0.. of n) from the file's blocks into its panel bytes `out`. */
-static void repack_unit(const uint8_t *blocks, int64_t row_bytes, int n, int64_t c0, int64_t u,
-                        int qtype, uint8_t *out) {
-    const int nblocks = unit_blocks(qtype), bits = panel_bits(qtype);
-    uint8_t q[PANEL][256];
-    uint16_t d[PANEL], m[PANEL];
-    uint8_t sc[PANEL][16], mn[PANEL][8];
-    memset(q, 0, sizeof q), memset(d, 0, sizeof d), memset(m, 0, sizeof m);
-    memset(sc, 0, sizeof sc), memset(mn, 0, sizeof mn);
-    for (int c = 0; c < PANEL && c0 + c < n; c++) {
-        const uint8_t *unit = blocks + (c0 + c) * row_bytes + u * unit_bytes(qtype);
-        for (int s = 0; s < nblocks; s++) {
-            int8_t wq[BLOCK];
-            _mm256_storeu_si256((__m256i *)wq, block_bytes(unit, s, qtype));
-            for (int j = 0; j < BLOCK; j++)
-                q[c][s * BLOCK + j] = (uint8_t)(wq[j] + panel_offset(qtype));
-        }
-        const int d_at = qtype == Q6_K ? 208 : 0;
-        memcpy(&d[c], unit + d_at, 2);
-        if (has_min(qtype)) memcpy(&m[c], unit + 2, 2); /* m, or the K types' dmin */
-        if (qtype == Q6_K)
-            for (int j = 0; j < 16; j++) sc[c][j] = unit[192 + j];
-        if (qtype == Q4_K || qtype == Q5_K)
-            for (int s = 0; s < 8; s++) {
-                int scale, minimum;
-                gguf_k_scale_min(unit, s, &scale, &minimum);
-                sc[c][s] = (uint8_t)scale, mn[c][s] = (uint8_t)minimum;
-            }
-    }
-    uint8_t *p = out;
-    memcpy(p, d, sizeof d), p += sizeof d;
-    if (has_min(qtype)) memcpy(p, m, sizeof m), p += sizeof m;
-    const int scales = qtype == Q6_K ? 16 : (qtype == Q4_K || qtype == Q5_K) ? 8 : 0;
-    for (int s = 0; s < scales; s++)
-        for (int c = 0; c < PANEL; c++) *p++ = sc[c][s];
-    if (qtype == Q4_K || qtype == Q5_K)
-        for (int s = 0; s < 8; s++)
-            for (int c = 0; c < PANEL; c++) *p++ = mn[c][s];
-    for (int s = 0; s < nblocks; s++) {
-        const int v0 = s * BLOCK;
-        if (bits == 8) {
-            for (int t = 0; t < 8; t++)
-                for (int c = 0; c < PANEL; c++)
-                    for (int j = 0; j < 4; j++) *p++ = q[c][v0 + 4 * t + j];
-            continue;
-        }
-        for (int h = 0; h < 4; h++)
-            for (int c = 0; c < PANEL; c++)
-                for (int j = 0; j < 4; j++)
-                    *p++ = (q[c][v0 + 4 * h + j] & 15) | (q[c][v0 + 4 * (h + 4) + j] & 15) << 4;
-        for (int bit = 4; bit < bits; bit++)
-            for (int t = 0; t < 8; t++) {
-                uint64_t mask = 0;
-                for (int c = 0; c < PANEL; c++)
-                    for (int j = 0; j < 4; j++)
-                        mask |= (uint64_t)((q[c][v0 + 4 * t + j] >> bit) & 1) << (4 * c + j);
-                memcpy(p, &mask, 8), p += 8;
-            }
-    }
-}
-
-static void repack(const uint8_t *blocks, int qtype, int k, int n, uint8_t *panels,
-                   int num_threads) {
-    const int unit_values = BLOCK * unit_blocks(qtype);
-    const int64_t units = k / unit_values, row_bytes = units * unit_bytes(qtype);
-    const int64_t npanels = (n + PANEL - 1) / PANEL, bytes = panel_unit_bytes(qtype);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t pi = 0; pi < npanels; pi++)
-        for (int64_t u = 0; u < units; u++)
-            repack_unit(blocks, row_bytes, n, pi * PANEL, u, qtype,
-                        panels + (pi * units + u) * bytes);
-}
+#if defined(REPACKED_AVX512)
+#define MAX_ROWS 8 /* rows of x per tile */
 
 /* A block's 8 quads of 16 columns x 4 unsigned values from its planes at p; the bytes
- * PREFETCH ahead asked for now (a matrix is a short stream: the hardware prefetcher would
- * still be ramping up at its end). */
+ * PREFETCH ahead asked for now. */
 static inline __attribute__((always_inline)) void unpack(const uint8_t *p, int bits,
                                                          __m512i w[8]) {
     for (int at = 0; at < plane_bytes(bits); at += 64)
@@ -277,48 +146,223 @@ static inline __attribute__((always_inline)) void panel_tile(
     }
 }
 
-static void repacked_linear(const float *x, int64_t ldx, const uint8_t *panels, int qtype,
-                          const float *bias, const float *residual, int64_t ldr, float *y,
-                          int8_t *xq, float *xs, int32_t *xsums, int64_t rows, int k, int n,
-                          int num_threads) {
-    const int64_t bytes = gguf_repacked_bytes(qtype, k, n);
+
+/* y's rows r.. (nr of them), columns c0.. (cols of them) = x's rows times the panel p */
+static inline __attribute__((always_inline)) void tile(
+    const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p, int qtype,
+    int nr, const float *bias, const float *residual, int64_t ldr, float *y, int n, int cols) {
+    __m512 acc[MAX_ROWS];
+    panel_tile(xq, k, xs, xsums, p, qtype, nr, acc);
+    const __mmask16 mask = (__mmask16)((1u << cols) - 1);
+    for (int i = 0; i < nr; i++) {
+        __m512 v = acc[i];
+        if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias));
+        if (residual) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + i * ldr));
+        _mm512_mask_storeu_ps(y + (int64_t)i * n, mask, v);
+    }
+}
+
+#define TILES(TYPE) \
+    TILE(TYPE, 1) TILE(TYPE, 2) TILE(TYPE, 3) TILE(TYPE, 4) \
+    TILE(TYPE, 5) TILE(TYPE, 6) TILE(TYPE, 7) TILE(TYPE, 8)
+
+#elif defined(REPACKED_AVX2)
+#define MAX_ROWS 4 /* rows of x per tile: 16 ymm registers */
+#define HALF (PANEL / 2) /* columns per ymm */
+
+/* Half a block's 8 quads of 8 columns x 4 values from its planes at p (gguf_repacked.h) */
+static inline __attribute__((always_inline)) void unpack(const uint8_t *p, int bits,
+                                                         __m256i w[8]) {
+    for (int at = 0; at < plane_bytes(bits) / 2; at += 64)
+        _mm_prefetch((const char *)p + PREFETCH + at, _MM_HINT_T0);
+    if (bits == 8) {
+        for (int t = 0; t < 8; t++) w[t] = _mm256_loadu_si256((const __m256i *)(p + 32 * t));
+        return;
+    }
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int h = 0; h < 4; h++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 * h));
+        w[h] = _mm256_and_si256(v, low);
+        w[h + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    for (int bit = 4; bit < bits; bit++) { /* bit t of each byte: quad t's bit `bit` */
+        const __m256i plane = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * (bit - 4)));
+        const __m256i one = _mm256_set1_epi8((char)(1 << bit));
+        for (int t = 0; t < 8; t++) { /* within each byte: no bit crosses into the next */
+            const __m256i moved = t < bit ? _mm256_slli_epi16(plane, bit - t)
+                                          : _mm256_srli_epi16(plane, t - bit);
+            w[t] = _mm256_or_si256(w[t], _mm256_and_si256(moved, one));
+        }
+    }
+}
+
+static inline __m256 half_scales(const uint8_t *p) { /* 8 fp16 as fp32 */
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline __m256 byte_scales(const uint8_t *p) { /* 8 unsigned bytes as fp32 */
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+static inline __m256i x4(const int8_t *x) { /* 4 bytes of x in every lane */
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* acc[i] += block b of row i of x times the unpacked half block w (8 columns); u: |w| for
+ * Q8_0 (signed), as gguf_gemm.c's AVX2 sign trick */
+static inline __attribute__((always_inline)) void block_rows(
+    const int8_t *xq, int k, const float *xs, const int32_t *xsums, int b, const __m256i w[8],
+    const __m256i u[8], int qtype, int nr, __m256 d, __m256 mins, __m256i sc0, __m256i sc1,
+    __m256 acc[MAX_ROWS]) {
+    const int nb = k / BLOCK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < nr; i++) {
+        const int8_t *x = xq + (int64_t)i * k + b * BLOCK;
+        __m256i half_sums[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i s = _mm256_setzero_si256();
+            for (int t = 4 * h; t < 4 * h + 4; t += 2) {
+                __m256i pairs;
+                if (qtype == Q8_0) { /* |w| * (x with w's sign): each pair below 2^15 */
+                    pairs = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(u[t], _mm256_sign_epi8(x4(x + 4 * t), w[t])), ones);
+                    s = _mm256_add_epi32(s, pairs);
+                    pairs = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(u[t + 1],
+                                             _mm256_sign_epi8(x4(x + 4 * t + 4), w[t + 1])),
+                        ones);
+                } else { /* q <= 63: two quads' pairs summed in int16 stay below 2^15 */
+                    pairs = _mm256_madd_epi16(
+                        _mm256_add_epi16(_mm256_maddubs_epi16(w[t], x4(x + 4 * t)),
+                                         _mm256_maddubs_epi16(w[t + 1], x4(x + 4 * t + 4))),
+                        ones);
+                }
+                s = _mm256_add_epi32(s, pairs);
+            }
+            half_sums[h] = s;
+        }
+        const int32_t *half = xsums + ((int64_t)i * nb + b) * 2;
+        const float sx = xs[(int64_t)i * nb + b];
+        __m256i s;
+        if (qtype == Q6_K) {
+            s = _mm256_add_epi32(
+                _mm256_mullo_epi32(
+                    _mm256_sub_epi32(half_sums[0], _mm256_set1_epi32(32 * half[0])), sc0),
+                _mm256_mullo_epi32(
+                    _mm256_sub_epi32(half_sums[1], _mm256_set1_epi32(32 * half[1])), sc1));
+        } else {
+            s = _mm256_add_epi32(half_sums[0], half_sums[1]);
+            if (panel_offset(qtype))
+                s = _mm256_sub_epi32(
+                    s, _mm256_set1_epi32(panel_offset(qtype) * (half[0] + half[1])));
+        }
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(sx)),
+                                 acc[i]);
+        if (has_min(qtype))
+            acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(sx * (float)(half[0] + half[1])),
+                                     acc[i]);
+    }
+}
+
+/* acc[0..nr) = rows 0..nr of x (quantized) times half `side` (8 columns) of a panel. */
+static inline __attribute__((always_inline)) void panel_tile(
+    const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p, int qtype,
+    int nr, int side, __m256 acc[MAX_ROWS]) {
+    const int bits = panel_bits(qtype), planes = plane_bytes(bits), nb = k / BLOCK;
+    const __m256i none = _mm256_setzero_si256();
+    __m256i w[8], u[8];
+    for (int i = 0; i < nr; i++) acc[i] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += unit_blocks(qtype)) { /* a unit */
+        const __m256 d = half_scales(p + side * HALF * 2);
+        const __m256 m = has_min(qtype) ? half_scales(p + 32 + side * HALF * 2)
+                                        : _mm256_setzero_ps();
+        const uint8_t *scales = p + (qtype == Q6_K ? 32 : 64) + side * HALF;
+        const uint8_t *minima = scales + 8 * PANEL;
+        p += header_bytes(qtype);
+        for (int s = 0; s < unit_blocks(qtype); s++) {
+            unpack(p + side * planes / 2, bits, w), p += planes;
+            if (qtype == Q8_0)
+                for (int t = 0; t < 8; t++) u[t] = _mm256_sign_epi8(w[t], w[t]);
+            if (qtype == Q6_K) {
+                const __m256i sc0 = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(scales + 2 * s * PANEL)));
+                const __m256i sc1 = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(scales + (2 * s + 1) * PANEL)));
+                block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, d, m, sc0, sc1, acc);
+            } else if (qtype == Q4_K || qtype == Q5_K) { /* as gguf_scales.h's, exact */
+                const __m256 ds = _mm256_mul_ps(d, byte_scales(scales + s * PANEL));
+                const __m256 ms = _mm256_sub_ps(
+                    _mm256_setzero_ps(), _mm256_mul_ps(m, byte_scales(minima + s * PANEL)));
+                block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, ds, ms, none, none, acc);
+            } else {
+                block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, d, m, none, none, acc);
+            }
+        }
+    }
+}
+
+/* y's rows r.. (nr of them), columns c0.. (cols of them) = x's rows times the panel p */
+static inline __attribute__((always_inline)) void tile(
+    const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p, int qtype,
+    int nr, const float *bias, const float *residual, int64_t ldr, float *y, int n, int cols) {
+    for (int side = 0; side < 2 && side * HALF < cols; side++) {
+        __m256 acc[MAX_ROWS];
+        panel_tile(xq, k, xs, xsums, p, qtype, nr, side, acc);
+        const int c0 = side * HALF, width = cols - c0 < HALF ? cols - c0 : HALF;
+        for (int i = 0; i < nr; i++) {
+            float out[HALF];
+            _mm256_storeu_ps(out, acc[i]);
+            for (int c = 0; c < width; c++) {
+                float v = out[c];
+                if (bias) v += bias[c0 + c];
+                if (residual) v += residual[i * ldr + c0 + c];
+                y[(int64_t)i * n + c0 + c] = v;
+            }
+        }
+    }
+}
+
+#define TILES(TYPE) TILE(TYPE, 1) TILE(TYPE, 2) TILE(TYPE, 3) TILE(TYPE, 4)
+
+#endif
+
+#if defined(REPACKED_AVX512) || defined(REPACKED_AVX2)
+
+static void repacked_linear(const float *x, int64_t ldx, const uint8_t *repacked, int qtype,
+                            const float *bias, const float *residual, int64_t ldr, float *y,
+                            int8_t *xq, float *xs, int32_t *xsums, int64_t rows, int k, int n,
+                            int num_threads) {
     quantize_blocks(x, ldx, xq, xs, xsums, rows, k, num_threads);
-    const int64_t npanels = (n + PANEL - 1) / PANEL, panel_stride = bytes / npanels;
+    const int64_t npanels = (n + PANEL - 1) / PANEL;
+    const int64_t panel_stride = gguf_repacked_bytes(qtype, k, n) / npanels;
     const int64_t chunks = (rows + CHUNK - 1) / CHUNK;
     const int nb = k / BLOCK;
 #pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
     if (rows * (int64_t)n * k > 1 << 18)
     for (int64_t ch = 0; ch < chunks; ch++) {
         for (int64_t pi = 0; pi < npanels; pi++) {
-            const int64_t c0 = pi * PANEL, end = rows < (ch + 1) * CHUNK ? rows : (ch + 1) * CHUNK;
-            const __mmask16 cols = n - c0 >= PANEL ? 0xFFFF : (__mmask16)((1u << (n - c0)) - 1);
+            const int64_t c0 = pi * PANEL;
+            const int64_t end = rows < (ch + 1) * CHUNK ? rows : (ch + 1) * CHUNK;
+            const int cols = n - c0 < PANEL ? (int)(n - c0) : PANEL;
             for (int64_t r = ch * CHUNK; r < end; r += MAX_ROWS) {
                 const int nr = end - r < MAX_ROWS ? (int)(end - r) : MAX_ROWS;
                 const int8_t *xr = xq + r * k;
                 const float *sx = xs + r * nb;
                 const int32_t *sums = xsums + r * nb * 2;
-                const uint8_t *panel = panels + pi * panel_stride;
-                __m512 acc[MAX_ROWS];
+                const uint8_t *panel = repacked + pi * panel_stride;
+                const float *b = bias ? bias + c0 : NULL;
+                const float *res = residual ? residual + r * ldr + c0 : NULL;
+                float *out = y + r * (int64_t)n + c0;
                 switch (qtype * 16 + nr) { /* one inlined copy per block type and row count */
-#define TILE(TYPE, NR)                                            \
-    case TYPE * 16 + NR:                                          \
-        panel_tile(xr, k, sx, sums, panel, TYPE, NR, acc); \
+#define TILE(TYPE, NR)                                                            \
+    case TYPE * 16 + NR:                                                          \
+        tile(xr, k, sx, sums, panel, TYPE, NR, b, res, ldr, out, n, cols); \
         break;
-#define TILES(TYPE) \
-    TILE(TYPE, 1) TILE(TYPE, 2) TILE(TYPE, 3) TILE(TYPE, 4) \
-    TILE(TYPE, 5) TILE(TYPE, 6) TILE(TYPE, 7) TILE(TYPE, 8)
                     TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0)
                     TILES(Q4_K) TILES(Q5_K) TILES(Q6_K)
-#undef TILES
 #undef TILE
-                }
-                for (int i = 0; i < nr; i++) {
-                    __m512 v = acc[i];
-                    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(cols, bias + c0));
-                    if (residual)
-                        v = _mm512_add_ps(
-                            v, _mm512_maskz_loadu_ps(cols, residual + (r + i) * ldr + c0));
-                    _mm512_mask_storeu_ps(y + (r + i) * (int64_t)n + c0, cols, v);
                 }
             }
         }
@@ -327,33 +371,14 @@ static void repacked_linear(const float *x, int64_t ldx, const uint8_t *panels, 
 
 #endif
 
-int gguf_repacked_supported(void) {
-#ifdef REPACKED_BUILT
-    return 1;
-#else /* gguf_gemm.c reads the blocks as stored */
-    return 0;
-#endif
-}
-
-int gguf_repack(const uint8_t *blocks, int qtype, int k, int n, uint8_t *repacked,
-                int num_threads) {
-    if (!gguf_repacked_supported() || !gguf_repacked_bytes(qtype, k, n)) return -1;
-#ifdef REPACKED_BUILT
-    repack(blocks, qtype, k, n, repacked, num_threads);
-#else
-    (void)blocks, (void)repacked, (void)num_threads;
-#endif
-    return 0;
-}
-
 int gguf_repacked_linear_f32(const float *x, int64_t ldx, const uint8_t *repacked, int qtype,
-                           const float *bias, const float *residual, int64_t ldr, float *y,
-                           int8_t *xq, float *xs, int32_t *xsums, int64_t rows, int k, int n,
-                           int num_threads) {
-    if (!gguf_repacked_supported() || !gguf_repacked_bytes(qtype, k, n)) return -1;
-#ifdef REPACKED_BUILT
+                             const float *bias, const float *residual, int64_t ldr, float *y,
+                             int8_t *xq, float *xs, int32_t *xsums, int64_t rows, int k, int n,
+                             int num_threads) {
+    if (!gguf_repacked_bytes(qtype, k, n)) return -1;
+#if defined(REPACKED_AVX512) || defined(REPACKED_AVX2)
     repacked_linear(x, ldx, repacked, qtype, bias, residual, ldr, y, xq, xs, xsums, rows, k, n,
-                  num_threads);
+                    num_threads);
 #else
     (void)x, (void)ldx, (void)repacked, (void)bias, (void)residual, (void)ldr, (void)y;
     (void)xq, (void)xs, (void)xsums, (void)rows, (void)num_threads;

@@ -87,11 +87,11 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtyp
                     const float *bias, const float *residual, int64_t ldr, float *y, int8_t *xq,
                     float *xs, int32_t *xsums, int64_t rows, int k, int n, int num_threads);
 
-/* gguf_repacked.c: gguf_gemm.c's product over weights repacked at load into panels of 16
- * columns (AVX-512 VNNI only: gguf_repacked_supported() says whether this library has it).
- * gguf_repacked_bytes: the repacked size for a type, or 0 for a type (or k) not repacked;
- * gguf_repack and gguf_repacked_linear_f32 return 0, or -1 for such a type or a library
- * without them */
+/* gguf_repack.c, gguf_repacked.c: gguf_gemm.c's product over weights repacked at load
+ * into panels of 16 columns (gguf_repacked.h; AVX-512 VNNI and AVX2 libraries:
+ * gguf_repacked_supported() says whether this one has them). gguf_repacked_bytes: the
+ * repacked size, or 0 for a type (or k) not repacked; gguf_repack and
+ * gguf_repacked_linear_f32 return 0, or -1 for such a type or a library without them */
 int gguf_repacked_supported(void);
 int64_t gguf_repacked_bytes(int qtype, int k, int n);
 int gguf_repack(const uint8_t *blocks, int qtype, int k, int n, uint8_t *repacked,
