@@ -144,8 +144,7 @@ def test_engine_matches_the_dequantized_file(blocks_gguf, caplog):
                                    layers[1].mlp.gate_up, model.lm_head))
             assert not isinstance(layers[1].mlp.down, GGUFLinear)
             assert isinstance(model.embed, BlockWeight) and model.embed.qtype == 6
-            assert not kernels_built or [part.qtype for part in
-                                         layers[1].self_attn.qkv.parts] == [2, 8]
+            assert not kernels_built or layers[1].self_attn.qkv.qtypes == [2, 8]
         outputs[quantization] = [o.outputs[0] for o in llm.generate(PROMPTS, params,
                                                                        use_tqdm=False)]
     for out, ref in zip(outputs[None], outputs["none"]):

@@ -54,7 +54,9 @@ def test_header_declares_every_kernel_as_its_source_defines_it():
             "silu_and_mul_f32", "rope_write_kv_f32", "argmax_rows_f32", "sample_rows_f32",
             "sampler_uniforms_f64", "int8_linear_f32", "gguf_linear_f32", "gguf_dequantize_f32",
             "int8_linear_amx_f32", "gguf_linear_amx_f32", "bf16_linear_amx_f32",
-            "paged_prefill_attention_amx", "kernels_isa_features"} == set(prototypes)
+            "gguf_repacked_supported", "gguf_repacked_bytes", "gguf_repack",
+            "gguf_repacked_linear_f32", "paged_prefill_attention_amx",
+            "kernels_isa_features"} == set(prototypes)
     assert [name for _, name in prototypes["rms_norm_f32"].params] == [
         "x", "weight", "out", "rows", "cols", "eps", "num_threads"]
 
