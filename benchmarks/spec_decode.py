@@ -3,7 +3,7 @@ process, the engines alternating (A B C A B C ...), each one's median ratio to n
 
     python benchmarks/spec_decode.py [--model smollm2|qwen2.5-coder|PATH] [--repeats 3] \
         [--dtype bfloat16] [--speculative-config JSON ...] [--draft-layers N] \
-        [--max-prompts N] [--only NAME]
+        [--max-prompts N] [--only NAME] [--num-threads N]
 
 --model: SmolLM2-135M-Instruct (default, fp32 safetensors built from its GGUF file),
 qwen2.5-coder (Qwen2.5-Coder-0.5B-Instruct's Q4_K_M GGUF file, run as its blocks), or a
@@ -126,6 +126,12 @@ def main() -> None:
                         help="JSONL of kind / split / prompt (default: the model's, see above)")
     parser.add_argument("--max-prompts", type=int, default=None,
                         help="the first N prompts of each batch-1 workload (a smoke run)")
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="a fixed intra-op thread count for every engine (default: each "
+                        "follows the cores other processes leave free; a prompt's prefill "
+                        "then sums in an order that depends on the count of the moment, and "
+                        "on a busy host greedy answers can differ between engines for that "
+                        "alone)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default=None,
                         help="default: bfloat16 where the CPU has AVX512-BF16, else float32 "
@@ -149,10 +155,11 @@ def main() -> None:
     for spec in specs:
         if spec.get("method") == "draft_model" and "model" not in spec:
             spec["model"] = str(save_first_layers(model, args.draft_layers))
-    engines = {"none": LLM(model=str(model), dtype=dtype)}
+    engines = {"none": LLM(model=str(model), dtype=dtype, num_threads=args.num_threads)}
     for spec in specs:
         engines[f"{len(engines)}:{spec.get('method', 'ngram')}"] = LLM(
-            model=str(model), dtype=dtype, speculative_config=spec)
+            model=str(model), dtype=dtype, num_threads=args.num_threads,
+            speculative_config=spec)
     tokenizer = engines["none"].get_tokenizer()
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()}, {cpu}")
     print(f"model {model}, prompts {prompts_file.name}")
