@@ -198,6 +198,7 @@ class Scheduler:
         if not self.swapped and not out.preempted_req_ids:
             self._schedule_waiting(out, budget, now)
         self.block_tables.emit(out, budget.scheduled, self.kv)
+        self.spec_decoding.scheduled(out)
         if self.step_cost is not None:
             self._last_batch = step_batch(out, self.requests, self.config.block_size)
         return out
@@ -372,7 +373,9 @@ class Scheduler:
 
     def record_step_time(self, seconds: float) -> None:
         """How long the step last scheduled took (its forward, as the engine or the
-        simulator's cost model timed it): what the step-time model learns from."""
+        simulator's cost model timed it): what the step-time models learn from (the
+        scheduler's, and speculation's price of a verification row)."""
+        self.spec_decoding.step_time(seconds)
         if self.step_cost is not None and self._last_batch is not None:
             self.step_cost.observe(self._last_batch, seconds)
             self._last_batch = None

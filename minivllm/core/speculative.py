@@ -14,9 +14,11 @@ lives here, beside the token ids, and the simulator runs it too. `suffix` and
 `draft_model`: core/draft_proposers.py.
 
 Where it does not pay it is turned off: above disable_by_batch_size running requests (a
-large batch is compute-bound: verifying drafts only adds work), and per request by its
-running acceptance rate (a request whose drafts keep failing proposes fewer, down to none,
-and probes again now and then).
+large batch is compute-bound: verifying drafts only adds work), and per request by the
+adaptive draft length: the k that maximizes expected tokens per second, given the request's
+running acceptance and what a verification row costs on this machine (measured by the
+scheduler, core/spec_decoding.py). A request whose drafts do not pay proposes none, and
+probes again now and then.
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     disable_by_batch_size: int | None = 8  # no drafts while more requests than this run
-    # The adaptive draft length (minivllm's): a request's drafts shrink while its running
-    # acceptance rate is below this, and stop below a quarter of it.
-    adaptive_min_acceptance: float = 0.4
+    # The adaptive draft length (minivllm's, best_draft_length): false: every decoding request
+    # drafts num_speculative_tokens, whatever they cost.
+    adaptive_draft_length: bool = True
     # suffix (core/suffix_tree.py), vLLM's keys. The cache of finished requests' outputs is
     # smaller than vLLM's 10000 by default: a cached output token costs about depth tree
     # nodes of ~200 bytes each in Python.
@@ -74,8 +76,8 @@ class SpeculativeConfig:
         if self.disable_by_batch_size is not None and (
                 not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1):
             raise bad("disable_by_batch_size", "must be an integer >= 1 (or null: never)")
-        if not 0.0 <= self.adaptive_min_acceptance < 1.0:
-            raise bad("adaptive_min_acceptance", "must be in [0, 1)")
+        if not isinstance(self.adaptive_draft_length, bool):
+            raise bad("adaptive_draft_length", "must be true or false")
         if not isinstance(self.suffix_decoding_max_tree_depth, int) or not (
                 2 <= self.suffix_decoding_max_tree_depth <= 256):
             raise bad("suffix_decoding_max_tree_depth", "must be an integer in [2, 256]")
@@ -123,30 +125,51 @@ def ngram_propose(token_ids: list[int], k: int, n_min: int, n_max: int) -> list[
     return []
 
 
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a verification of k drafts yields (the accepted drafts and the target's own)
+    when each draft is accepted with probability `acceptance` once the ones before it were:
+    1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)."""
+    return sum(acceptance ** i for i in range(k + 1))
+
+
+def best_draft_length(acceptance: float, max_k: int, row_cost: float) -> int:
+    """The draft length in [0, max_k] with the most tokens per second: expected_tokens over
+    the step's cost, 1 + row_cost x k (row_cost: what one more row adds to the step, as a
+    fraction of the step without drafts). The shortest of equals."""
+    return max(range(max_k + 1),
+               key=lambda k: (expected_tokens(acceptance, k) / (1 + row_cost * k), -k))
+
+
 @dataclass
 class DraftTracker:
-    """One request's running acceptance rate (an exponential average over its verified
-    drafts), which sets how many tokens it proposes."""
+    """One request's acceptance: the chance a draft is accepted once the drafts before it
+    were, estimated as its accepted drafts over the drafts verified up to the first rejected
+    one, both exponential averages over its verifications."""
 
-    rate: float = 1.0  # optimistic: a new request drafts the full length
-    skipped: int = 0  # steps without drafts since its rate fell below the floor
+    accepted: float = 1.0  # optimistic: a new request starts at acceptance 1
+    tried: float = 1.0
+    skipped: int = 0  # steps without drafts since they stopped paying
 
-    def draft_length(self, config: SpeculativeConfig) -> int:
-        k, floor = config.num_speculative_tokens, config.adaptive_min_acceptance
-        if self.rate >= floor:
-            return k
-        if self.rate < floor / 4:
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.tried
+
+    def draft_length(self, max_k: int, row_cost: float) -> int:
+        k = best_draft_length(self.acceptance, max_k, row_cost)
+        if k == 0:
             # Off, but probe with one token every 16 steps: the text may start repeating.
             self.skipped += 1
             if self.skipped < 16:
                 return 0
             self.skipped = 0
             return 1
-        return max(1, round(k * self.rate / floor))
+        return k
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         if num_drafted:
-            self.rate = 0.7 * self.rate + 0.3 * (num_accepted / num_drafted)
+            rejected = num_accepted < num_drafted  # the first rejected one was tried too
+            self.accepted = 0.7 * self.accepted + num_accepted
+            self.tried = 0.7 * self.tried + num_accepted + rejected
 
 
 @dataclass

@@ -8,6 +8,11 @@ runner puts first, together — in the C kernel reading blocks through the block
 it is available (CPU, fp32), else as one masked SDPA over padded gathered contexts — and
 runs the multi-token (prefill) chunks after them: in the C prefill kernel (causal by
 position, tiles of queries against each block, read in place), else one SDPA per request.
+The rows of a request that verifies drafts run with the decodes, each as a one-token decode
+over its own prefix: the decode kernel then computes them as it would one token at a time,
+and the verification keeps the tokens a decode would have picked (the prefill kernel sums in
+another order; a last-bit difference, which int8-quantized activations can grow into a flip
+of a near-tie).
 
 Every path takes a layer's sliding `window` (> 0: a query attends to its last `window`
 positions, itself included, as transformers' sliding_window) and Gemma 2's logit `softcap`
@@ -16,7 +21,7 @@ positions, itself included, as transformers' sliding_window) and Gemma 2's logit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +32,8 @@ from minivllm.model.kernels import cpu
 @dataclass
 class AttentionMetadata:
     """One step's batch, decodes first: requests 0 .. num_decodes - 1 have one query token
-    each (token rows 0 .. num_decodes - 1), the rest are prefill chunks."""
+    each (token rows 0 .. num_decodes - 1), the next num_verifies verify drafts (their last
+    token and drafts), the rest are prefill chunks."""
 
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
     block_table: torch.Tensor  # [B, max_blocks] long, each row padded with block 0
@@ -38,6 +44,7 @@ class AttentionMetadata:
     block_size: int
     use_reference: bool = False  # the per-request oracle (tests)
     use_kernel: bool = False  # the C kernels (CPU, fp32, kernels built)
+    num_verifies: int = 0
 
     @property
     def num_requests(self) -> int:
@@ -157,16 +164,31 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     if meta.use_reference:
         return reference_attention(q, k_cache, v_cache, meta, scale, window, softcap)
-    num_decodes = meta.num_decodes
+    num_decodes = meta.num_decodes + meta.num_verifies  # requests attending as decodes
+    block_table, seq_lens = decode_rows(meta, num_decodes)
     if num_decodes == meta.num_requests:
-        return decode_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens,
-                                meta.block_size, meta.use_kernel, scale, window, softcap)
+        return decode_attention(q, k_cache, v_cache, block_table, seq_lens, meta.block_size,
+                                meta.use_kernel, scale, window, softcap)
     if num_decodes == 0:
         return prefill_attention(q, k_cache, v_cache, meta, scale, window, softcap)
+    rows = len(seq_lens)
     out = torch.empty_like(q)
-    out[:num_decodes] = decode_attention(
-        q[:num_decodes], k_cache, v_cache, meta.block_table[:num_decodes],
-        meta.seq_lens[:num_decodes], meta.block_size, meta.use_kernel, scale, window, softcap)
-    out[num_decodes:] = prefill_attention(q[num_decodes:], k_cache, v_cache, meta, scale,
-                                          window, softcap)
+    out[:rows] = decode_attention(q[:rows], k_cache, v_cache, block_table, seq_lens,
+                                  meta.block_size, meta.use_kernel, scale, window, softcap)
+    out[rows:] = prefill_attention(q[rows:], k_cache, v_cache,
+                                   replace(meta, num_decodes=num_decodes), scale, window,
+                                   softcap)
     return out
+
+
+def decode_rows(meta: AttentionMetadata, num_requests: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block table and context length of each token row of requests 0 .. num_requests - 1
+    as one-token decodes: row j of a request's n rows attends to its first seq_len - n + 1 + j
+    positions."""
+    if not meta.num_verifies:  # one row each
+        return meta.block_table[:num_requests], meta.seq_lens[:num_requests]
+    loc = meta.query_start_loc[:num_requests + 1]
+    owner = torch.repeat_interleave(torch.arange(num_requests, device=loc.device),
+                                    loc[1:] - loc[:-1])
+    rows_after = loc[1:][owner] - 1 - torch.arange(len(owner), device=loc.device)
+    return meta.block_table[owner], meta.seq_lens[owner] - rows_after

@@ -6,6 +6,7 @@ vectorised numpy operations over those rows, not per-token Python.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +50,8 @@ class CachedRequestState:
 
 @dataclass
 class StepInputs:
-    """A step's flattened batch in numpy, requests ordered decodes first."""
+    """A step's flattened batch in numpy, requests ordered decodes first, then the ones that
+    verify drafts, then prefill chunks."""
 
     req_ids: list[str]
     token_ids: np.ndarray  # [T]
@@ -59,6 +61,7 @@ class StepInputs:
     seq_lens: np.ndarray  # [B]
     query_start_loc: np.ndarray  # [B + 1]
     num_decodes: int
+    num_verifies: int = 0  # the requests after the decodes that verify drafts
 
 
 class InputBatch:
@@ -112,12 +115,16 @@ class InputBatch:
     # ---- a step's inputs ------------------------------------------------------------
 
     def prepare(self, num_scheduled_tokens: dict[str, int],
-                start_at: dict[str, int] | None = None) -> StepInputs:
+                start_at: dict[str, int] | None = None,
+                verifying: Collection[str] = ()) -> StepInputs:
         """The step's inputs: each request's tokens from its computed count on (or from
-        `start_at`, the draft model's own positions: model/draft_model.py)."""
+        `start_at`, the draft model's own positions: model/draft_model.py). `verifying`:
+        the requests whose tokens are their last one and drafts."""
         decodes = [r for r, n in num_scheduled_tokens.items() if n == 1]
-        prefills = [r for r, n in num_scheduled_tokens.items() if n > 1]
-        req_ids = decodes + prefills
+        verifies = [r for r, n in num_scheduled_tokens.items() if n > 1 and r in verifying]
+        prefills = [r for r, n in num_scheduled_tokens.items()
+                    if n > 1 and r not in verifying]
+        req_ids = decodes + verifies + prefills
         states = [self.requests[r] for r in req_ids]
         counts = np.fromiter((num_scheduled_tokens[r] for r in req_ids), np.int64, len(req_ids))
         starts = np.fromiter((s.num_computed_tokens for s in states) if start_at is None
@@ -141,4 +148,4 @@ class InputBatch:
         slot_mapping = (block_table[owner, positions // self.block_size] * self.block_size
                         + positions % self.block_size)
         return StepInputs(req_ids, token_ids, positions, slot_mapping, block_table, seq_lens,
-                          query_start_loc, len(decodes))
+                          query_start_loc, len(decodes), len(verifies))

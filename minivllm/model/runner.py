@@ -215,7 +215,8 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=as_tensor(slots), block_table=as_tensor(inputs.block_table),
             seq_lens=as_tensor(inputs.seq_lens), query_start_loc=as_tensor(inputs.query_start_loc),
-            num_decodes=inputs.num_decodes, num_tokens=num_tokens, block_size=self.block_size,
+            num_decodes=inputs.num_decodes, num_verifies=inputs.num_verifies,
+            num_tokens=num_tokens, block_size=self.block_size,
             use_reference=self.use_reference_attention, use_kernel=self.use_kernels)
         model = model or self.model
         return model(as_tensor(tokens), as_tensor(positions),
@@ -248,7 +249,7 @@ class ModelRunner:
         result = ModelRunnerOutput()
         if not out.num_scheduled_tokens:
             return result
-        inputs = self.batch.prepare(out.num_scheduled_tokens)
+        inputs = self.batch.prepare(out.num_scheduled_tokens, verifying=drafts)
         if self.lora is not None:
             self.lora.set_step([self.batch.requests[r].lora_int_id for r in inputs.req_ids],
                                inputs.query_start_loc)

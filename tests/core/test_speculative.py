@@ -1,8 +1,8 @@
 """Speculative decoding in the scheduler (core/speculative.py): the n-gram proposer, the
 config's checks, draft tokens in the step's budget and KV slots, the roll-back past rejected
 drafts (no block leaked, no slot read that is not the request's own: the fake model's KV
-contents of tests/core/test_scheduler_policies.Sim), the adaptive draft length,
-disable_by_batch_size and the counters."""
+contents of tests/core/test_scheduler_policies.Sim), the adaptive draft length (priced by the
+step times the scheduler is told), disable_by_batch_size and the counters."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from hypothesis import strategies as st
 
 from minivllm.core.policy import POLICIES
 from minivllm.core.request import RequestStatus
+from minivllm.core.spec_decoding import SpecDecoding
 from minivllm.core.speculative import (
     DraftTracker,
     SpeculativeConfig,
+    best_draft_length,
+    expected_tokens,
     ngram_propose,
     parse_speculative_config,
 )
@@ -135,22 +138,53 @@ def test_no_drafts_above_disable_by_batch_size():
     sim.assert_all_free()
 
 
-def test_draft_length_shrinks_with_the_acceptance_rate_and_probes_when_off():
-    config = SpeculativeConfig(num_speculative_tokens=4, adaptive_min_acceptance=0.4)
+def test_the_draft_length_maximizes_tokens_per_second_at_the_row_cost():
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    # The same acceptance: long drafts where a row is cheap (one pass over the weights
+    # verifies them all), shorter as it costs more of a step, none where it costs a step.
+    lengths = [best_draft_length(0.7, 8, cost) for cost in (0.0, 0.02, 0.1, 0.5, 1.0)]
+    assert lengths == [8, 8, 4, 1, 0]
+    # The same row cost: shorter drafts as the acceptance falls.
+    assert [best_draft_length(a, 8, 0.1) for a in (0.9, 0.7, 0.5, 0.05)] == [8, 4, 2, 0]
+
+
+def test_draft_length_follows_the_acceptance_and_probes_when_off():
     tracker = DraftTracker()
-    assert tracker.draft_length(config) == 4
-    tracker.record(4, 1)
-    assert tracker.rate == pytest.approx(0.775)
+    assert tracker.draft_length(4, 0.1) == 4
+    tracker.record(4, 1)  # one accepted, the second rejected
+    assert tracker.acceptance == pytest.approx(1.7 / 2.7)
     for _ in range(3):
         tracker.record(4, 0)
-    assert 0.1 <= tracker.rate < 0.4 and 1 <= tracker.draft_length(config) < 4
+    assert 0.1 < tracker.acceptance < 0.4 and 1 <= tracker.draft_length(4, 0.1) < 4
     for _ in range(5):
         tracker.record(4, 0)
-    lengths = [tracker.draft_length(config) for _ in range(32)]
+    lengths = [tracker.draft_length(4, 0.1) for _ in range(32)]
     assert lengths.count(1) == 2 and lengths.count(0) == 30  # a probe every 16 steps
     tracker.record(1, 1)
     tracker.record(1, 1)
-    assert tracker.draft_length(config) > 0
+    assert tracker.draft_length(4, 0.1) > 0
+
+
+def drafts_per_verification(row_seconds: float, adaptive: bool = True) -> float:
+    """A request whose next token is the prompt lookup's 80% of the time, its steps timed as
+    1 s plus row_seconds per row: the mean draft length it verifies."""
+    sim = RepeatingSim(period=8, noise=0.2, seed=1, block_size=4, num_blocks=256,
+                       speculative_config={**NGRAM, "num_speculative_tokens": 6,
+                                           "adaptive_draft_length": adaptive})
+    sim.add("r", prompt=list(range(1, 9)) * 2, max_tokens=300)
+    while sim.scheduler.has_unfinished_requests():
+        out = sim.step()
+        sim.scheduler.record_step_time(1.0 + row_seconds * out.total_num_scheduled_tokens)
+    stats = sim.scheduler.stats()
+    return stats.spec_num_draft_tokens / stats.spec_num_drafts
+
+
+def test_the_scheduler_prices_drafts_by_the_step_times_it_is_told():
+    cheap, dear = drafts_per_verification(0.02), drafts_per_verification(0.8)
+    assert cheap > 5 and dear < 3.5, (cheap, dear)
+    assert drafts_per_verification(0.8, adaptive=False) > 5  # not adaptive: the full length
+    spec = SpecDecoding(SpeculativeConfig(), None, None)
+    assert spec.row_cost(1) == 0.0  # nothing timed yet: drafts priced as free
 
 
 @settings(max_examples=200, deadline=None)

@@ -30,7 +30,7 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "disable_by_batch_siz
           "suffix_decoding_max_spec_factor": 2.0}
 # Every draft is verified, however few pass: the adaptive rule would stop a weak draft model.
 DRAFT_MODEL = {"method": "draft_model", "num_speculative_tokens": 3,
-               "disable_by_batch_size": None, "adaptive_min_acceptance": 0.0}
+               "disable_by_batch_size": None, "adaptive_draft_length": False}
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=7, ignore_eos=True,
                          repetition_penalty=1.1, logprobs=2, n=2)

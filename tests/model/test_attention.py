@@ -33,6 +33,35 @@ def test_mixed_batch_fast_path_matches_reference(use_kernel):
     torch.testing.assert_close(paged_attention(q, k_cache, v_cache, meta, 0.3), expected)
 
 
+@pytest.mark.parametrize("use_kernel", [False, True] if KERNEL_BUILT else [False])
+def test_rows_verifying_drafts_attend_as_one_token_decodes_bit_for_bit(use_kernel):
+    """A decode, a request verifying 3 drafts (4 rows, 11 tokens after the step) and a
+    prefill chunk: each verification row gets exactly what a one-token decode at its
+    position gets (what makes the verified tokens a decode's: model/spec_verify.py)."""
+    torch.manual_seed(0)
+    block_size, heads, kv_heads, dim = 4, 6, 2, 8
+    k_cache = torch.randn(32, block_size, kv_heads, dim)
+    v_cache = torch.randn(32, block_size, kv_heads, dim)
+    tables = torch.tensor([[3, 7, 0], [4, 9, 12], [10, 11, 0]])
+
+    def meta(table, query_lens, seq_lens, num_decodes, num_verifies=0):
+        starts = torch.tensor([0] + query_lens).cumsum(0)
+        return AttentionMetadata(
+            slot_mapping=torch.zeros(0, dtype=torch.long), block_table=table,
+            seq_lens=torch.tensor(seq_lens), query_start_loc=starts, num_decodes=num_decodes,
+            num_tokens=sum(query_lens), block_size=block_size, use_kernel=use_kernel,
+            num_verifies=num_verifies)
+
+    q = torch.randn(8, heads, dim)
+    step = meta(tables, [1, 4, 3], [6, 11, 7], num_decodes=1, num_verifies=1)
+    out = paged_attention(q, k_cache, v_cache, step, 0.3)
+    torch.testing.assert_close(out, reference_attention(q, k_cache, v_cache, step, 0.3))
+    for j in range(4):
+        alone = meta(tables[1:2], [1], [8 + j], num_decodes=1)
+        assert torch.equal(out[1 + j], paged_attention(q[1 + j:2 + j], k_cache, v_cache,
+                                                       alone, 0.3)[0])
+
+
 def test_engine_greedy_identical_on_reference_and_fast_paths(tiny_llama):
     prompts = [{"prompt_token_ids": [1] + [(i * 13 + n) % 500 + 3 for i in range(n)]}
                for n in (2, 9, 17, 30, 44)]

@@ -44,6 +44,16 @@ def test_a_step_is_flattened_decodes_first_with_positions_and_slots():
     assert inputs.slot_mapping.tolist() == [3 * 4 + 1, 20, 21, 22, 23, 8, 9]
 
 
+def test_requests_verifying_drafts_come_after_the_decodes_before_the_prefills():
+    batch = InputBatch(max_blocks_per_request=8, block_size=BLOCK_SIZE)
+    batch.apply(step([new("prefill", [1, 2, 3], block_ids=[1]),
+                      new("verify", [4, 5, 6], block_ids=[2], computed=2),
+                      new("decode", [7, 8], block_ids=[3], computed=1)]))
+    inputs = batch.prepare({"prefill": 3, "verify": 3, "decode": 1}, verifying={"verify"})
+    assert inputs.req_ids == ["decode", "verify", "prefill"]
+    assert (inputs.num_decodes, inputs.num_verifies) == (1, 1)
+
+
 def test_a_prefill_chunk_starts_at_the_computed_tokens():
     batch = InputBatch(max_blocks_per_request=8, block_size=BLOCK_SIZE)
     batch.apply(step([new("r", list(range(100, 110)), block_ids=[1, 2])]))
