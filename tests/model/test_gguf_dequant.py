@@ -2,8 +2,8 @@
 panels of output rows dequantized to fp32 bit for bit as the gguf package does, on tiny
 shapes and Qwen2.5-0.5B's (random bytes: every bit pattern of every field), then sgemm into
 the panel's columns of y; from cpu.GGUF_DEQUANT_MIN_ROWS rows on, the int8 kernel below, and
-amx_gemm.c first where it runs (on every CPU without AVX-512 VNNI, and on one with it for
-the types gguf_repacked.c does not hold). test_kernel_isa.py runs this file once per ISA
+amx_gemm.c first where it runs (on a CPU below AVX2, and on every CPU for the types
+gguf_repacked.c does not hold). test_kernel_isa.py runs this file once per ISA
 level of this CPU."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ TYPES = list(TYPE_NAMES)
 
 @pytest.fixture(autouse=True)
 def blocks_as_stored(monkeypatch):
-    """The route of a CPU without AVX-512 VNNI: no weights repacked (test_gguf_repacked.py
+    """The route of a CPU below AVX2: no weights repacked (test_gguf_repacked.py
     tests that route)."""
     monkeypatch.setattr(cpu, "gguf_repacked", lambda: False)
 

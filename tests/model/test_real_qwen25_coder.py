@@ -197,7 +197,7 @@ def test_gguf_blocks_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs, monk
             assert out.token_ids[same] in [t for t, _ in top], f"prompt {i}"
             assert top[0][1].logprob - top[1][1].logprob < 0.1, f"prompt {i}: {top}"
     # Teacher-forced on the fp32 path's continuations: every position compared. Where the
-    # weights are repacked (AVX-512 VNNI) a prefill runs the int8 arithmetic of a decode
+    # weights are repacked (AVX2 and up) a prefill runs the int8 arithmetic of a decode
     # step, whose activations' rounding shows; elsewhere it runs the fp32 panels (the fp32
     # path's product on the same weights: measured equal), then the int8 kernel forced on it.
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)

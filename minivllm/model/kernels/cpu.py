@@ -310,7 +310,7 @@ GGUF_REPACKED_TYPES = (2, 3, 6, 7, 8, 12, 13, 14)
 
 def gguf_repacked() -> bool:
     """Whether this CPU's library runs GGUF weights repacked into panels of 16 columns
-    (gguf_repacked.c: AVX-512 VNNI)."""
+    (gguf_repack.c, gguf_repacked.c: AVX2 and AVX-512 VNNI)."""
     return bool(_library().gguf_repacked_supported())
 
 

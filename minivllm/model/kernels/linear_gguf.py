@@ -8,10 +8,10 @@ On the CPU with the C kernels built, the product runs as llama.cpp's does: activ
 quantized per row and block of 32 to int8 (its q8_0 activations), each block's integer dot
 product scaled by the two block scales and accumulated in fp32 (for the types with a
 minimum, plus the block's minimum times the sum of its activations, llama.cpp's q8_1):
-- with AVX-512 VNNI, on the weights repacked at load into panels of 16 columns
+- with AVX2 or more, on the weights repacked at load into panels of 16 columns
   (gguf_repacked.c, cpu.GGUF_REPACKED_TYPES), at every row count: decode and prefill alike,
   so a row's result does not depend on its batch;
-- otherwise on the blocks as stored (gguf_gemm.c) below cpu.GGUF_DEQUANT_MIN_ROWS rows, and
+- otherwise (Q2_K, Q3_K, or a CPU below AVX2) on the blocks as stored (gguf_gemm.c) below cpu.GGUF_DEQUANT_MIN_ROWS rows, and
   from there in fp32: panels of output rows dequantized (gguf_dequant.c, as dequantize()
   computes) times x by torch's sgemm.
 On a CPU with AMX, a batch of cpu.AMX_MIN_ROWS rows or more (a prefill) of the types
@@ -163,7 +163,7 @@ class GGUFLinear:
     """y = x @ weight.T + bias (+ residual) over a BlockWeight, or a BlockRows (a kernel call
     per part, each giving its columns of y). x: [T, in_features] fp32.
 
-    Where this CPU runs gguf_repacked.c (AVX-512 VNNI), each part of cpu.GGUF_REPACKED_TYPES
+    Where this CPU runs gguf_repacked.c (AVX2, AVX-512 VNNI), each part of cpu.GGUF_REPACKED_TYPES
     is repacked once here and every call runs there, whatever its rows (so a row's result
     does not depend on its batch); the blocks are kept only on a CPU with AMX, whose
     prefill of cpu.GGUF_AMX_TYPES runs on the tiles."""
