@@ -35,11 +35,15 @@ from tests.model.test_gguf_kernel import block_weight
 pytestmark = needs_kernels
 
 
-@pytest.fixture(autouse=True)
-def repacking_library():
-    """Asked at each test: test_kernel_isa.py runs this file under every level's library."""
+def repacked_layer(weight, bias=None) -> GGUFLinear | None:
+    """The layer over `weight`, or None below AVX2, where nothing repacks (checked: the
+    blocks stay; test_gguf_kernel.py tests that route). Asked at each test, not skipped:
+    test_kernel_isa.py runs this file under every level's library, each level all tests."""
+    layer = GGUFLinear(weight, bias)
     if not cpu.gguf_repacked():
-        pytest.skip("this library repacks no GGUF weights (below AVX2)")
+        assert layer.repacked == [None] and layer.blocks == [weight.blocks]
+        return None
+    return layer
 
 REPACKED = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
 # Tiny, columns off 16 (a last panel of 5 and of 8 columns), and Qwen2.5-0.5B's q / k / v
@@ -55,7 +59,9 @@ CASES = [(qtype, n, k) for qtype in REPACKED for n, k in SHAPES[qtype]]
 @pytest.mark.parametrize("rows", [1, 4, 9, 70])
 def test_repacked_equals_the_int8_kernels_arithmetic(qtype, n, k, rows):
     weight, _ = block_weight(n, k, qtype, seed=n + k)
-    layer = GGUFLinear(weight)
+    layer = repacked_layer(weight)
+    if layer is None:
+        return
     assert layer.repacked[0] is not None and layer.blocks[0] is None  # the blocks let go
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     x[0, :32] = 0  # an all-zero activation block
@@ -71,7 +77,9 @@ def test_a_rows_result_does_not_depend_on_its_batch(qtype):
     blocks route (fp32 panels from GGUF_DEQUANT_MIN_ROWS rows) fails this."""
     k = 512 if qtype in (Q4_K, Q5_K, Q6_K) else 96
     weight, _ = block_weight(37, k, qtype)
-    layer = GGUFLinear(weight, torch.randn(37))
+    layer = repacked_layer(weight, torch.randn(37))
+    if layer is None:
+        return
     x = torch.randn(70, k)
     alone = torch.cat([layer(x[i:i + 1]) for i in range(70)])
     for rows in (3, 8, 9, 64, 70):
@@ -86,7 +94,8 @@ def test_repacked_reads_the_files_bytes(qtype):
     weight, _ = block_weight(n, k, qtype)
     stored = n * k // UNIT_VALUES[qtype] * UNIT_BYTES[qtype]
     extra = n * k // 64 if qtype in (Q4_K, Q5_K) else 0
-    assert GGUFLinear(weight).step_bytes == stored + extra
+    layer = repacked_layer(weight)
+    assert layer is None or layer.step_bytes == stored + extra
 
 
 @pytest.mark.parametrize("qtype", [Q2_K, Q3_K], ids=lambda v: TYPE_NAMES[v])
@@ -102,7 +111,9 @@ def test_bias_and_residual_are_added_by_columns_with_strided_rows():
     weight, _ = block_weight(37, 96, Q5_0)
     bias, wide = torch.randn(37), torch.randn(12, 200)
     residual = torch.randn(12, 80)[:, 3:40]  # rows strided by 80
-    layer = GGUFLinear(weight, bias)
+    layer = repacked_layer(weight, bias)
+    if layer is None:
+        return
     expected = emulate_kernel(wide[:, :96].contiguous(), weight) + bias + residual
     torch.testing.assert_close(layer(wide[:, :96], residual=residual), expected, rtol=1e-5,
                                atol=1e-4)
