@@ -36,6 +36,7 @@ import torch
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.peers import peer_python, vllm_env
 from minivllm.bench.qwen25_coder import models_dir, qwen25_coder_gguf
+from minivllm.bench.sampling import add_sampling_args, describe, sampling_fields, sampling_flags
 from minivllm.bench.server_process import free_port, start_server, stop_server
 from minivllm.bench.timing import call_seconds
 from minivllm.model.kernels.isa import cpu_features
@@ -142,7 +143,8 @@ def bench(port: int, model: Path, tokenizer: Path, concurrency: int, prompts: in
                     "--tokenizer", str(tokenizer), "--workload", "random", "--seed", str(seed),
                     "--input-len", str(args.input_len), "--output-len", str(args.output_len),
                     "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-                    "--ignore-eos", "--output", str(out), "--disable-tqdm"],
+                    "--ignore-eos", "--output", str(out), "--disable-tqdm",
+                    *sampling_flags(sampling_fields(args))],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     s = json.loads((out / "run.json").read_text())["summary"]
     return {"tok/s": s["output_token_throughput"], "ttft_p50_ms": s["ttft_ms"]["median"],
@@ -183,6 +185,7 @@ def main() -> None:
     p.add_argument("--prompts-per-slot", type=int, default=2)
     p.add_argument("--min-prompts", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
+    add_sampling_args(p, greedy=True)  # the same for every engine (each default differs)
     args = p.parse_args()
     if "llama-server" in args.engines and not LLAMA_SERVER.exists():
         sys.exit(f"{LLAMA_SERVER} is missing: build it with `make peer-llama-server`")
@@ -205,7 +208,8 @@ def main() -> None:
         rounds = [one_round(args.engines, model, tokenizer, args, work)
                   for _ in range(args.rounds)]
     print(f"# {when_and_load()} (end); {args.rounds} rounds, engines alternating; random "
-          f"{args.input_len} in / {args.output_len} out, EOS ignored, greedy")
+          f"{args.input_len} in / {args.output_len} out, EOS ignored, "
+          f"{describe(sampling_fields(args))}")
     print("| engine | concurrency | out tok/s | vs llama-server | TTFT p50 ms | TPOT p50 ms "
           "| weights / step | batch-1 roof tok/s |")
     print("|---|---|---|---|---|---|---|---|")
