@@ -90,6 +90,10 @@ def vllm_command(model: Path, port: int, ctx: int, slots: int) -> list[str]:
 ENGINES = {
     "minivllm": lambda *a: minivllm_command(*a),  # a GGUF file's blocks, as stored
     "minivllm-fp32": lambda *a: minivllm_command(*a, "--quantization", "none"),
+    # every weight dequantized and stored in bf16: on a CPU without AVX512-BF16, fp32
+    # arithmetic on the bf16 values (bf16_gemm.c), as a bf16 checkpoint runs there
+    "minivllm-bf16": lambda *a: minivllm_command(*a, "--quantization", "none", "--dtype",
+                                                 "bfloat16"),
     "llama-server": llama_server_command,
     "vllm": vllm_command,
 }
@@ -115,6 +119,7 @@ def step_bytes(model: Path) -> dict[str, int]:
     fp32 = sum(tensor_bytes(t, False) for t in whole)
     return {"llama-server": sum(t.stored_bytes for t in whole), "minivllm-fp32": fp32,
             "minivllm": sum(tensor_bytes(t, t.as_blocks) for t in whole),
+            "minivllm-bf16": fp32 // 2,
             "vllm": fp32 // 2 if VLLM_DTYPE == "bfloat16" else fp32}
 
 

@@ -15,12 +15,11 @@ import torch
 from safetensors.torch import load_file
 
 from minivllm.config import DEMO_MODEL_NAME
-from minivllm.model import gguf
-from minivllm.model.kernels.isa import cpu_features
+from minivllm.model import gguf, kernels
+from minivllm.model.kernels.isa import cpu_features, native_bf16
 
 logger = logging.getLogger(__name__)
 
-NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags
 _DTYPES = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16,
@@ -54,8 +53,9 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device | None = None) -> 
     """An explicit dtype as named. "auto": the checkpoint's dtype (float32 if it names none),
     except on the CPU (`device`), where a float32 checkpoint stays float32 (exact, the
     reference) and any other (bf16, fp16, or none named: a GGUF file) runs in bfloat16 where
-    the CPU has native bf16 dot products (AVX512-BF16, AMX-BF16) and in float32 where bf16
-    would be emulated (slower than float32 there)."""
+    the CPU has native bf16 dot products (AVX512-BF16, AMX-BF16). Without them a bf16
+    checkpoint keeps its bf16 weights where the CPU has AVX2 (bf16_gemm.c: fp32 arithmetic
+    on the stored values, exact, half fp32's bytes) and the rest runs in float32."""
     if dtype != "auto":
         return _DTYPES[dtype]
     configured = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
@@ -65,12 +65,15 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device | None = None) -> 
         return configured if isinstance(configured, torch.dtype) else torch.float32
     if configured == torch.float32:
         return torch.float32
-    native = bool(cpu_features() & NATIVE_BF16)
+    native = native_bf16(cpu_features())
+    stored = (not native and configured == torch.bfloat16 and "avx2" in cpu_features()
+              and kernels.enabled())
     logger.info("dtype auto on this CPU: %s (the checkpoint: %s; %s)",
-                "bfloat16" if native else "float32", configured or "no dtype named",
-                "native bf16 dot products" if native else "no AVX512-BF16 / AMX-BF16: bf16 "
-                "would be emulated")
-    return torch.bfloat16 if native else torch.float32
+                "bfloat16" if native or stored else "float32", configured or "no dtype named",
+                "native bf16 dot products" if native else
+                "bf16 weights as stored, fp32 arithmetic" if stored else
+                "no AVX512-BF16 / AMX-BF16: bf16 arithmetic would be emulated")
+    return torch.bfloat16 if native or stored else torch.float32
 
 
 def resolve_device(device: str) -> torch.device:

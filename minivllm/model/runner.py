@@ -24,6 +24,7 @@ from minivllm.model.attention import AttentionMetadata
 from minivllm.model.draft_model import DraftModel
 from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
+from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.loader import (
     load_state_dict,
@@ -328,6 +329,9 @@ def _bf16_linears() -> str:
     """How the CPU's bf16 linears run, for the start-up line."""
     if kernels.enabled() and cpu.amx():
         return "AMX-BF16 tiles, the LM head too, fp32 logits"
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported() and native_bf16():
         return "oneDNN, native bf16 dot products; the LM head fp32"
-    return "emulated: this CPU has no AVX512-BF16; float32 is faster here"
+    if kernels.enabled() and cpu.bf16_panel_width():
+        return ("stored in bf16, fp32 arithmetic (no AVX512-BF16: half fp32's bytes per "
+                "token, no rounding but the weights'), the LM head too")
+    return "emulated: this CPU has no AVX512-BF16 and no AVX2 kernels; float32 is faster here"

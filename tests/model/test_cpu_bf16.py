@@ -1,9 +1,11 @@
-"""bf16 on the CPU: bf16 linear weights (but the LM head's, unless on AMX tiles) and KV cache,
-fp32 activations between the ops (so the C kernels run as in fp32). The mixed linear against its definition (x rounded to bf16,
-the product accumulated in fp32, bias and residual added in fp32), through oneDNN where the
-CPU has native bf16 and through F.linear elsewhere; an engine with dtype="bfloat16" holds
-bf16 linears and a bf16 KV cache, runs the kernels, and decodes the same greedy tokens
-with the kernels on and off."""
+"""bf16 on the CPU: bf16 linear weights and KV cache, fp32 activations between the ops (so the
+C kernels run as in fp32). The mixed linear of oneDNN / F.linear against its definition (x
+rounded to bf16, the product accumulated in fp32 and rounded to bf16, bias and residual
+added in fp32); an engine with dtype="bfloat16" holds the linears this CPU runs best — AMX
+tiles, oneDNN's native bf16 (the LM head fp32) or, without AVX512-BF16, bf16-stored weights
+with fp32 arithmetic (bf16_gemm.c, test_bf16_gemm.py; the LM head bf16 too) — and a bf16 KV
+cache, runs the kernels, and decodes the same greedy tokens with the kernels on and off;
+dtype="auto" picks bf16 where it pays."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
 from minivllm.model.kernels import cpu
+from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.kernels.linear import Linear
+from minivllm.model.kernels.linear_amx import AmxBf16Linear
+from minivllm.model.kernels.linear_bf16 import Bf16Linear
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
@@ -52,9 +57,14 @@ def test_a_bf16_engine_holds_bf16_linears_and_kv_with_fp32_activations(bf16_runs
     _, (runner, _) = bf16_runs
     assert runner.dtype == torch.float32 and runner.kv_dtype == torch.bfloat16
     assert runner.k_cache.dtype == torch.bfloat16
+    head, gate_up = runner.model.lm_head, runner.model.layers[0].mlp.gate_up
     if cpu.amx():  # bf16 weights packed as AMX tiles, the LM head too (fp32 logits)
-        assert runner.model.lm_head.packed.dtype == torch.bfloat16
-        assert runner.model.layers[0].mlp.gate_up.packed.dtype == torch.bfloat16
+        assert isinstance(head, AmxBf16Linear) and isinstance(gate_up, AmxBf16Linear)
+        assert head.packed.dtype == gate_up.packed.dtype == torch.bfloat16
+    elif not native_bf16() and cpu.bf16_panel_width():
+        # no AVX512-BF16: stored in bf16, fp32 arithmetic, the LM head too (fp32 logits)
+        assert isinstance(head, Bf16Linear) and isinstance(gate_up, Bf16Linear)
+        assert head.packed.dtype == gate_up.packed.dtype == torch.bfloat16
     else:  # fp32 LM head: logits rounded to bf16 tie (SmolLM2's first answer token flipped)
         assert runner.model.lm_head.weight.dtype == torch.float32
         assert runner.model.layers[0].mlp.gate_up.weight.dtype == torch.bfloat16
@@ -73,8 +83,12 @@ def test_bf16_greedy_is_the_same_with_kernels_on_and_off(bf16_runs):
     ("bfloat16", {"avx2", "avx512_bf16"}, torch.bfloat16),
     ("float16", {"avx2", "amx_bf16"}, torch.bfloat16),
     (None, {"avx2", "avx512_bf16"}, torch.bfloat16),  # a GGUF file names no dtype
-    ("bfloat16", {"avx2", "avx512f"}, torch.float32),  # bf16 would be emulated
+    # no bf16 dot products: a bf16 checkpoint's weights stay bf16 (fp32 arithmetic, exact);
+    # anything else would be rounded, so fp32; below AVX2 bf16 would be emulated
+    ("bfloat16", {"avx2", "avx512f"}, torch.bfloat16),
+    ("float16", {"avx2"}, torch.float32),
     (None, {"avx2"}, torch.float32),
+    ("bfloat16", {"sse4_2"}, torch.float32),
 ])
 def test_dtype_auto_on_the_cpu(checkpoint, flags, expected, monkeypatch):
     from types import SimpleNamespace
@@ -82,8 +96,13 @@ def test_dtype_auto_on_the_cpu(checkpoint, flags, expected, monkeypatch):
     from minivllm.model import loader
 
     monkeypatch.setattr(loader, "cpu_features", lambda: frozenset(flags))
+    monkeypatch.delenv("MINIVLLM_DISABLE_KERNELS", raising=False)
     config = SimpleNamespace(dtype=checkpoint)
     assert loader.resolve_dtype("auto", config, torch.device("cpu")) == expected
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:  # no bf16_gemm.c: emulated
+        monkeypatch.setenv("MINIVLLM_DISABLE_KERNELS", "1")
+        assert loader.resolve_dtype("auto", config, torch.device("cpu")) == torch.float32
+        monkeypatch.delenv("MINIVLLM_DISABLE_KERNELS")
     assert loader.resolve_dtype("float32", config, torch.device("cpu")) == torch.float32
     # Elsewhere (and where no device is given) auto is the checkpoint's dtype.
     assert loader.resolve_dtype("auto", config) == (

@@ -259,8 +259,8 @@ def test_check_kernels_prints_the_level(tiny_llama, monkeypatch, capsys):
 
 
 # The kernels-vs-torch tests of the other files: attention (decode, prefill, fp32 and bf16
-# caches), the fused ops, argmax, the sampler, the int8 and GGUF GEMMs, and real models' shapes
-# through the engine.
+# caches), the fused ops, argmax, the sampler, the int8, bf16 and GGUF GEMMs, and real models'
+# shapes through the engine.
 KERNEL_TESTS = [
     "tests/model/test_fast_paths.py::test_c_decode_kernel_matches_reference",
     "tests/model/test_fast_paths.py::test_fused_layer_ops_match_torch",
@@ -276,6 +276,7 @@ KERNEL_TESTS = [
     "tests/model/test_gguf_kernel.py",
     "tests/model/test_gguf_dequant.py",
     "tests/model/test_gguf_repacked.py",
+    "tests/model/test_bf16_gemm.py",
     "tests/model/test_attention.py::test_mixed_batch_fast_path_matches_reference",
     "tests/model/test_sampler.py::test_uniforms_match_between_c_and_python",
     "tests/model/test_sampler.py::test_c_and_torch_paths_agree_token_for_token",

@@ -245,6 +245,36 @@ def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     return y
 
 
+def bf16_panel_width() -> int:
+    """The columns of bf16_gemm.c's panels (linear_bf16.pack_weight), or 0 where it does not
+    run (no kernels, or a library below AVX2)."""
+    lib = _library()
+    return lib.bf16_panel_width() if lib is not None else 0
+
+
+def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [T, K] fp32 (rows may be strided) times bf16 weights packed by
+    linear_bf16.pack_weight, fp32 arithmetic -> fp32 [T, out_features]; bias [N] and
+    residual [T, N] (fp32) added in the same pass. See bf16_gemm.c; only where
+    bf16_panel_width()."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if residual is not None and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    rows, k = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    status = _library().bf16_linear_f32(
+        x=x.data_ptr(), ldx=x.stride(0), w=packed.data_ptr(),
+        bias=None if bias is None else bias.data_ptr(),
+        residual=None if residual is None else residual.data_ptr(),
+        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(), rows=rows, k=k,
+        n=out_features, num_threads=torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError("bf16_linear: this library has no bf16 kernel (below AVX2)")
+    return y
+
+
 # The GGUF block types amx_gemm.c unpacks to bf16 tiles (Q4_0, Q4_1, Q8_0, Q4_K). The others
 # run gguf_gemm.c at every batch size: their unpacking to tiles is not written yet.
 GGUF_AMX_TYPES = (2, 3, 8, 12)

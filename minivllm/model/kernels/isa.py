@@ -91,6 +91,15 @@ def cpu_features() -> frozenset[str]:
         return frozenset()
 
 
+# /proc/cpuinfo flags of bf16 dot products in hardware. torch's
+# _is_mkldnn_bf16_supported() is also true on plain AVX-512, where oneDNN emulates them.
+NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def native_bf16(cpu: frozenset[str] | None = None) -> bool:
+    return bool((cpu_features() if cpu is None else cpu) & NATIVE_BF16)
+
+
 def supported(cpu: frozenset[str], machine: str | None = None) -> list[str]:
     """The levels a CPU with these flags runs, lowest first; only generic off x86 (the
     other levels' flags are x86's)."""

@@ -28,9 +28,9 @@ from torch import nn
 
 from minivllm.model import kernels
 from minivllm.model.attention import AttentionMetadata
-from minivllm.model.kernels import cpu, linear_amx
+from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear_gguf import BlockWeight, cat_rows
-from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm, linear
+from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm, bf16_logits_stay_fp32, linear
 from minivllm.model.models.moe import EXPERT_NAMES, SparseMoeBlock
 from minivllm.model.rope import RotaryEmbedding, rope_layer_types, rotary_dim
 
@@ -176,10 +176,11 @@ class CausalLM(nn.Module):
             lm_head = self.embed  # a tied head (GGUF blocks too: then a block linear)
         # bf16's LM head keeps fp32 weights where the bf16 product rounds its output to bf16
         # (oneDNN's): that tied SmolLM2's top logits ("The" and "L" after "What is the
-        # capital of France?": argmax flipped). On AMX tiles the logits stay fp32.
+        # capital of France?": argmax flipped). On AMX tiles and in bf16_gemm.c's fp32
+        # arithmetic the logits stay fp32.
         head_weights = linear_weights
         if linear_weights == "bf16" and not (isinstance(lm_head, torch.Tensor)
-                                             and linear_amx.usable(lm_head, fast)):
+                                             and bf16_logits_stay_fp32(lm_head, fast)):
             head_weights = None
         self.lm_head = linear(lm_head, None, fast, head_weights)
         # A tensor nothing here reads is a part of the model we do not implement (Qwen2-MoE's

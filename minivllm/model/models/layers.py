@@ -10,9 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.model.attention import AttentionMetadata, paged_attention, write_kv
-from minivllm.model.kernels import cpu, linear_amx
-from minivllm.model.kernels.linear import Linear
+from minivllm.model.kernels import cpu, linear_amx, linear_bf16
+from minivllm.model.kernels.isa import native_bf16
+from minivllm.model.kernels.linear import Linear, onednn_usable
 from minivllm.model.kernels.linear_amx import AmxBf16Linear
+from minivllm.model.kernels.linear_bf16 import Bf16Linear
 from minivllm.model.kernels.linear_gguf import BlockRows, BlockWeight, GGUFLinear
 from minivllm.model.kernels.linear_int8 import Int8Linear
 from minivllm.model.rope import apply_rope
@@ -43,21 +45,41 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+AnyLinear = Linear | Int8Linear | GGUFLinear | AmxBf16Linear | Bf16Linear
+
+
 def linear(weight: torch.Tensor | BlockWeight | BlockRows, bias: torch.Tensor | None,
-           fast: bool, weights: str | None) -> Linear | Int8Linear | GGUFLinear | AmxBf16Linear:
+           fast: bool, weights: str | None) -> AnyLinear:
     """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
-    weights, fp32 inputs converted at the product: the CPU's bf16, see CausalLM; on AMX
-    tiles where the CPU has them, linear_amx.py). A GGUF file's blocks
-    (quantization="gguf") run as stored (linear_gguf.py)."""
+    weights, fp32 activations: the CPU's bf16, see CausalLM): on AMX tiles where the CPU has
+    them (linear_amx.py), oneDNN's native bf16 products where it has AVX512-BF16, and
+    elsewhere bf16-stored weights with fp32 arithmetic (linear_bf16.py). A GGUF file's
+    blocks (quantization="gguf") run as stored (linear_gguf.py)."""
     if isinstance(weight, BlockWeight | BlockRows):
         return GGUFLinear(weight, bias, use_kernel=fast)
     if weights == "int8":
         return Int8Linear(weight, bias, use_kernel=fast)
     if weights == "bf16":
-        if linear_amx.usable(weight, fast):
+        kind = _bf16_kind(weight, fast)
+        if kind == "amx":
             return AmxBf16Linear(weight, bias)
+        if kind == "fp32 arithmetic":
+            return Bf16Linear(weight, bias)
         return Linear(weight.to(torch.bfloat16), bias, fast)
     return Linear(weight, bias, fast)
+
+
+def _bf16_kind(weight: torch.Tensor, fast: bool) -> str:
+    if linear_amx.usable(weight, fast):
+        return "amx"
+    native = fast and onednn_usable(weight[:0].bfloat16()) and native_bf16()
+    return "fp32 arithmetic" if not native and linear_bf16.usable(weight, fast) else "rounded"
+
+
+def bf16_logits_stay_fp32(weight: torch.Tensor, fast: bool) -> bool:
+    """Whether linear(weight, ..., "bf16") returns its products unrounded (AMX tiles,
+    bf16_gemm.c), not rounded to bf16 (oneDNN's bf16 and F.linear's)."""
+    return _bf16_kind(weight, fast) != "rounded"
 
 
 class Attention(nn.Module):

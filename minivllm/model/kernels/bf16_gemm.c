@@ -1,0 +1,135 @@
+/* The linear layer over bf16-stored weights with fp32 arithmetic, for CPUs without bf16 dot
+ * products (AVX2, AVX-512F without AVX512-BF16; linear_bf16.py). A decode step streams every
+ * weight from DRAM, so a bf16 checkpoint read as bf16 costs half the bytes of fp32; x stays
+ * fp32 and every product is exact (a bf16 value is an fp32 value with 16 zero low bits), so
+ * the result is fp32's on the bf16 weights, only the summation order differing.
+ *
+ * Layout (bf16_pack): panels of PANEL = 2 x VEC output columns, k-major: for each k, PANEL
+ * bf16 values in VEC 32-bit words, word j holding column j in its low half and column
+ * j + VEC in its high half. One vector load then gives both halves of the panel as fp32 with
+ * one shift (column j: the low half moved up) and one and (column j + VEC: the low half
+ * cleared), no shuffles.
+ *
+ * Every output is its k terms accumulated in k order by one FMA chain whatever the number of
+ * rows or how they are tiled: a row's result does not depend on the batch it runs in. */
+#include <stdint.h>
+
+#include "kernels.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VEC 16
+#define MAX_ROWS 8 /* rows of x per tile: 16 accumulators */
+typedef __m512 vf;
+typedef __m512i vi;
+#define load_words(p) _mm512_loadu_si512((const void *)(p))
+#define low_cols(w) _mm512_castsi512_ps(_mm512_slli_epi32(w, 16))
+#define high_cols(w) _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(-65536)))
+#define fmadd _mm512_fmadd_ps
+#define set1 _mm512_set1_ps
+#define zero _mm512_setzero_ps
+#define storeu _mm512_storeu_ps
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC 8
+#define MAX_ROWS 6 /* 12 accumulators of 16 registers */
+typedef __m256 vf;
+typedef __m256i vi;
+#define load_words(p) _mm256_loadu_si256((const __m256i *)(p))
+#define low_cols(w) _mm256_castsi256_ps(_mm256_slli_epi32(w, 16))
+#define high_cols(w) _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(-65536)))
+#define fmadd _mm256_fmadd_ps
+#define set1 _mm256_set1_ps
+#define zero _mm256_setzero_ps
+#define storeu _mm256_storeu_ps
+#endif
+
+#ifdef VEC
+#define PANEL (2 * VEC)
+#define CHUNK 64 /* rows of x per task, so a long prompt's rows stay in L2 */
+#define PREFETCH 1024 /* values (2 KiB) ahead in the panel's stream */
+
+/* y's rows (nr of them), columns c0.. (cols of them) = x's rows times the panel p. */
+static inline __attribute__((always_inline)) void tile(
+    const float *x, int64_t ldx, const uint16_t *p, int k, int nr, const float *bias,
+    const float *residual, int64_t ldr, float *y, int64_t n, int cols) {
+    vf acc[MAX_ROWS][2];
+    for (int i = 0; i < nr; i++) acc[i][0] = acc[i][1] = zero();
+    for (int kk = 0; kk < k; kk++, p += PANEL) {
+        _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);
+        const vi w = load_words(p);
+        const vf lo = low_cols(w), hi = high_cols(w);
+        for (int i = 0; i < nr; i++) {
+            const vf xv = set1(x[i * ldx + kk]);
+            acc[i][0] = fmadd(lo, xv, acc[i][0]);
+            acc[i][1] = fmadd(hi, xv, acc[i][1]);
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        float out[PANEL];
+        storeu(out, acc[i][0]);
+        storeu(out + VEC, acc[i][1]);
+        if (bias)
+            for (int c = 0; c < cols; c++) out[c] += bias[c];
+        /* -ffast-math would otherwise add bias and residual first in some row counts'
+         * copies and not others: a barrier keeps (acc + bias) + residual in every one */
+        __asm__ volatile("" ::: "memory");
+        for (int c = 0; c < cols; c++) y[i * n + c] = residual ? out[c] + residual[i * ldr + c]
+                                                             : out[c];
+    }
+}
+
+static void bf16_linear(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+                        const float *residual, int64_t ldr, float *y, int64_t rows, int k,
+                        int n, int num_threads) {
+    const int64_t npanels = (n + PANEL - 1) / PANEL;
+    const int64_t chunks = (rows + CHUNK - 1) / CHUNK;
+#pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
+    if (rows * (int64_t)n * k > 1 << 18)
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        for (int64_t pi = 0; pi < npanels; pi++) {
+            const int64_t c0 = pi * PANEL;
+            const int64_t end = rows < (ch + 1) * CHUNK ? rows : (ch + 1) * CHUNK;
+            const int cols = n - c0 < PANEL ? (int)(n - c0) : PANEL;
+            const uint16_t *panel = w + pi * PANEL * (int64_t)k;
+            for (int64_t r = ch * CHUNK; r < end; r += MAX_ROWS) {
+                const int nr = end - r < MAX_ROWS ? (int)(end - r) : MAX_ROWS;
+                const float *xr = x + r * ldx;
+                const float *b = bias ? bias + c0 : 0;
+                const float *res = residual ? residual + r * ldr + c0 : 0;
+                float *out = y + r * (int64_t)n + c0;
+                switch (nr) { /* one inlined copy per row count */
+#define TILE(NR) \
+    case NR: tile(xr, ldx, panel, k, NR, b, res, ldr, out, n, cols); break;
+                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+#if MAX_ROWS > 6
+                    TILE(7) TILE(8)
+#endif
+#undef TILE
+                }
+            }
+        }
+    }
+}
+#endif
+
+int bf16_panel_width(void) {
+#ifdef VEC
+    return PANEL;
+#else
+    return 0;
+#endif
+}
+
+int bf16_linear_f32(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
+                    const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
+                    int num_threads) {
+#ifdef VEC
+    bf16_linear(x, ldx, w, bias, residual, ldr, y, rows, k, n, num_threads);
+    return 0;
+#else
+    (void)x, (void)ldx, (void)w, (void)bias, (void)residual, (void)ldr, (void)y, (void)rows;
+    (void)k, (void)n, (void)num_threads;
+    return -1;
+#endif
+}
