@@ -112,6 +112,18 @@ def chosen_logprobs(completion) -> list[float]:
     return [entry[t].logprob for entry, t in zip(completion.logprobs, completion.token_ids)]
 
 
+def teacher_forced_errors(llm: LLM, prompts: list[list[int]], references: list) -> list:
+    """Per prompt, |logprob - the reference's| of each reference token, with the prompt and
+    the reference's tokens before it as context (one prefill: no divergence hides anything)."""
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    forced = llm.generate([{"prompt_token_ids": p + r.token_ids}
+                           for p, r in zip(prompts, references)], params, use_tqdm=False)
+    return [np.abs(np.array([out.prompt_logprobs[len(prompt) + j][t].logprob
+                             for j, t in enumerate(ref.token_ids)])
+                   - np.array(chosen_logprobs(ref)))
+            for out, prompt, ref in zip(forced, prompts, references)]
+
+
 @pytest.fixture(scope="module")
 def fp32_outputs(qwen_gguf, prompts):
     return generate(LLM(str(qwen_gguf), dtype="float32", quantization="none", num_kv_blocks=64), prompts)
@@ -208,16 +220,10 @@ def test_gguf_blocks_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs, monk
     # weights are repacked (AVX2 and up) a prefill runs the int8 arithmetic of a decode
     # step, whose activations' rounding shows; elsewhere it runs the fp32 panels (the fp32
     # path's product on the same weights: measured equal), then the int8 kernel forced on it.
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
     for int8_prefill in (True,) if cpu.gguf_repacked() else (False, True):
         if int8_prefill:
             monkeypatch.setattr(cpu, "GGUF_DEQUANT_MIN_ROWS", 1 << 30)
-        forced = llm.generate([{"prompt_token_ids": p + r.token_ids}
-                               for p, r in zip(prompts, fp32_outputs)], params, use_tqdm=False)
-        for i, (out, prompt, ref) in enumerate(zip(forced, prompts, fp32_outputs)):
-            got = np.array([out.prompt_logprobs[len(prompt) + j][t].logprob
-                            for j, t in enumerate(ref.token_ids)])
-            error = np.abs(got - np.array(chosen_logprobs(ref)))
+        for i, error in enumerate(teacher_forced_errors(llm, prompts, fp32_outputs)):
             if int8_prefill:
                 assert error.max() < 0.25 and error.mean() < 0.03, (i, error.max(),
                                                                      error.mean())
@@ -230,12 +236,6 @@ def test_bf16_weights_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs):
     AVX512-BF16, bf16_gemm.c's fp32 arithmetic on the stored bf16 values, the LM head too),
     teacher-forced on the fp32 path's continuations."""
     llm = LLM(str(qwen_gguf), dtype="bfloat16", quantization="none", num_kv_blocks=64)
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
-    forced = llm.generate([{"prompt_token_ids": p + r.token_ids}
-                           for p, r in zip(prompts, fp32_outputs)], params, use_tqdm=False)
-    for i, (out, prompt, ref) in enumerate(zip(forced, prompts, fp32_outputs)):
-        got = np.array([out.prompt_logprobs[len(prompt) + j][t].logprob
-                        for j, t in enumerate(ref.token_ids)])
-        error = np.abs(got - np.array(chosen_logprobs(ref)))
+    for i, error in enumerate(teacher_forced_errors(llm, prompts, fp32_outputs)):
         assert error.max() < BF16_MAX and error.mean() < BF16_MEAN, (i, error.max(),
                                                                      error.mean())

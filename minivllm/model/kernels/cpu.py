@@ -192,6 +192,26 @@ def amx() -> bool:
 AMX_MIN_ROWS = 32  # from here on a batch is worth unpacking the weights to bf16 tiles for
 
 
+class LinearOperands:
+    """What every linear kernel takes around its weights: x [T, K] and residual [T, N] with
+    unit column stride (copied if not; rows may be strided), a fresh fp32 y [T, N], and
+    their arguments (`args`). Holding it keeps any copy alive through the call."""
+
+    def __init__(self, x: torch.Tensor, bias: torch.Tensor | None,
+                 residual: torch.Tensor | None, out_features: int) -> None:
+        self.x = x if x.stride(1) == 1 else x.contiguous()
+        self.residual = (residual.contiguous() if residual is not None
+                         and residual.stride(1) != 1 else residual)
+        self.rows, self.k = self.x.shape
+        self.y = torch.empty(self.rows, out_features, dtype=torch.float32)
+        self.args = dict(
+            x=self.x.data_ptr(), ldx=self.x.stride(0),
+            bias=None if bias is None else bias.data_ptr(),
+            residual=None if self.residual is None else self.residual.data_ptr(),
+            ldr=0 if self.residual is None else self.residual.stride(0), y=self.y.data_ptr(),
+            rows=self.rows, k=self.k, n=out_features, num_threads=torch.get_num_threads())
+
+
 def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
                 bias: torch.Tensor | None, residual: torch.Tensor | None,
                 out_features: int, group: int) -> torch.Tensor:
@@ -200,26 +220,17 @@ def int8_linear(x: torch.Tensor, packed: torch.Tensor, w_scales: torch.Tensor,
     linear_int8.pack_weight, scaled back to fp32 [T, out_features]; bias [N] and residual
     [T, N] (fp32) added in the same pass. See int8_gemm.c. From AMX_MIN_ROWS rows on a CPU
     with AMX, the same weights on AMX-BF16 tiles with x in bf16 instead (amx_gemm.c)."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    rows, k = x.shape
-    kp = -(-k // 32) * 32
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    if residual is not None and residual.stride(1) != 1:
-        residual = residual.contiguous()
-    common = dict(x=x.data_ptr(), ldx=x.stride(0), w=packed.data_ptr(),
-                  w_scales=w_scales.data_ptr(), bias=None if bias is None else bias.data_ptr(),
-                  residual=None if residual is None else residual.data_ptr(),
-                  ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
-                  rows=rows, k=k, kp=kp, n=out_features, num_threads=torch.get_num_threads())
+    ops = LinearOperands(x, bias, residual, out_features)
+    rows, kp = ops.rows, -(-ops.k // 32) * 32
+    common = dict(**ops.args, w=packed.data_ptr(), w_scales=w_scales.data_ptr(), kp=kp)
     if rows >= AMX_MIN_ROWS and amx() and _library().int8_linear_amx_f32(**common) == 0:
-        return y
+        return ops.y
     scratch = torch.empty(rows * kp, dtype=torch.int8)
     gscales = torch.empty(rows * (kp // group), dtype=torch.float32)
     gsums = torch.empty(rows * (kp // group), dtype=torch.int32)
     _library().int8_linear_f32(**common, scratch=scratch.data_ptr(),
                                gscales=gscales.data_ptr(), gsums=gsums.data_ptr())
-    return y
+    return ops.y
 
 
 def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
@@ -227,22 +238,13 @@ def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     """x [T, K] fp32 (rows may be strided) times bf16 weights packed by
     linear_amx.pack_weight, on AMX-BF16 tiles -> fp32 [T, out_features]; bias [N] and
     residual [T, N] (fp32) added in the same pass. See amx_gemm.c; only where amx()."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    rows, k = x.shape
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    if residual is not None and residual.stride(1) != 1:
-        residual = residual.contiguous()
-    status = _library().bf16_linear_amx_f32(
-        x=x.data_ptr(), ldx=x.stride(0), w=packed.data_ptr(),
-        bias=None if bias is None else bias.data_ptr(),
-        residual=None if residual is None else residual.data_ptr(),
-        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(), rows=rows, k=k,
-        kp=packed.shape[1] * 2, n=out_features, num_threads=torch.get_num_threads())
+    ops = LinearOperands(x, bias, residual, out_features)
+    status = _library().bf16_linear_amx_f32(**ops.args, w=packed.data_ptr(),
+                                            kp=packed.shape[1] * 2)
     if status != 0:
         raise RuntimeError("bf16_linear_amx: the AMX tiles could not be used (Linux refused "
                            "them, or memory ran out)")
-    return y
+    return ops.y
 
 
 def bf16_panel_width() -> int:
@@ -258,21 +260,10 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     linear_bf16.pack_weight, fp32 arithmetic -> fp32 [T, out_features]; bias [N] and
     residual [T, N] (fp32) added in the same pass. See bf16_gemm.c; only where
     bf16_panel_width()."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    if residual is not None and residual.stride(1) != 1:
-        residual = residual.contiguous()
-    rows, k = x.shape
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    status = _library().bf16_linear_f32(
-        x=x.data_ptr(), ldx=x.stride(0), w=packed.data_ptr(),
-        bias=None if bias is None else bias.data_ptr(),
-        residual=None if residual is None else residual.data_ptr(),
-        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(), rows=rows, k=k,
-        n=out_features, num_threads=torch.get_num_threads())
-    if status != 0:
+    ops = LinearOperands(x, bias, residual, out_features)
+    if _library().bf16_linear_f32(**ops.args, w=packed.data_ptr()) != 0:
         raise RuntimeError("bf16_linear: this library has no bf16 kernel (below AVX2)")
-    return y
+    return ops.y
 
 
 # The GGUF block types amx_gemm.c unpacks to bf16 tiles (Q4_0, Q4_1, Q8_0, Q4_K). The others
@@ -369,24 +360,15 @@ def gguf_repacked_linear(x: torch.Tensor, repacked: torch.Tensor, qtype: int,
                          out_features: int) -> torch.Tensor:
     """gguf_linear over gguf_repack's weights, at every row count (gguf_repacked.c): the same
     int8 arithmetic, and a row's result does not depend on the rows beside it."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    if residual is not None and residual.stride(1) != 1:
-        residual = residual.contiguous()
-    rows, k = x.shape
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    scratch = _activation_buffers(rows, k)
+    ops = LinearOperands(x, bias, residual, out_features)
+    scratch = _activation_buffers(ops.rows, ops.k)
     status = _library().gguf_repacked_linear_f32(
-        x=x.data_ptr(), ldx=x.stride(0), repacked=repacked.data_ptr(), qtype=qtype,
-        bias=None if bias is None else bias.data_ptr(),
-        residual=None if residual is None else residual.data_ptr(),
-        ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
-        **{name: t.data_ptr() for name, t in scratch.items()}, rows=rows, k=k,
-        n=out_features, num_threads=torch.get_num_threads())
+        **ops.args, repacked=repacked.data_ptr(), qtype=qtype,
+        **{name: t.data_ptr() for name, t in scratch.items()})
     if status != 0:
-        raise ValueError(f"gguf_repacked_linear: GGUF type {qtype} with K={k} is not "
+        raise ValueError(f"gguf_repacked_linear: GGUF type {qtype} with K={ops.k} is not "
                          "repacked (or this library does not repack)")
-    return y
+    return ops.y
 
 
 def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, bias: torch.Tensor | None,
@@ -398,22 +380,14 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, bias: torch.T
     From AMX_MIN_ROWS rows on a CPU with AMX, the blocks of GGUF_AMX_TYPES on AMX-BF16 tiles
     with x in bf16 instead (amx_gemm.c); otherwise from GGUF_DEQUANT_MIN_ROWS rows, x in
     fp32 times panels of the blocks dequantized to fp32 (_gguf_linear_panels)."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    rows, k = x.shape
-    y = torch.empty(rows, out_features, dtype=torch.float32)
-    if residual is not None and residual.stride(1) != 1:
-        residual = residual.contiguous()
-    common = dict(x=x.data_ptr(), ldx=x.stride(0), blocks=blocks.data_ptr(), qtype=qtype,
-                  bias=None if bias is None else bias.data_ptr(),
-                  residual=None if residual is None else residual.data_ptr(),
-                  ldr=0 if residual is None else residual.stride(0), y=y.data_ptr(),
-                  rows=rows, k=k, n=out_features, num_threads=torch.get_num_threads())
+    ops = LinearOperands(x, bias, residual, out_features)
+    rows, k, y = ops.rows, ops.k, ops.y
+    common = dict(**ops.args, blocks=blocks.data_ptr(), qtype=qtype)
     if (rows >= AMX_MIN_ROWS and qtype in GGUF_AMX_TYPES and amx()
             and _library().gguf_linear_amx_f32(**common) == 0):
         return y
     if rows >= GGUF_DEQUANT_MIN_ROWS:
-        return _gguf_linear_panels(x, blocks, qtype, bias, residual, y)
+        return _gguf_linear_panels(ops.x, blocks, qtype, bias, ops.residual, y)
     scratch = _activation_buffers(rows, k)
     status = _library().gguf_linear_f32(**common,
                                         **{name: t.data_ptr() for name, t in scratch.items()})
