@@ -218,3 +218,24 @@ def test_quantized_cache_through_swaps_and_the_prefix_cache(stories_dir):
     assert generate(cached) == reference
     assert generate(cached) == reference  # now from the cached blocks
     assert cached.stats().prefix_cache_hits > 0
+
+
+def test_a_draft_model_caches_in_the_same_format(stories_dir):
+    """draft_model speculation with the target as its own draft on an int8 cache: the draft
+    model's cache is quantized too, the output is the int8 engine's without speculation, and
+    every greedy draft is accepted (the draft's K/V are the target's, byte for byte)."""
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(stories_dir),
+            "disable_by_batch_size": None, "adaptive_draft_length": False}
+    prompts = [{"prompt_token_ids": [1] + [(9 * i + 4 * j) % 300 + 50 for j in range(5 + i)]}
+               for i in range(3)]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outputs = {}
+    for speculative_config in (None, spec):
+        llm = LLM(str(stories_dir), kv_cache_dtype="int8", block_size=4,
+                  speculative_config=speculative_config)
+        outputs[bool(speculative_config)] = [
+            o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    assert isinstance(llm.llm_engine.runner.drafter.caches[0], QuantizedKV)
+    assert outputs[True] == outputs[False]
+    stats = llm.stats()
+    assert stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens > 0
