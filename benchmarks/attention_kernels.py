@@ -8,10 +8,11 @@
   milliseconds of --repeats (the two interleaved, so that other load on the machine hits
   both alike), their ratio and their largest difference;
 - decode: the kernel reading an fp32 K/V cache against the same cache in bf16
-  (--kv-cache-dtype bfloat16), in SmolLM-135M's shape, for each case (sequences x context
-  length): --rounds alternating rounds of --decode-calls calls each, the median
-  milliseconds and the median of the per-round ratios. A long context does not fit the
-  caches, so the time is mostly the K/V bytes read: bf16 reads half of them.
+  (--kv-cache-dtype bfloat16), int8 and fp8 (e4m3; model/kv_quant.py), in SmolLM-135M's
+  shape, for each case (sequences x context length): --rounds alternating rounds of
+  --decode-calls calls each, the median milliseconds and the median of the per-round
+  ratios to fp32. A long context does not fit the caches, so the time is mostly the K/V
+  bytes read: bf16 reads half of them, int8 and fp8 a quarter and their scales.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from minivllm.bench.timing import alternating, call_seconds, ratio_summary, timed
 from minivllm.model.attention import _one_request
 from minivllm.model.kernels import cpu
+from minivllm.model.kv_quant import FORMATS, QuantizedKV, quantize
 
 SHAPES = {  # name: (heads, kv heads, head_dim)
     "SmolLM-135M": (9, 3, 64),
@@ -113,17 +115,24 @@ def decode_ms(q, k_cache, v_cache, table, seq_lens, calls: int) -> float:
 def decode_table(args) -> None:
     print(f"\ndecode, SmolLM-135M attention shape, {args.rounds} rounds of "
           f"{args.decode_calls} calls")
-    print("| case | fp32 cache ms | bf16 cache ms | fp32 / bf16 |\n|---|---|---|---|")
+    kinds = ("fp32", "bf16", "int8", "fp8")
+    print("| case | " + " | ".join(f"{kind} cache ms" for kind in kinds) + " | "
+          + " | ".join(f"fp32 / {kind}" for kind in kinds[1:]) + " |\n"
+          + "|---" * (2 * len(kinds)) + "|")
     for name, (seqs, context) in DECODE_CASES.items():
         q, k_cache, v_cache, _, table, _, seq_lens = make_batch(
             [1] * seqs, [context - 1] * seqs, SHAPES["SmolLM-135M"])
-        caches = {"fp32": (k_cache, v_cache), "bf16": (k_cache.bfloat16(), v_cache.bfloat16())}
+        caches = {"fp32": (k_cache, v_cache), "bf16": (k_cache.bfloat16(), v_cache.bfloat16()),
+                  **{kind: tuple(QuantizedKV(*quantize(c, FORMATS[kind]), FORMATS[kind])
+                                 for c in (k_cache, v_cache)) for kind in kinds[2:]}}
         times = alternating({kind: partial(decode_ms, q, k, v, table, seq_lens,
                                            args.decode_calls)
                              for kind, (k, v) in caches.items()}, args.rounds)
-        ratios = [a / b for a, b in zip(times["fp32"], times["bf16"])]
-        print(f"| {name} | {statistics.median(times['fp32']):.2f} | "
-              f"{statistics.median(times['bf16']):.2f} | {ratio_summary(ratios)} |", flush=True)
+        ratios = [ratio_summary([a / b for a, b in zip(times["fp32"], times[kind])])
+                  for kind in kinds[1:]]
+        print(f"| {name} | " + " | ".join(f"{statistics.median(times[kind]):.2f}"
+                                          for kind in kinds)
+              + " | " + " | ".join(ratios) + " |", flush=True)
 
 
 def main() -> None:

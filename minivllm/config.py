@@ -26,6 +26,8 @@ DEFAULT_KV_CACHE_SPACE = 4.0  # GiB; vLLM's CPU build also defaults to a fixed 4
 # and the classify and reward conversions).
 RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "none", "embed")
+# --kv-cache-dtype: vLLM's names (model/kv_quant.py has the quantized ones)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 def _bad(config, name: str, why: str) -> ValueError:
@@ -148,7 +150,9 @@ class CacheConfig:
     kv_cache_space: float | None = None
     swap_space: float = 4.0  # GiB of host memory for swapped-out blocks
     # auto: the model's dtype; bfloat16 (bf16): half the bytes per cached token for fp32
-    # models (the attention kernels in model/kernels/ widen it to fp32 as they read)
+    # models (the attention kernels in model/kernels/ widen it to fp32 as they read); int8,
+    # fp8 (= fp8_e4m3), fp8_e5m2: one byte per value and a scale per token and KV head
+    # (model/kv_quant.py)
     kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -158,8 +162,8 @@ class CacheConfig:
             raise _bad(self, "kv_cache_space", "must be > 0")
         if self.swap_space < 0:
             raise _bad(self, "swap_space", "must be >= 0")
-        if self.kv_cache_dtype not in ("auto", "bfloat16", "bf16"):
-            raise _bad(self, "kv_cache_dtype", "must be auto or bfloat16 (bf16)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise _bad(self, "kv_cache_dtype", "must be one of " + ", ".join(KV_CACHE_DTYPES))
 
 
 @dataclass

@@ -99,10 +99,10 @@ class EngineCore:
         runner, block_size = self.runner, self.config.block_size
         tokens = runner.num_blocks * block_size
         logger.info("minivllm engine: model %s, %s", path, runner.dtype)
-        logger.info("KV cache size: %s tokens (%s blocks of %d tokens, %.1f MiB); swap space: "
-                    "%s blocks", f"{tokens:,}", f"{runner.num_blocks:,}", block_size,
+        logger.info("KV cache size: %s tokens (%s blocks of %d tokens, %.1f MiB, %s); swap "
+                    "space: %s blocks", f"{tokens:,}", f"{runner.num_blocks:,}", block_size,
                     runner.num_blocks * runner.block_bytes / (1 << 20),
-                    f"{runner.num_swap_blocks:,}")
+                    str(runner.kv_dtype).removeprefix("torch."), f"{runner.num_swap_blocks:,}")
         blocks_per_request = -(-self.max_model_len // block_size)
         logger.info("Maximum concurrency for %s tokens per request: %.2fx",
                     f"{self.max_model_len:,}", runner.num_blocks / blocks_per_request)

@@ -25,7 +25,8 @@ _HELP = {
                       "--max-num-seqs requests of --max-model-len tokens can fill",
     "swap_space": "GiB of host memory for swapped-out KV blocks",
     "kv_cache_dtype": "auto (the model's dtype) | bfloat16: half the KV bytes of an fp32 "
-                      "model, read by the attention kernels as fp32",
+                      "model, read by the attention kernels as fp32 | int8 | fp8 (fp8_e4m3) "
+                      "| fp8_e5m2: one byte per value and an fp32 scale per token and KV head",
     "scheduling_policy": " | ".join(POLICIES),
     "length_predictor": " | ".join(LENGTH_PREDICTORS) + ": output lengths for sjf (and "
                         "other policies ranking by them); oracle reads the lab-only request "

@@ -1,6 +1,8 @@
 """Paged attention on the CPU (or any torch device).
 
-K and V of every layer live in blocks: [num_blocks, block_size, num_kv_heads, head_dim].
+K and V of every layer live in blocks: [num_blocks, block_size, num_kv_heads, head_dim],
+fp32, bf16, or one byte per value with a scale per token and KV head (kv_quant.py's
+QuantizedKV: --kv-cache-dtype int8 / fp8), quantized when written and dequantized as read.
 Each step writes its new K/V at the tokens' slots, then every request attends over its
 own blocks. `reference_attention` gathers each request's blocks and runs one causal SDPA
 per request — the oracle. The fast path batches all one-token (decode) requests, which the
@@ -27,6 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.model.kernels import cpu
+from minivllm.model.kv_quant import QuantizedKV, gather
+
+# A layer's K or V cache: a tensor (fp32, bf16), or values and scales (kv_quant.py)
+Cache = torch.Tensor | QuantizedKV
 
 
 @dataclass
@@ -51,8 +57,12 @@ class AttentionMetadata:
         return self.block_table.shape[0]
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def write_kv(k_cache: Cache, v_cache: Cache, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
+    if isinstance(k_cache, QuantizedKV):  # quantized once, here
+        k_cache.write(slot_mapping, k)
+        v_cache.write(slot_mapping, v)
+        return
     num_kv_heads, head_dim = k.shape[-2:]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
@@ -73,7 +83,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return torch.softmax(scores, dim=-1) @ v
 
 
-def _one_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def _one_request(q: torch.Tensor, k_cache: Cache, v_cache: Cache,
                  table: torch.Tensor, seq_len: int, scale: float, window: int = 0,
                  softcap: float = 0.0) -> torch.Tensor:
     """q: [n, H, D] of one request's new tokens, the last n of its seq_len positions."""
@@ -81,9 +91,10 @@ def _one_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # With a window, the blocks before the first query's window are not even gathered.
     skipped = max(0, seq_len - query_len - window + 1) // block_size if window else 0
     length = seq_len - skipped * block_size  # the context gathered, from block `skipped`
-    k = k_cache[table[skipped:]].flatten(0, 1)[:length].transpose(0, 1).unsqueeze(0)
-    v = v_cache[table[skipped:]].flatten(0, 1)[:length].transpose(0, 1).unsqueeze(0)
-    k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (--kv-cache-dtype) under fp32 math
+    # a bf16 or quantized cache (--kv-cache-dtype) read as q's dtype
+    k = gather(k_cache, table[skipped:], q.dtype).flatten(0, 1)[:length].transpose(0, 1)
+    v = gather(v_cache, table[skipped:], q.dtype).flatten(0, 1)[:length].transpose(0, 1)
+    k, v = k.unsqueeze(0), v.unsqueeze(0)
     mask = None
     if query_len > 1 or 0 < window < length:  # query i sits at position length - query_len + i
         mask = torch.ones(query_len, length, dtype=torch.bool, device=q.device)
@@ -94,7 +105,7 @@ def _one_request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out.squeeze(0).transpose(0, 1)
 
 
-def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def reference_attention(q: torch.Tensor, k_cache: Cache, v_cache: Cache,
                         meta: AttentionMetadata, scale: float, window: int = 0,
                         softcap: float = 0.0) -> torch.Tensor:
     """q: [T, num_heads, head_dim] -> [T, num_heads, head_dim]. One SDPA per request."""
@@ -108,7 +119,7 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def decode_attention(q: torch.Tensor, k_cache: Cache, v_cache: Cache,
                      block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
                      use_kernel: bool, scale: float, window: int = 0,
                      softcap: float = 0.0) -> torch.Tensor:
@@ -120,12 +131,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                    scale, window, softcap)
 
 
-def padded_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def padded_decode_attention(q: torch.Tensor, k_cache: Cache, v_cache: Cache,
                             block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
                             scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """The portable decode path: gather padded contexts, one masked SDPA."""
-    k = k_cache[block_table].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [B, KVH, L, D]
-    v = v_cache[block_table].flatten(1, 2).transpose(1, 2).to(q.dtype)
+    k = gather(k_cache, block_table, q.dtype).flatten(1, 2).transpose(1, 2)  # [B, KVH, L, D]
+    v = gather(v_cache, block_table, q.dtype).flatten(1, 2).transpose(1, 2)
     positions = torch.arange(block_table.shape[1] * block_size, device=q.device)
     mask = positions[None, :] < seq_lens[:, None]
     if window:
@@ -134,7 +145,7 @@ def padded_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     return out.squeeze(2)
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def prefill_attention(q: torch.Tensor, k_cache: Cache, v_cache: Cache,
                       meta: AttentionMetadata, scale: float, window: int = 0,
                       softcap: float = 0.0) -> torch.Tensor:
     """q: [T_prefill, H, D], the tokens of requests num_decodes .. B - 1."""
@@ -154,7 +165,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def paged_attention(q: torch.Tensor, k_cache: Cache, v_cache: Cache,
                     meta: AttentionMetadata, scale: float, window: int = 0,
                     softcap: float = 0.0) -> torch.Tensor:
     if q.shape[0] > meta.num_tokens:  # padding rows: attend for the real ones only

@@ -19,7 +19,7 @@ from minivllm.config import EngineConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.step_batch import padded_rows
 from minivllm.lora.manager import LoRAManager
-from minivllm.model import kernels
+from minivllm.model import kernels, kv_quant
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.draft_model import DraftModel
 from minivllm.model.input_batch import InputBatch, StepInputs
@@ -101,7 +101,10 @@ class ModelRunner:
         self.model = self._load_model(model_path, hf_config, quantization, cpu_bf16)
         self.block_size = config.scheduler_config.block_size
         cache_config = config.cache_config
-        self.kv_dtype = dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16
+        # A quantized cache (kv_quant.py) stores kv_format.storage bytes and fp32 scales.
+        self.kv_format = kv_quant.FORMATS.get(cache_config.kv_cache_dtype)
+        self.kv_dtype = (self.kv_format.dtype if self.kv_format
+                         else dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16)
         # draft_model speculation: the draft model's KV cache has the target's blocks.
         spec = config.scheduler_config.speculative_config
         draft_path, draft_config = None, None
@@ -113,8 +116,7 @@ class ModelRunner:
                                  f"vocabulary of {draft_config.vocab_size} tokens, the target "
                                  f"{hf_config.vocab_size}: they must share the tokenizer")
         shapes = [self._block_shape(c) for c in (hf_config, draft_config) if c is not None]
-        self.block_bytes = block_bytes = sum(
-            2 * torch.Size(shape).numel() * self.kv_dtype.itemsize for shape in shapes)
+        self.block_bytes = block_bytes = sum(2 * self._kv_bytes(shape) for shape in shapes)
         self.num_blocks = config.kv_cache_num_blocks(block_bytes, max_model_len)
         self.num_swap_blocks = int(cache_config.swap_space * GiB // block_bytes)
         # One block more than the scheduler hands out: padding rows write their K/V there.
@@ -156,33 +158,49 @@ class ModelRunner:
         return (hf_config.num_hidden_layers, self.block_size, hf_config.num_key_value_heads,
                 head_dim(hf_config))
 
-    def _kv_pools(self, block_shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    def _kv_bytes(self, block_shape: tuple[int, ...]) -> int:
+        """The bytes of one block of one of K and V: its values, and a quantized cache's
+        scales (fp32, one per token and KV head)."""
+        values = torch.Size(block_shape).numel()
+        if self.kv_format is None:
+            return values * self.kv_dtype.itemsize
+        return values * self.kv_format.storage.itemsize + values // block_shape[-1] * 4
+
+    def _kv_pools(self, block_shape: tuple[int, ...]) -> tuple:
         """K and V caches (with the padding block), and the host swap pool's K and V, which
-        is filled lazily: only swapped-out blocks are ever read."""
+        is filled lazily: only swapped-out blocks are ever read. Tensors, or QuantizedKV."""
         layers, *block = block_shape
         shape = (layers, self.num_blocks + 1, *block)
         host_shape = (layers, self.num_swap_blocks, *block)
         pin = self.device.type == "cuda"
-        return (self._zeros(shape), self._zeros(shape),
-                torch.empty(host_shape, dtype=self.kv_dtype, pin_memory=pin),
-                torch.empty(host_shape, dtype=self.kv_dtype, pin_memory=pin))
+        fmt = self.kv_format
+        host = lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pin)  # noqa: E731
+        if fmt is None:
+            return (self._zeros(shape, self.kv_dtype), self._zeros(shape, self.kv_dtype),
+                    host(host_shape, self.kv_dtype), host(host_shape, self.kv_dtype))
+        device = lambda: kv_quant.QuantizedKV(self._zeros(shape, fmt.storage),  # noqa: E731
+                                     self._zeros(shape[:-1], torch.float32), fmt)
+        swapped = lambda: kv_quant.QuantizedKV(host(host_shape, fmt.storage),  # noqa: E731
+                                      host(host_shape[:-1], torch.float32), fmt)
+        return device(), device(), swapped(), swapped()
 
-    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Zeroed, as the padded decode path masks unused slots and masked garbage must not
         be NaN. On the CPU an anonymous mapping: the OS hands out zero pages as they are
         first touched, where torch.zeros would write every byte of a multi-GiB cache before
         the engine can start (numpy.zeros would too, and asks for huge pages, which here
         made every first touch stall on memory compaction)."""
         if self.device.type != "cpu":
-            return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-        pages = mmap.mmap(-1, torch.Size(shape).numel() * self.kv_dtype.itemsize)
-        return torch.frombuffer(pages, dtype=self.kv_dtype).view(shape)
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+        pages = mmap.mmap(-1, torch.Size(shape).numel() * dtype.itemsize)
+        return torch.frombuffer(pages, dtype=dtype).view(shape)
 
     # ---- block copies -----------------------------------------------------------------
 
     def _copy(self, mapping: list[tuple[int, int]], src: tuple, dst: tuple) -> None:
         if not mapping:
             return
+        src, dst = kv_quant.tensors(src), kv_quant.tensors(dst)  # scales with their blocks
         src_ids = torch.tensor([s for s, _ in mapping], device=src[0].device)
         dst_ids = torch.tensor([d for _, d in mapping], device=dst[0].device)
         for s, d in zip(src, dst):

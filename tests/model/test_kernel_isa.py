@@ -258,8 +258,8 @@ def test_check_kernels_prints_the_level(tiny_llama, monkeypatch, capsys):
     assert out.splitlines()[0] == FORCED_LINE
 
 
-# The kernels-vs-torch tests of the other files: attention (decode, prefill, fp32 and bf16
-# caches), the fused ops, argmax, the sampler, the int8, bf16 and GGUF GEMMs, and real models'
+# The kernels-vs-torch tests of the other files: attention (decode, prefill, fp32, bf16,
+# int8 and fp8 caches), the fused ops, argmax, the sampler, the int8, bf16 and GGUF GEMMs, and real models'
 # shapes through the engine.
 KERNEL_TESTS = [
     "tests/model/test_fast_paths.py::test_c_decode_kernel_matches_reference",
@@ -271,6 +271,9 @@ KERNEL_TESTS = [
     "tests/model/test_kv_cache_dtype.py::test_decode_kernel_reads_bf16_cache",
     "tests/model/test_kv_cache_dtype.py::test_prefill_kernel_reads_bf16_cache",
     "tests/model/test_kv_cache_dtype.py::test_fused_kv_write_rounds_as_torch",
+    "tests/model/test_kv_cache_quant.py::test_decode_kernel_reads_quantized_cache",
+    "tests/model/test_kv_cache_quant.py::test_prefill_kernel_reads_quantized_cache",
+    "tests/model/test_kv_cache_quant.py::test_fused_kv_write_quantizes_as_torch",
     "tests/model/test_quantization.py::test_kernel_matches_torch_reference",
     "tests/model/test_quantization.py::test_kernel_zero_rows_and_extremes",
     "tests/model/test_gguf_kernel.py",

@@ -13,16 +13,28 @@
 
 #include <stdint.h>
 
-/* paged_decode_attention.c, paged_prefill_attention.c; kv_bf16: the K/V cache is bf16
- * (else fp32) */
+/* The K/V cache types (kv_type) the attention kernels read and rope_write_kv_f32 writes
+ * (--kv-cache-dtype). The quantized ones hold a byte per value and an fp32 scale per token
+ * and KV head in k_scales / v_scales [num_blocks, block_size, num_kv_heads] (value =
+ * byte's value * scale; NULL for the others); fp8 bytes are read through fp8_values, the
+ * fp32 value of each of the 256 bytes (NULL for the others). */
+#define KV_F32 0
+#define KV_BF16 1
+#define KV_INT8 2
+#define KV_FP8_E4M3 3
+#define KV_FP8_E5M2 4
+
+/* paged_decode_attention.c, paged_prefill_attention.c */
 void paged_decode_attention_f32(const float *q, const void *k_cache, const void *v_cache,
-                                int kv_bf16, const int64_t *block_table,
+                                const float *k_scales, const float *v_scales, int kv_type,
+                                const float *fp8_values, const int64_t *block_table,
                                 const int64_t *seq_lens, float *out, int num_seqs,
                                 int num_heads, int num_kv_heads, int head_dim, int block_size,
                                 int max_blocks, int64_t q_stride, float scale, int window,
                                 float softcap, int num_threads);
 void paged_prefill_attention_f32(const float *q, const void *k_cache, const void *v_cache,
-                                 int kv_bf16, const int64_t *block_table,
+                                 const float *k_scales, const float *v_scales, int kv_type,
+                                 const float *fp8_values, const int64_t *block_table,
                                  const int64_t *query_start_loc, const int64_t *seq_lens,
                                  float *out, int num_reqs, int num_heads, int num_kv_heads,
                                  int head_dim, int block_size, int max_blocks,
@@ -46,7 +58,8 @@ void rms_norm_f32(const float *x, const float *weight, float *out, int64_t rows,
 void silu_and_mul_f32(const float *x, float *out, int64_t rows, int half, int num_threads);
 void rope_write_kv_f32(float *qkv, int64_t row_stride, const int64_t *positions,
                        const float *cos, const float *signed_sin, const int64_t *slots,
-                       void *k_cache, void *v_cache, int kv_bf16, int64_t tokens,
+                       void *k_cache, void *v_cache, float *k_scales, float *v_scales,
+                       int kv_type, const float *fp8_values, int64_t tokens,
                        int num_heads, int num_kv_heads, int head_dim, int num_threads);
 void argmax_rows_f32(const float *x, int64_t *out, int64_t rows, int64_t cols,
                      int num_threads);

@@ -42,7 +42,8 @@ void silu_and_mul_f32(const float *x, float *out, int64_t rows, int half, int nu
  *   qkv      [tokens, row_stride]: q (num_heads * D) | k (num_kv_heads * D) | v (same)
  *   cos, signed_sin  [max_positions, D]: sin's first half negated, so that
  *            x' = x * cos + roll(x, D / 2) * signed_sin  (transformers' rotate_half)
- *   k/v_cache [num_slots, num_kv_heads * D]                                              */
+ *   k/v_cache [num_slots, num_kv_heads * D], of kv_type (kernels.h)
+ *   k/v_scales [num_slots, num_kv_heads]: a quantized cache's, one per token and head     */
 /* fp32 -> bf16, rounded to nearest even as torch rounds (finite values). */
 static inline uint16_t narrow_bf16(float x) {
     uint32_t bits;
@@ -50,9 +51,51 @@ static inline uint16_t narrow_bf16(float x) {
     return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
+/* The byte of the fp8 value nearest y (|y| <= values[max_code]), ties to the even byte
+ * (mantissa), as torch's conversion rounds: a binary search of the 256 values' positive
+ * half, which grows with the byte up to max_code, the largest finite one. */
+static inline uint8_t encode_fp8(float y, const float *values, int max_code) {
+    const float a = fabsf(y);
+    int lo = 0, hi = max_code; /* the first byte whose value is >= a */
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (values[mid] < a) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo > 0) { /* neighbours within a factor of 2: the differences are exact */
+        const float below = a - values[lo - 1], above = values[lo] - a;
+        if (below < above || (below == above && (lo & 1))) lo--;
+    }
+    return (uint8_t)(lo | (signbit(y) ? 0x80 : 0));
+}
+
+/* One head's head_dim values x quantized into dst, its scale into *scale: kv_quant.py's
+ * quantize, the same fp32 operations (scale = absmax * (1 / qmax), x * (qmax / absmax)
+ * rounded to the nearest int8 or fp8 value), so that both store the same bytes. Products
+ * and one division only: -ffast-math may turn a division by a constant into a product. */
+static void quantize_head(const float *x, int head_dim, int kv_type, const float *fp8_values,
+                          void *dst, float *scale) {
+    const float qmax = kv_type == KV_INT8 ? 127.f : kv_type == KV_FP8_E4M3 ? 448.f : 57344.f;
+    float absmax = 0.f;
+    for (int d = 0; d < head_dim; d++) absmax = fmaxf(absmax, fabsf(x[d]));
+    *scale = absmax * (1.f / qmax);
+    const float inv = absmax > 0.f ? qmax / absmax : 0.f;
+    if (kv_type == KV_INT8) {
+        int8_t *q = dst;
+        for (int d = 0; d < head_dim; d++)
+            q[d] = (int8_t)rintf(fminf(fmaxf(x[d] * inv, -qmax), qmax));
+        return;
+    }
+    const int max_code = kv_type == KV_FP8_E4M3 ? 0x7E : 0x7B; /* 448, 57344 */
+    uint8_t *q = dst;
+    for (int d = 0; d < head_dim; d++)
+        q[d] = encode_fp8(fminf(fmaxf(x[d] * inv, -qmax), qmax), fp8_values, max_code);
+}
+
 void rope_write_kv_f32(float *qkv, int64_t row_stride, const int64_t *positions,
                        const float *cos, const float *signed_sin, const int64_t *slots,
-                       void *k_cache, void *v_cache, int kv_bf16, int64_t tokens,
+                       void *k_cache, void *v_cache, float *k_scales, float *v_scales,
+                       int kv_type, const float *fp8_values, int64_t tokens,
                        int num_heads, int num_kv_heads, int head_dim, int num_threads) {
     const int half = head_dim / 2, heads = num_heads + num_kv_heads;
     const int64_t kv_row = (int64_t)num_kv_heads * head_dim;
@@ -75,7 +118,16 @@ void rope_write_kv_f32(float *qkv, int64_t row_stride, const int64_t *positions,
                 x[d + half] = x[d + half] * c[d + half] + first[d] * s[d + half];
         }
         const float *k = row + (int64_t)num_heads * head_dim, *v = k + kv_row;
-        if (kv_bf16) {
+        if (kv_type >= KV_INT8) { /* a byte per value, a scale per head */
+            for (int h = 0; h < num_kv_heads; h++) {
+                const int64_t at = slots[t] * kv_row + h * head_dim;
+                const int64_t head = slots[t] * num_kv_heads + h;
+                quantize_head(k + h * head_dim, head_dim, kv_type, fp8_values,
+                              (uint8_t *)k_cache + at, k_scales + head);
+                quantize_head(v + h * head_dim, head_dim, kv_type, fp8_values,
+                              (uint8_t *)v_cache + at, v_scales + head);
+            }
+        } else if (kv_type == KV_BF16) {
             uint16_t *kc = (uint16_t *)k_cache + slots[t] * kv_row;
             uint16_t *vc = (uint16_t *)v_cache + slots[t] * kv_row;
 #pragma omp simd

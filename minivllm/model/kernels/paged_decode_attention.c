@@ -10,6 +10,7 @@
  * Layouts (contiguous, except q's rows, q_stride floats apart):
  *   q, out       [num_seqs, num_heads, head_dim]
  *   k/v_cache    [num_blocks, block_size, num_kv_heads, head_dim]
+ *   k/v_scales   [num_blocks, block_size, num_kv_heads]   (int8 / fp8 caches)
  *   block_table  [num_seqs, max_blocks]   (int64)
  *   seq_lens     [num_seqs]               (int64)
  *
@@ -17,10 +18,14 @@
  * positions only: the blocks before them are never read. softcap > 0 (Gemma 2) squashes
  * each score to softcap * tanh(score / softcap) before the softmax.
  *
- * The K/V cache is fp32, or bf16 with kv_bf16 (--kv-cache-dtype bfloat16): half the bytes
- * to read, which is what decode attention at long contexts waits on. A bf16 block is
- * widened to fp32 in a small per-task buffer as it is read (a shift per element: no bf16
- * arithmetic is needed, and the CPU need not have any), and the math stays fp32.
+ * The K/V cache is fp32, or bf16 (--kv-cache-dtype bfloat16): half the bytes to read,
+ * which is what decode attention at long contexts waits on; or int8 / fp8 with a scale per
+ * token and KV head (--kv-cache-dtype int8 / fp8: a quarter). A bf16 block is widened to
+ * fp32 in a small per-task buffer as it is read (a shift per element: no bf16 arithmetic
+ * is needed, and the CPU need not have any), a quantized one dequantized there (kv_rows.h),
+ * and the math stays fp32. The AVX-512 kernel converts in registers instead, and applies a
+ * quantized cache's scales to the scores (q . (s k) = s (q . k)) and to the probabilities
+ * (sum p s v): a multiply per position and head, not per element.
  */
 #include <math.h>
 #include <stdint.h>
@@ -131,26 +136,27 @@ static inline __attribute__((always_inline)) void normalize_heads(float *out, co
  * a whole: its K rows give every head's scores (8 rows at a time with AVX2), then its V
  * rows every head's output, so both stay in L1 while the heads sharing them pass. */
 static inline __attribute__((always_inline)) void attend(
-    const float *q, const void *k_cache, const void *v_cache, int kv_bf16, const int64_t *table,
+    const float *q, kv_cache k_cache, kv_cache v_cache, const int64_t *table,
     int64_t len, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
     int window, float softcap, float *out, float *k_buf, float *v_buf) {
     const int group = num_heads / num_kv_heads;
     const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
-    const int64_t row_bytes = row * (kv_bf16 ? 2 : 4), block_bytes = block_size * row_bytes;
+    const int64_t row_bytes = row * kv_value_bytes(k_cache.type);
+    const int64_t block_bytes = block_size * row_bytes;
     float max[num_heads], sum[num_heads], scores[num_heads][block_size];
     zero_heads(out, sum, num_heads, head_dim);
     const int64_t first = window > 0 && len > window ? len - window : 0;
     for (int64_t start = first, n; start < len; start += n) {
         n = run_length(start, len, block_size);
         const int64_t at = table[start / block_size] * block + start % block_size * row;
-        const float *k = kv_rows(k_cache, kv_bf16, at, n * row, k_buf);
-        const float *v = kv_rows(v_cache, kv_bf16, at, n * row, v_buf);
+        const float *k = kv_rows(k_cache, at, n * row, head_dim, k_buf);
+        const float *v = kv_rows(v_cache, at, n * row, head_dim, v_buf);
         const int64_t next = start + n < len ? table[start / block_size + 1] : -1;
         /* the next block's K and V lines, a share per head, while this block is used */
         const int64_t share = (block_bytes / num_heads + 63) / 64 * 64;
         for (int h = 0; h < num_heads; h++) {
             if (next >= 0 && h * share < block_bytes)
-                prefetch((const char *)k_cache + next * block_bytes + h * share,
+                prefetch((const char *)k_cache.data + next * block_bytes + h * share,
                          share < block_bytes - h * share ? share : block_bytes - h * share);
             const float *qh = q + h * head_dim, *kh = k + h / group * head_dim;
             int t = 0;
@@ -171,7 +177,7 @@ static inline __attribute__((always_inline)) void attend(
                         out + h * head_dim, head_dim);
         for (int h = 0; h < num_heads; h++) {
             if (next >= 0 && h * share < block_bytes)
-                prefetch((const char *)v_cache + next * block_bytes + h * share,
+                prefetch((const char *)v_cache.data + next * block_bytes + h * share,
                          share < block_bytes - h * share ? share : block_bytes - h * share);
             const float *vh = v + h / group * head_dim;
             float *o = out + h * head_dim;
@@ -196,7 +202,8 @@ static inline __attribute__((always_inline)) void attend(
 /* The AVX-512 decode kernel, for head_dim a multiple of 16. Measured against the AVX2 one
  * above on SmolLM's shape (9 heads sharing 3 K/V heads), it differs in three ways:
  *  - a bf16 cache is widened in registers as it is loaded (a zero-extend and a shift),
- *    not in a buffer pass first;
+ *    not in a buffer pass first; an int8 one converted there (an fp8 one looked up: a
+ *    gather from its 256 values), its scales applied to scores and probabilities;
  *  - the query heads sharing a K/V head are scored together, up to GB at a time: each K
  *    and V vector is loaded (and widened) once for all of them, not once per head;
  *  - 16 lanes per vector;
@@ -207,25 +214,29 @@ static inline __attribute__((always_inline)) void attend(
 #define GB 3     /* heads scored together: GB x 8 accumulators of the 32 registers */
 #define CHUNK 64 /* positions per online-softmax step */
 
-/* 16 elements of a K/V cache from element `at`, as fp32 */
-static inline __attribute__((always_inline)) __m512 kv16(const void *cache, int kv_bf16,
-                                                         int64_t at) {
-    if (!kv_bf16) return _mm512_loadu_ps((const float *)cache + at);
-    const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + at));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+/* 16 elements of a K/V cache from element `at`, as fp32 (a quantized cache's unscaled) */
+static inline __attribute__((always_inline)) __m512 kv16(kv_cache c, int64_t at) {
+    if (c.type == KV_F32) return _mm512_loadu_ps((const float *)c.data + at);
+    if (c.type == KV_BF16) {
+        const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)c.data + at));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    }
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)((const uint8_t *)c.data + at));
+    if (c.type == KV_INT8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+    return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(bytes), c.fp8, 4);
 }
 
 /* scores[j][0..8) = q_j . k_t for the nh (<= GB) heads j from q and the 8 key rows t from
  * element `at` (`row` apart): GB x 8 accumulators, each K vector loaded once for all. */
 static inline __attribute__((always_inline)) void scores8_wide(
-    const float *q, int nh, const void *k_cache, int kv_bf16, int64_t at, int64_t row,
+    const float *q, int nh, kv_cache k_cache, int64_t at, int64_t row,
     int head_dim, float *scores, int scores_stride) {
     __m512 acc[GB][8];
     for (int j = 0; j < GB; j++)
         for (int t = 0; t < 8; t++) acc[j][t] = _mm512_setzero_ps();
     for (int d = 0; d < head_dim; d += 16)
         for (int t = 0; t < 8; t++) {
-            const __m512 k = kv16(k_cache, kv_bf16, at + t * row + d);
+            const __m512 k = kv16(k_cache, at + t * row + d);
             for (int j = 0; j < nh; j++)
                 acc[j][t] = _mm512_fmadd_ps(k, _mm512_loadu_ps(q + j * head_dim + d), acc[j][t]);
         }
@@ -241,7 +252,7 @@ static inline __attribute__((always_inline)) void scores8_wide(
 /* out_j[0..head_dim) += sum over t < n of p_j[t] * v_t for the nh heads j: 64 dims at a
  * time in registers, each V vector loaded once for all heads. */
 static inline __attribute__((always_inline)) void values_wide(
-    float *out, int nh, const float *p, int p_stride, const void *v_cache, int kv_bf16,
+    float *out, int nh, const float *p, int p_stride, kv_cache v_cache,
     int64_t at, int64_t row, int n, int head_dim) {
     for (int d0 = 0; d0 < head_dim; d0 += 64) {
         const int vectors = head_dim - d0 < 64 ? (head_dim - d0) / 16 : 4;
@@ -252,7 +263,7 @@ static inline __attribute__((always_inline)) void values_wide(
         for (int t = 0; t < n; t++) {
             __m512 v[4];
             for (int i = 0; i < vectors; i++)
-                v[i] = kv16(v_cache, kv_bf16, at + t * row + d0 + 16 * i);
+                v[i] = kv16(v_cache, at + t * row + d0 + 16 * i);
             for (int j = 0; j < nh; j++) {
                 const __m512 pt = _mm512_set1_ps(p[j * p_stride + t]);
                 for (int i = 0; i < vectors; i++) acc[j][i] = _mm512_fmadd_ps(pt, v[i], acc[j][i]);
@@ -280,7 +291,7 @@ static inline __attribute__((always_inline)) void values_wide(
  * prefetcher keeps this at the memory's bandwidth, and prefetching the next block made it
  * slower. */
 static inline __attribute__((always_inline)) void attend_wide(
-    const float *q, const void *k_cache, const void *v_cache, int kv_bf16, const int64_t *table,
+    const float *q, kv_cache k_cache, kv_cache v_cache, const int64_t *table,
     int64_t len, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,
     int window, float softcap, float *out) {
     const int group = num_heads / num_kv_heads;
@@ -302,17 +313,22 @@ static inline __attribute__((always_inline)) void attend_wide(
                     float *s = &scores[h][pos - start];
                     int t = 0;
 #define SCORES8(NH) \
-    scores8_wide(qh, NH, k_cache, kv_bf16, at + t * row, row, head_dim, s + t, CHUNK)
+    scores8_wide(qh, NH, k_cache, at + t * row, row, head_dim, s + t, CHUNK)
                     for (; t + 8 <= n; t += 8) WITH_HEADS(nh, SCORES8);
                     for (; t < n; t++)
                         for (int j = 0; j < nh; j++) {
                             __m512 acc = _mm512_setzero_ps();
                             for (int d = 0; d < head_dim; d += 16)
-                                acc = _mm512_fmadd_ps(kv16(k_cache, kv_bf16, at + t * row + d),
+                                acc = _mm512_fmadd_ps(kv16(k_cache, at + t * row + d),
                                                       _mm512_loadu_ps(qh + j * head_dim + d),
                                                       acc);
                             s[j * CHUNK + t] = _mm512_reduce_add_ps(acc);
                         }
+                    if (kv_quantized(k_cache.type)) /* each position's K scale */
+                        for (t = 0; t < n; t++)
+                            for (int j = 0; j < nh; j++)
+                                s[j * CHUNK + t] *= k_cache.scales[at / head_dim
+                                                                   + t * num_kv_heads];
                 }
                 for (int j = 0; j < nh; j++)
                     softmax_run(scores[h + j], span, scale, softcap, start == first, &max[h + j],
@@ -321,9 +337,14 @@ static inline __attribute__((always_inline)) void attend_wide(
                     n = run_length(pos, end, block_size);
                     const int64_t at = table[pos / block_size] * block
                                        + pos % block_size * row + g * head_dim;
-#define VALUES(NH)                                                                          \
-    values_wide(out + h * head_dim, NH, &scores[h][pos - start], CHUNK, v_cache, kv_bf16, at, \
-                row, n, head_dim)
+                    if (kv_quantized(v_cache.type)) /* each position's V scale, in p */
+                        for (int j = 0; j < nh; j++)
+                            for (int t = 0; t < n; t++)
+                                scores[h + j][pos - start + t] *=
+                                    v_cache.scales[at / head_dim + t * num_kv_heads];
+#define VALUES(NH)                                                                       \
+    values_wide(out + h * head_dim, NH, &scores[h][pos - start], CHUNK, v_cache, at, row, n, \
+                head_dim)
                     WITH_HEADS(nh, VALUES);
                 }
             }
@@ -333,7 +354,8 @@ static inline __attribute__((always_inline)) void attend_wide(
 #endif
 
 void paged_decode_attention_f32(const float *q, const void *k_cache, const void *v_cache,
-                                int kv_bf16, const int64_t *block_table,
+                                const float *k_scales, const float *v_scales, int kv_type,
+                                const float *fp8_values, const int64_t *block_table,
                                 const int64_t *seq_lens, float *out, int num_seqs,
                                 int num_heads, int num_kv_heads, int head_dim, int block_size,
                                 int max_blocks, int64_t q_stride, float scale, int window,
@@ -344,9 +366,12 @@ void paged_decode_attention_f32(const float *q, const void *k_cache, const void 
 #else
     const int wide = 0;
 #endif
-    /* a block's K and V widened from bf16, per thread (none with an fp32 cache, nor for
-     * the wide kernel, which widens in registers) */
-    const size_t buf_len = kv_bf16 && !wide ? (size_t)block_size * num_kv_heads * head_dim : 0;
+    /* a block's K and V converted to fp32, per thread (none with an fp32 cache, nor for
+     * the wide kernel, which converts in registers) */
+    const size_t buf_len = kv_type != KV_F32 && !wide
+                               ? (size_t)block_size * num_kv_heads * head_dim : 0;
+    const kv_cache k = {k_cache, k_scales, fp8_values, kv_type};
+    const kv_cache v = {v_cache, v_scales, fp8_values, kv_type};
 #pragma omp parallel num_threads(num_threads)
     {
     float *k_buf = buf_len ? malloc(2 * buf_len * sizeof(float)) : NULL;
@@ -358,23 +383,28 @@ void paged_decode_attention_f32(const float *q, const void *k_cache, const void 
         const int64_t *table = block_table + (int64_t)s * max_blocks;
         float *o = out + s * stride;
 #ifdef WIDE_DECODE
-        /* the cache's dtype as a constant too: a copy per (head_dim, dtype) */
-#define ATTEND_WIDE(D, BF16) attend_wide(qs, k_cache, v_cache, BF16, table, seq_lens[s],    \
-                                         num_heads, num_kv_heads, D, block_size, scale,   \
-                                         window, softcap, o)
+        /* the cache's type as a constant too: a copy per (head_dim, type), the fp8 types
+         * sharing one (their gather dominates) */
+#define ATTEND_WIDE(D, TYPE)                                                                \
+    attend_wide(qs, (kv_cache){k_cache, k_scales, fp8_values, TYPE},                        \
+                (kv_cache){v_cache, v_scales, fp8_values, TYPE}, table, seq_lens[s],        \
+                num_heads, num_kv_heads, D, block_size, scale, window, softcap, o)
+#define ATTEND_WIDE_TYPES(D)                                  \
+    switch (kv_type) {                                        \
+    case KV_F32: ATTEND_WIDE(D, KV_F32); break;               \
+    case KV_BF16: ATTEND_WIDE(D, KV_BF16); break;             \
+    case KV_INT8: ATTEND_WIDE(D, KV_INT8); break;             \
+    default: ATTEND_WIDE(D, kv_type);                         \
+    }
         if (wide) {
-            if (head_dim == 64) {
-                if (kv_bf16) ATTEND_WIDE(64, 1); else ATTEND_WIDE(64, 0);
-            } else if (head_dim == 128) {
-                if (kv_bf16) ATTEND_WIDE(128, 1); else ATTEND_WIDE(128, 0);
-            } else {
-                ATTEND_WIDE(head_dim, kv_bf16);
-            }
+            if (head_dim == 64) ATTEND_WIDE_TYPES(64)
+            else if (head_dim == 128) ATTEND_WIDE_TYPES(128)
+            else ATTEND_WIDE(head_dim, kv_type);
             continue;
         }
 #endif
-#define ATTEND(D) attend(qs, k_cache, v_cache, kv_bf16, table, seq_lens[s], num_heads, \
-                         num_kv_heads, D, block_size, scale, window, softcap, o, k_buf, v_buf)
+#define ATTEND(D) attend(qs, k, v, table, seq_lens[s], num_heads, num_kv_heads, D, \
+                         block_size, scale, window, softcap, o, k_buf, v_buf)
         switch (head_dim) {
         case 64: ATTEND(64); break;
         case 128: ATTEND(128); break;

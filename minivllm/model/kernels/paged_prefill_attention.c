@@ -1,6 +1,7 @@
 /* Paged attention for prefill steps (several new tokens per request: a prompt, or a chunk
  * of one on top of tokens already cached), causal by position, fp32 math, CPU; a bf16
- * K/V cache is widened a step (KT rows) at a time, as paged_decode_attention.c does.
+ * K/V cache is widened, an int8 or fp8 one dequantized with its scales, a step (KT rows)
+ * at a time into a small buffer (kv_rows.h).
  *
  * Request p has query_len = query_start_loc[p + 1] - query_start_loc[p] new tokens, the
  * last ones of its seq_lens[p] positions: its query i sits at position
@@ -27,6 +28,7 @@
  * Layouts (contiguous, except q's rows, q_stride floats apart):
  *   q, out           [num_tokens, num_heads, head_dim]
  *   k/v_cache        [num_blocks, block_size, num_kv_heads, head_dim]
+ *   k/v_scales       [num_blocks, block_size, num_kv_heads]   (int8 / fp8 caches)
  *   block_table      [num_reqs, max_blocks]   (int64)
  *   query_start_loc  [num_reqs + 1]           (int64, from 0)
  *   seq_lens         [num_reqs]               (int64)
@@ -161,14 +163,14 @@ typedef struct {
     float *rescale; /* [rows] a step's correction of the running sum and outputs */
     int *query;     /* [rows] the row's query within the item */
     float *zero;    /* [head_dim] zeros: the K and V rows of tokens past the context */
-    float *wide;    /* [2][KT][head_dim] a step's K and V rows widened from a bf16 cache */
+    float *wide;    /* [2][KT][head_dim] a step's K and V rows converted to fp32 */
     const float *k[KT], *v[KT]; /* a step's key and value rows */
 } scratch;
 
 /* One item: queries 0..nq at positions first_pos + i, kv head g. q points at query 0, head 0;
  * out likewise (row_offset: where its rows are). */
 static void prefill_item(
-    const float *q, const void *k_cache, const void *v_cache, int kv_bf16, const int64_t *table,
+    const float *q, kv_cache k_cache, kv_cache v_cache, const int64_t *table,
     int64_t first_pos, int nq, int g, int num_heads, int num_kv_heads, int head_dim,
     int block_size, int64_t q_stride, float scale, int window, float softcap, float *out,
     scratch *w) {
@@ -196,8 +198,8 @@ static void prefill_item(
                 const int64_t at = table[pos / block_size] * block + pos % block_size * row
                                    + g * head_dim;
                 float *wide = w->wide + t * head_dim;
-                w->k[t] = kv_rows(k_cache, kv_bf16, at, head_dim, wide);
-                w->v[t] = kv_rows(v_cache, kv_bf16, at, head_dim, wide + KT * head_dim);
+                w->k[t] = kv_rows(k_cache, at, head_dim, head_dim, wide);
+                w->v[t] = kv_rows(v_cache, at, head_dim, head_dim, wide + KT * head_dim);
             } else {
                 w->k[t] = w->v[t] = w->zero;
             }
@@ -266,7 +268,9 @@ static void prefill_item(
 }
 
 void paged_prefill_attention_f32(const float *q, const void *k_cache, const void *v_cache,
-                                 int kv_bf16, const int64_t *block_table, const int64_t *query_start_loc,
+                                 const float *k_scales, const float *v_scales, int kv_type,
+                                 const float *fp8_values, const int64_t *block_table,
+                                 const int64_t *query_start_loc,
                                  const int64_t *seq_lens, float *out, int num_reqs,
                                  int num_heads, int num_kv_heads, int head_dim, int block_size,
                                  int max_blocks, int64_t q_stride, float scale, int window,
@@ -279,6 +283,8 @@ void paged_prefill_attention_f32(const float *q, const void *k_cache, const void
     if (num_items == 0) return;
     if (items == NULL) abort();
     const size_t rows = (tile * group + VL - 1) / VL * VL;
+    const kv_cache k = {k_cache, k_scales, fp8_values, kv_type};
+    const kv_cache v = {v_cache, v_scales, fp8_values, kv_type};
 #pragma omp parallel num_threads(num_threads)
     {
         scratch w;
@@ -301,7 +307,7 @@ void paged_prefill_attention_f32(const float *q, const void *k_cache, const void
             const item_queries at = locate_item(item, query_start_loc, seq_lens, tile);
             /* No copies per common head_dim, unlike the decode kernel: the register blocks
              * have constant sizes whatever head_dim is, and copies measured no faster. */
-            prefill_item(q + at.token * q_stride, k_cache, v_cache, kv_bf16,
+            prefill_item(q + at.token * q_stride, k, v,
                          block_table + (int64_t)item.req * max_blocks, at.first_pos, at.nq,
                          item.kv_head, num_heads, num_kv_heads, head_dim, block_size, q_stride,
                          scale, window, softcap, out + at.token * num_heads * head_dim, &w);
