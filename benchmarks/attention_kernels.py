@@ -40,7 +40,8 @@ PREFILL_CASES = {  # name: (new tokens per request, cached tokens per request)
     "4 x 512": ([512] * 4, [0] * 4),
     "2048 on 2048": ([2048], [2048]),
 }
-DECODE_CASES = {"16 x 1024": (16, 1024), "64 x 512": (64, 512), "4 x 4096": (4, 4096)}
+DECODE_CASES = {"16 x 1024": (16, 1024), "64 x 512": (64, 512), "4 x 4096": (4, 4096),
+                "16 x 4096": (16, 4096)}  # issue 51: batch 16 at 4,096 tokens
 
 
 def make_batch(query_lens, cached, shape, block_size=16, seed=0):
