@@ -1,6 +1,6 @@
 """`minivllm sim serve` / `sim policies` (the bench commands, simulated: the same workload flags
-and reports, the engine's scheduler on a virtual clock) and `sim calibrate` (fit a profile
-cost model to the real engine's steps)."""
+and reports, the engine's scheduler on a virtual clock), `sim plan` (plan_cli.py: capacity
+planning) and `sim calibrate` (fit a profile cost model to the real engine's steps)."""
 
 from __future__ import annotations
 
@@ -89,6 +89,9 @@ def add_parser(subparsers) -> None:
     add_comparison_args(pol)
     _add_sim_args(pol, "length", skip=("scheduling_policy", "length_predictor"))
     pol.set_defaults(func=run_policies)
+    from minivllm.sim import plan_cli  # (it imports this module's flags and simulator)
+
+    plan_cli.add_parser(sub)
     cal = sub.add_parser("calibrate", help="time the real engine's steps and fit a profile")
     cal.add_argument("--model", required=True, help="model directory (or minivllm-demo)")
     cal.add_argument("--output", default="results/sim/profile.json")
