@@ -11,7 +11,7 @@ import pytest
 from minivllm.bench.args import workload_options
 from minivllm.cli import build_parser, main
 
-SIM_COMMANDS = ("serve", "policies")
+SIM_COMMANDS = ("serve", "policies", "plan")
 
 # Every workload flag of bench serve, each with a value other than its default.
 WORKLOAD_LINE = ["--workload", "random", "--seed", "3", "--prompt-seed", "4",
