@@ -33,7 +33,8 @@ def _add_log_args(parser: argparse.ArgumentParser, default_level: str) -> None:
     parser.add_argument("--debug", action="store_true", help="same as --log-level debug")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's parser (tests read the commands' flags from it)."""
     parser = argparse.ArgumentParser(prog="minivllm", description="minivllm: a small vLLM")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in (cli_generate, cli_serve, bench_cli, sim_cli, cli_check_kernels):
@@ -41,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, sub in subparsers.choices.items():
         # The server's log is its output; elsewhere only warnings interrupt the results.
         _add_log_args(sub, "info" if name == "serve" else "warning")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.debug:
         args.log_level = "debug"
     logging.basicConfig(level=args.log_level.upper(), format=cli_serve.LOG_FORMAT,

@@ -9,74 +9,85 @@ from minivllm.bench import prompt_file, traces, workload
 
 BACKENDS = {"openai": "completions", "openai-chat": "chat"}
 CUSTOM_TEMPERATURE = 0.7  # a prompt file's answers are sampled unless --temperature says
+WORKLOAD_GROUP = "workload"
 
 
-def add_workload_args(p: argparse.ArgumentParser, default_priority: str,
-                      server: bool = True) -> None:
-    """The workload and report flags; `server=False` (minivllm sim) leaves out those about
-    talking to a server."""
-    p.add_argument("--workload", type=workload_spec, default="seed-high",
+def add_workload_args(p: argparse.ArgumentParser, default_priority: str) -> None:
+    """The workload and report flags, one definition for `bench serve`, `bench policies`,
+    `bench sweep` and the `sim` commands (so one workload command line replays through a
+    server and the simulator alike). They form the parser's "workload" argument group. A
+    simulation reads the same flags with the same meaning; those that only shape what a real
+    model does with a request (--prompt-seed, --endpoint, --backend, --prompt-mode,
+    --stop-token-ids, --request-seed) change nothing the simulator's stand-in model computes
+    and are recorded in its report (docs/lab.md)."""
+    g = p.add_argument_group(WORKLOAD_GROUP, "what is sent, when, and how each request ends")
+    g.add_argument("--workload", type=workload_spec, default="seed-high",
                    help=f"{' | '.join(workload.WORKLOADS)} | azure:PATH (Azure LLM trace CSV) | "
                         "mooncake:PATH (Mooncake JSONL with hash_ids) | custom:PATH (JSONL of "
                         "{\"prompt\": ...}: real prompts, answers the model ends)")
-    p.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
-    if server:
-        p.add_argument("--prompt-seed", type=int, default=None,
-                       help="prompt seed alone (default: --seed): the same arrivals and "
-                            "lengths with other prompts, so a second run misses the prefix cache")
-    p.add_argument("--num-prompts", type=int, default=None,
+    g.add_argument("--seed", type=int, default=0, help="workload and prompt seed")
+    g.add_argument("--prompt-seed", type=int, default=None,
+                   help="prompt seed alone (default: --seed): the same arrivals and "
+                        "lengths with other prompts, so a second run misses the prefix cache")
+    g.add_argument("--num-prompts", type=int, default=None,
                    help="random: number of requests (default 100); seed-*: keep the first N; "
                         "traces: N rows from --start")
-    if server:
-        p.add_argument("--dataset-name", choices=("random", "custom"), default=None,
-                       help="vllm bench serve's spelling: --dataset-name custom --dataset-path "
-                            "FILE = --workload custom:FILE")
-        p.add_argument("--dataset-path", default=None, help="with --dataset-name custom")
-    p.add_argument("--start", type=int, default=0,
+    g.add_argument("--dataset-name", choices=("random", "custom"), default=None,
+                   help="vllm bench serve's spelling: --dataset-name custom --dataset-path "
+                        "FILE = --workload custom:FILE")
+    g.add_argument("--dataset-path", default=None, help="with --dataset-name custom")
+    g.add_argument("--start", type=int, default=0,
                    help="traces, custom: first row of the window")
-    p.add_argument("--time-scale", type=float, default=1.0,
+    g.add_argument("--time-scale", type=float, default=1.0,
                    help="traces: multiply the gaps between arrivals (0.5: twice as fast)")
-    p.add_argument("--request-rate", type=float, default=float("inf"),
+    g.add_argument("--request-rate", type=float, default=float("inf"),
                    help="random, custom: req/s (Poisson; default inf: all at once)")
-    p.add_argument("--burstiness", type=float, default=1.0, help="random, custom: gamma shape")
-    p.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
-    p.add_argument("--output-len", type=int, default=64, help="random: output tokens")
-    p.add_argument("--custom-output-len", type=int, default=prompt_file.CUSTOM_OUTPUT_LEN,
+    g.add_argument("--burstiness", type=float, default=1.0, help="random, custom: gamma shape")
+    g.add_argument("--input-len", type=int, default=256, help="random: prompt tokens")
+    g.add_argument("--output-len", type=int, default=64, help="random: output tokens")
+    g.add_argument("--custom-output-len", type=int, default=prompt_file.CUSTOM_OUTPUT_LEN,
                    help="custom: max_tokens, a cap (the model's EOS ends each answer)")
-    p.add_argument("--disable-shuffle", action="store_true",
+    g.add_argument("--disable-shuffle", action="store_true",
                    help="custom: the file's order (default: shuffled with --seed)")
-    p.add_argument("--length-scale", default="auto",
+    g.add_argument("--length-scale", default="auto",
                    help="seed-*: multiply the report's lengths (auto: context / 32768); "
                         "traces: multiply prompt and output lengths (auto: min(1, context / "
                         "32768))")
-    p.add_argument("--output-ratio", type=float, default=0.25,
+    g.add_argument("--output-ratio", type=float, default=0.25,
                    help="seed-*: output tokens per prompt token")
-    p.add_argument("--priority", choices=("none", "user", "length"), default=default_priority,
+    g.add_argument("--priority", choices=("none", "user", "length"), default=default_priority,
                    help="priority each request carries: by user or by prompt-length bucket")
-    if server:
-        p.add_argument("--max-concurrency", type=int, default=None)
-        p.add_argument("--endpoint", choices=("completions", "chat"), default=None,
-                       help="(default: completions)")
-        p.add_argument("--backend", choices=tuple(BACKENDS), default=None,
-                       help="vllm bench serve's spelling: openai = --endpoint completions, "
-                            "openai-chat = --endpoint chat")
-        p.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
-                       help="send token ids (exact; default for completions) or text (chat)")
-        p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
-                       help="--no-ignore-eos: the trace's output length is only max_tokens, "
-                            "a cap, and the model's EOS ends each request: output lengths the "
-                            "model decides, as length predictors meet them (default: ignore "
-                            "EOS, exact lengths; custom:PATH: not)")
-        p.add_argument("--stop-token-ids", type=int, nargs="+", default=None, metavar="ID",
-                       help="sent with every request (with --no-ignore-eos): e.g. 1 for "
-                            "stories260K, which starts a new story with BOS where a story ends")
-        p.add_argument("--request-seed", type=int, default=None, metavar="N",
-                       help="request i sends seed N + i: sampled outputs repeat across runs "
-                            "(default: not sent)")
-    p.add_argument("--goodput", nargs="+", default=None, metavar="SLO",
+    g.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight at most; the others wait in the client and their "
+                        "latencies count from when they are sent")
+    g.add_argument("--endpoint", choices=("completions", "chat"), default=None,
+                   help="(default: completions)")
+    g.add_argument("--backend", choices=tuple(BACKENDS), default=None,
+                   help="vllm bench serve's spelling: openai = --endpoint completions, "
+                        "openai-chat = --endpoint chat")
+    g.add_argument("--prompt-mode", choices=("ids", "text"), default=None,
+                   help="send token ids (exact; default for completions) or text (chat)")
+    g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                   help="--no-ignore-eos: the trace's output length is only max_tokens, "
+                        "a cap, and the model's EOS ends each request: output lengths the "
+                        "model decides, as length predictors meet them (default: ignore "
+                        "EOS, exact lengths; custom:PATH: not)")
+    g.add_argument("--stop-token-ids", type=int, nargs="+", default=None, metavar="ID",
+                   help="sent with every request (with --no-ignore-eos): e.g. 1 for "
+                        "stories260K, which starts a new story with BOS where a story ends")
+    g.add_argument("--request-seed", type=int, default=None, metavar="N",
+                   help="request i sends seed N + i: sampled outputs repeat across runs "
+                        "(default: not sent)")
+    g.add_argument("--goodput", nargs="+", default=None, metavar="SLO",
                    help="SLOs in ms, e.g. ttft:500 tpot:50")
-    p.add_argument("--output", default="results/bench", help="directory for the report")
-    p.add_argument("--disable-tqdm", action="store_true")
+    g.add_argument("--output", default="results/bench", help="directory for the report")
+    g.add_argument("--disable-tqdm", action="store_true")
+
+
+def workload_options(p: argparse.ArgumentParser) -> set[str]:
+    """The option strings of a parser's workload group (what add_workload_args added)."""
+    groups = [g for g in p._action_groups if g.title == WORKLOAD_GROUP]
+    return {o for g in groups for a in g._group_actions for o in a.option_strings}
 
 
 def add_comparison_args(p: argparse.ArgumentParser) -> None:
@@ -188,7 +199,8 @@ def resolve_workload(args) -> None:
     if args.ignore_eos is None:
         args.ignore_eos = not is_custom(args)
     if is_custom(args):
-        if args.temperature is None:
+        # (a command without sampling flags, minivllm sim, has no temperature to set)
+        if getattr(args, "temperature", 0) is None:
             args.temperature = CUSTOM_TEMPERATURE
         if args.endpoint is None and args.backend is None:
             args.endpoint = "chat"

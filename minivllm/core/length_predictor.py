@@ -76,6 +76,12 @@ class LengthPredictor(ABC):
     def observe(self, request: Request) -> None:
         """A request finished (not aborted): learn from its true output length."""
 
+    def unasked(self, requests: list[Request]) -> bool:
+        """The scheduler skips predicting for `requests` now (it left them unranked): do
+        what predicting would have changed, and return True; False, the default: it cannot
+        say, so the scheduler predicts as ever."""
+        return False
+
 
 @register_predictor("mean")
 class MeanPredictor(LengthPredictor):
@@ -90,6 +96,9 @@ class MeanPredictor(LengthPredictor):
         if self.num_finished == 0:
             return request.max_tokens
         return round(self.total_output_tokens / self.num_finished)
+
+    def unasked(self, requests: list[Request]) -> bool:
+        return True  # a prediction only reads
 
     def observe(self, request: Request) -> None:
         self.num_finished += 1
@@ -108,6 +117,9 @@ class OraclePredictor(LengthPredictor):
         if oracle_output_len is not None:
             return oracle_output_len
         return self.fallback._predict(request)
+
+    def unasked(self, requests: list[Request]) -> bool:
+        return True  # a prediction only reads
 
     def observe(self, request: Request) -> None:
         self.fallback.observe(request)
@@ -161,6 +173,9 @@ class BucketPredictor(LengthPredictor):
         if len(self.overall):
             return self.overall.value()
         return request.max_tokens
+
+    def unasked(self, requests: list[Request]) -> bool:
+        return True  # a prediction only reads
 
     def observe(self, request: Request) -> None:
         key = prompt_bucket(request.num_prompt_tokens)
@@ -264,6 +279,15 @@ class ProbePredictor(LengthPredictor):
         value = math.expm1(min(self.ridge.predict(self.features(request)), 30.0))
         self._cache[request] = (self.ridge.fitted_n, value)
         return value
+
+    def unasked(self, requests: list[Request]) -> bool:
+        """Predicting for a prefilled request refits the ridge once it has grown (the
+        fit depends on when it is asked): refit now if one of them would have; the cache
+        is keyed by the fit, so it answers the same whenever filled."""
+        if self.ridge.n >= self.min_samples and any(r.prompt_hidden is not None
+                                                    for r in requests):
+            self.ridge.maybe_fit()
+        return True
 
     def features(self, request: Request):
         """The hidden state, or for a model wider than max_features its fixed random

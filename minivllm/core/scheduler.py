@@ -44,6 +44,13 @@ from minivllm.core.stop import check_stop
 
 
 class Scheduler:
+    # Leave the waiting queue unranked in a step where no order of it could admit a request
+    # (_admission_possible), when the policy can say what ranking would have changed
+    # (SchedulingPolicy.unranked): the same decisions, without a sort_key per queued request
+    # per step of a saturated server. False: rank it at every step, the reference the tests
+    # compare decisions with (tests/core/test_unranked_waiting.py).
+    skip_futile_ranking = True
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -92,6 +99,7 @@ class Scheduler:
         self.block_tables = BlockTableDiffs()
         self.preemptor = Preemptor(config, policy, self.kv, self.running, self.waiting,
                                    self.swapped, self.block_tables)
+        self.num_unranked_steps = 0  # steps whose waiting queue went unranked
 
     # ---- requests in and out ----------------------------------------------------------
 
@@ -248,7 +256,25 @@ class Scheduler:
             self._admit(request, budget, num_new)
             self.lora.admit(request, loras)
 
+    def _admission_possible(self, budget: StepBudget) -> bool:
+        """Whether some order of the waiting queue could admit a request this step: tokens
+        are left, and a seat and a KV block are free (a waiting request holds no blocks, so
+        it needs one), or active preemption has a running request past its minimum quantum
+        to evict. When not, the loop below stops at the first request it tries, having
+        changed nothing but what ranking changes in the policy."""
+        if budget.tokens <= 0:
+            return False
+        if budget.seats_taken() < self.config.max_num_seqs and self.kv.num_free_blocks > 0:
+            return True
+        quantum = self.config.min_run_quantum
+        return self.config.active_preemption and any(
+            self.step_count - r.last_admitted_step >= quantum for r in self.running)
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: StepBudget, now: float) -> None:
+        if (self.skip_futile_ranking and self.waiting and not self._admission_possible(budget)
+                and self.policy.unranked(self.waiting, now)):
+            self.num_unranked_steps += 1
+            return
         loras = self.lora.in_use(self.running)
         for request in self.policy.order(self.waiting, now):
             if budget.tokens <= 0:

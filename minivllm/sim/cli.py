@@ -1,6 +1,6 @@
 """`minivllm sim serve` / `sim policies` (the bench commands, simulated: the same workload flags
-and reports, the engine's scheduler on a virtual clock) and `sim calibrate` (fit a profile
-cost model to the real engine's steps)."""
+and reports, the engine's scheduler on a virtual clock), `sim plan` (plan_cli.py: capacity
+planning) and `sim calibrate` (fit a profile cost model to the real engine's steps)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from minivllm.bench.args import (
     add_workload_args,
     comparison_runs,
     describe_trace,
+    resolve_endpoint,
     trace_args,
 )
 from minivllm.bench.prediction import describe as describe_prediction
@@ -50,10 +51,7 @@ def _add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple
                         "preset's shape; no weights needed")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="roofline: fraction of device memory for weights + KV (default 0.9)")
-    add_workload_args(p, default_priority, server=False)
-    p.add_argument("--max-concurrency", type=int, default=None,
-                   help="requests in flight at most; the others wait in the client and their "
-                        "latencies count from when they are sent (as bench serve's)")
+    add_workload_args(p, default_priority)
     p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                    help="N engine replicas behind the router, each with its own KV cache "
                         "(default: 1)")
@@ -91,6 +89,9 @@ def add_parser(subparsers) -> None:
     add_comparison_args(pol)
     _add_sim_args(pol, "length", skip=("scheduling_policy", "length_predictor"))
     pol.set_defaults(func=run_policies)
+    from minivllm.sim import plan_cli  # (it imports this module's flags and simulator)
+
+    plan_cli.add_parser(sub)
     cal = sub.add_parser("calibrate", help="time the real engine's steps and fit a profile")
     cal.add_argument("--model", required=True, help="model directory (or minivllm-demo)")
     cal.add_argument("--output", default="results/sim/profile.json")
@@ -132,8 +133,25 @@ def scheduler_config(args, cost: CostModel) -> SchedulerConfig:
                    num_swap_blocks=cost.num_swap_blocks(args.block_size, args.swap_space) or 0)
 
 
+def resolve_request_ending(args) -> None:
+    """bench's workload resolution (--dataset-name / --dataset-path, --backend / --endpoint,
+    the --ignore-eos default), then what --[no-]ignore-eos means here. The stand-in model's
+    EOS comes at each request's trace output length. --ignore-eos (bench's default): the
+    trace length is exact, max_tokens (--request-max-tokens trace) ends the request, no EOS
+    is sampled. --no-ignore-eos: the stand-in's EOS ends it within max_tokens, at the same
+    token; --request-max-tokens context (max_tokens the rest of the context, the length
+    unknown until EOS) needs it, so it is its default there and --ignore-eos is refused."""
+    if args.request_max_tokens == "context":
+        if args.ignore_eos:
+            raise SystemExit("--request-max-tokens context ends each request at the stand-in "
+                             "model's EOS: drop --ignore-eos (or use --request-max-tokens trace)")
+        args.ignore_eos = False
+    resolve_endpoint(args)
+
+
 def prepare(args):
     metrics.parse_goodput(args.goodput)
+    resolve_request_ending(args)
     cost = cost_model_of(args)
     config = scheduler_config(args, cost)
     try:
@@ -150,21 +168,29 @@ def prepare(args):
     return cost, config, trace
 
 
+def make_simulator(args, cost: CostModel, config: SchedulerConfig, policy: str,
+                   predictor: str, size: int, progress: bool, timeline: bool) -> Simulator:
+    """The simulator the flags describe, with `size` replicas (`timeline`: record one, which
+    needs size 1)."""
+    if size < 1:
+        raise SystemExit(f"--data-parallel-size must be >= 1, got {size}")
+    options = config_from_args(args).policy_config.options()  # vtc_weights, edf_action, ...
+    return Simulator(config, policy, cost, aging_s=args.priority_aging_s,
+                     send_priority=policy == "priority", progress=progress,
+                     max_concurrency=args.max_concurrency, length_predictor=predictor,
+                     request_max_tokens=args.request_max_tokens, data_parallel_size=size,
+                     router_policy=args.router_policy, record_timeline=timeline,
+                     policy_options=options, spec_acceptance_rate=args.spec_acceptance_rate,
+                     num_loras=args.num_loras)
+
+
 def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
              out_dir: Path, title: str, length_predictor: str | None = None
              ) -> tuple[dict, list]:
     size = args.data_parallel_size
-    if size < 1:
-        raise SystemExit(f"--data-parallel-size must be >= 1, got {size}")
     predictor = length_predictor or getattr(args, "length_predictor", None) or "mean"
-    common = dict(aging_s=args.priority_aging_s, send_priority=policy == "priority",
-                  progress=not args.disable_tqdm, max_concurrency=args.max_concurrency,
-                  length_predictor=predictor, request_max_tokens=args.request_max_tokens)
-    options = config_from_args(args).policy_config.options()  # vtc_weights, edf_action, ...
-    sim = Simulator(config, policy, cost, **common, data_parallel_size=size,
-                    router_policy=args.router_policy, record_timeline=size == 1,
-                    policy_options=options, spec_acceptance_rate=args.spec_acceptance_rate,
-                    num_loras=args.num_loras)
+    sim = make_simulator(args, cost, config, policy, predictor, size, not args.disable_tqdm,
+                         size == 1)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0
@@ -183,7 +209,7 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
             "policy": policy, "length_predictor": predictor,
             "request_max_tokens": args.request_max_tokens,
             "priority": args.priority, "scheduler": vars(config),
-            "max_concurrency": args.max_concurrency,
+            "max_concurrency": args.max_concurrency, **request_fields(args),
             "argv": sys.argv[1:]}
     report.write_run(out_dir, meta, result.results, summary)
     if result.timeline:  # one replica's (data parallel runs record none)
@@ -196,6 +222,14 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
         print(f"[{policy}] {size} replicas, router {args.router_policy}: "
               f"requests routed {result.routed}, prefix cache hit rate {rates}")
     return summary, result.results
+
+
+def request_fields(args) -> dict:
+    """The workload flags a real model would read and the stand-in does not (the prompts'
+    tokens, the endpoint, stop ids, seeds), for the report: what bench serve records."""
+    return {"ignore_eos": args.ignore_eos, "prompt_seed": args.prompt_seed,
+            "endpoint": args.endpoint, "prompt_mode": args.prompt_mode,
+            "stop_token_ids": args.stop_token_ids, "request_seed": args.request_seed}
 
 
 def run_serve(args) -> int:
@@ -228,7 +262,7 @@ def run_policies(args) -> int:
                      f"{trace.length_scale:.4g}) -- {label}",
             "simulated": label, "policies": policies, "cost_model": cost.describe(),
             "length_predictors": args.length_predictors, "runs": [c[0] for c in combos],
-            "request_max_tokens": args.request_max_tokens,
+            "request_max_tokens": args.request_max_tokens, **request_fields(args),
             "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
             "priority": args.priority, "scheduler": vars(config)}
     report.write_comparison(out, meta, runs)

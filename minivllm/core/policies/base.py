@@ -60,6 +60,15 @@ class SchedulingPolicy(ABC):
     def order(self, requests: list[Request], now: float) -> list[Request]:
         return sorted(requests, key=lambda r: self.sort_key(r, now))
 
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        """The scheduler leaves `requests` unranked now (no order of them could admit one
+        this step): do what ranking them would have changed in this policy's state, and
+        return True. False, the default: it cannot say, and the scheduler ranks them as
+        ever. A policy whose sort_key writes nothing (reads of the prefix cache's
+        remembered lookups give the same answers whenever asked) returns True; one that
+        asks the length predictor defers to `predictor.unasked`."""
+        return False
+
     def victim(self, candidates: list[Request], now: float) -> Request:
         return max(candidates, key=lambda r: self.sort_key(r, now))
 

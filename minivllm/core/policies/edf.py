@@ -65,6 +65,9 @@ class EarliestDeadlineFirstPolicy(SchedulingPolicy):
         return (self.is_late(request, now), self.deadline(request), request.arrival_time,
                 request.request_id)
 
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        return True  # sort_key only reads (goodput's too: late_requests writes its set)
+
 
 def own_deadlines(request: Request) -> str:
     """The deadlines the request gave itself, as a shed request's error names them."""

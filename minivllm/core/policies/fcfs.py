@@ -12,3 +12,6 @@ class FCFSPolicy(SchedulingPolicy):
 
     def sort_key(self, request: Request, now: float) -> tuple:
         return (request.arrival_time, request.request_id)
+
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        return True  # sort_key only reads

@@ -52,3 +52,6 @@ class HighestResponseRatioNextPolicy(SchedulingPolicy):
         # Equal ratios (all 1 for requests that have not waited): the shorter first.
         return (-self.response_ratio(request, now), self.steps_left(request),
                 request.arrival_time, request.request_id)
+
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        return self.predictor.unasked(requests)  # the rest of sort_key only reads

@@ -28,3 +28,6 @@ class LongestPrefixMatchPolicy(SchedulingPolicy):
         if self.age(request, now) >= self.aging_s:
             return (0, request.arrival_time, request.request_id)
         return (1, -self.matched_tokens(request), request.arrival_time, request.request_id)
+
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        return True  # sort_key only reads

@@ -67,5 +67,14 @@ class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
     def sort_key(self, request: Request, now: float) -> tuple:
         return (self.effective_level(request, now), request.arrival_time, request.request_id)
 
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        """A request's skip-join level is set when first asked (from what the prefix cache
+        holds then): set it now for those not yet asked. The rest of a level is a function
+        of its service, which does not change while it waits."""
+        for request in requests:
+            if request not in self._levels:
+                self.level(request)
+        return True
+
     def outranks(self, candidate: Request, running: Request, now: float) -> bool:
         return self.effective_level(candidate, now) < self.effective_level(running, now)

@@ -14,3 +14,6 @@ class PriorityPolicy(SchedulingPolicy):
     def sort_key(self, request: Request, now: float) -> tuple:
         effective = request.core_request.priority - self.age(request, now) / self.aging_s
         return (effective, request.arrival_time, request.request_id)
+
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        return True  # sort_key only reads

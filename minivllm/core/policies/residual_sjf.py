@@ -48,3 +48,6 @@ class ResidualPrefillSJFPolicy(SchedulingPolicy):
         if self.age(request, now) >= self.max_wait_s:
             return (1, request.arrival_time, request.request_id)
         return (2, self.residual_blocks(request), request.arrival_time, request.request_id)
+
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        return True  # sort_key only reads

@@ -23,3 +23,6 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
     def sort_key(self, request: Request, now: float) -> tuple:
         effective = self.remaining_work(request) / (1.0 + self.age(request, now) / self.aging_s)
         return (effective, request.arrival_time, request.request_id)
+
+    def unranked(self, requests: list[Request], now: float) -> bool:
+        return self.predictor.unasked(requests)  # the rest of sort_key only reads

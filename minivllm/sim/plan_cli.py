@@ -1,0 +1,174 @@
+"""`minivllm sim plan`: capacity planning. The highest request rate one replica sustains
+within the SLOs (TTFT p99, TPOT p50, optionally a goodput ratio), found by simulating the
+workload's requests sent as a Poisson process at candidate rates (sim/plan.py's search),
+and with --target-rate the replicas that rate needs, checked by simulating them behind the
+router. Writes OUTPUT/plan.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from minivllm.bench import metrics
+from minivllm.bench.workload import Trace, arrival_times
+from minivllm.core.policy import POLICIES
+from minivllm.sim.plan import SLO, PlanError, Probe, judge, max_rate
+
+MAX_EXTRA_REPLICAS = 8  # beyond ceil(target / max rate), when the router's split falls short
+
+
+def add_parser(sub) -> None:
+    from minivllm.sim.cli import _add_sim_args
+
+    p = sub.add_parser("plan", help="capacity planning: the highest request rate one replica "
+                                    "serves within SLOs, the replicas a target rate needs")
+    g = p.add_argument_group("plan")
+    g.add_argument("--slo-ttft-p99-ms", type=float, default=None, metavar="MS",
+                   help="TTFT p99 at most MS milliseconds")
+    g.add_argument("--slo-tpot-p50-ms", type=float, default=None, metavar="MS",
+                   help="TPOT median at most MS milliseconds")
+    g.add_argument("--min-goodput-ratio", type=float, default=None, metavar="F",
+                   help="and at least this fraction of the requests within both SLOs, each "
+                        "on its own (default: not required)")
+    g.add_argument("--policy", dest="scheduling_policy", default="fcfs", metavar="POLICY",
+                   help=f"the scheduling policy ({', '.join(sorted(POLICIES))}; default: fcfs)")
+    g.add_argument("--target-rate", type=float, default=None, metavar="R",
+                   help="req/s to serve: the replicas it needs, checked by simulation")
+    g.add_argument("--start-rate", type=float, default=1.0, metavar="R",
+                   help="the first rate simulated; the search doubles or halves from it "
+                        "(default: 1 req/s)")
+    g.add_argument("--tolerance", type=float, default=0.02,
+                   help="relative width of the final bracket (default: 0.02)")
+    _add_sim_args(p, "none", skip=("scheduling_policy",))
+    p.set_defaults(output="results/sim/plan", func=run_plan)
+
+
+def at_rate(trace: Trace, rate: float, burstiness: float, seed: int) -> Trace:
+    """The trace's requests in their order, sent as a gamma process (Poisson at burstiness
+    1) at `rate`: the same seeded draws at every rate, so only the time scale changes."""
+    times = arrival_times(len(trace.entries), rate, burstiness, np.random.default_rng(seed))
+    return replace(trace, entries=[replace(e, send_time=float(t))
+                                   for e, t in zip(trace.entries, times, strict=True)])
+
+
+def probe_figures(results: list, slo: SLO, rate: float, replicas: int,
+                  duration: float, buckets) -> Probe:
+    never_fit = sum(1 for r in results if not r.success and (r.error or "").startswith("HTTP 400"))
+    done = [r for r in results if r.success]
+    failed = len(results) - len(done) - never_fit
+    summary = metrics.summarize(done, duration, buckets)
+    slos = {k: v for k, v in (("ttft", slo.ttft_p99_ms), ("tpot", slo.tpot_p50_ms)) if v}
+    ratio = sum(metrics.is_good(r, slos) for r in done) / max(1, len(results) - never_fit)
+    ttft, tpot = summary["ttft_ms"]["p99"], summary["tpot_ms"]["median"]
+    return Probe(rate, replicas, ttft, tpot, ratio, len(done), failed, never_fit,
+                 judge(slo, ttft, tpot, ratio, len(done), failed))
+
+
+def _check(args) -> SLO:
+    try:
+        slo = SLO(args.slo_ttft_p99_ms, args.slo_tpot_p50_ms, args.min_goodput_ratio)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if args.scheduling_policy not in POLICIES:
+        raise SystemExit(f"--policy: unknown policy {args.scheduling_policy!r}; known: "
+                         f"{', '.join(sorted(POLICIES))}")
+    for flag, value in (("--target-rate", args.target_rate), ("--start-rate", args.start_rate)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise SystemExit(f"{flag} must be a positive number of req/s, got {value}")
+    if not 0 < args.tolerance < 1:
+        raise SystemExit(f"--tolerance must be in (0, 1), got {args.tolerance}")
+    if math.isfinite(args.request_rate):
+        raise SystemExit("sim plan chooses the request rates: drop --request-rate")
+    if args.data_parallel_size != 1:
+        raise SystemExit("sim plan sizes one replica (--target-rate gives the replicas): "
+                         "drop --data-parallel-size")
+    return slo
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _row(p: Probe) -> str:
+    return (f"| {p.rate:.4g} | {p.replicas} | {_ms(p.ttft_p99_ms)} | {_ms(p.tpot_p50_ms)} | "
+            f"{p.goodput_ratio:.1%} | {p.completed} | {p.failed} | "
+            f"{'yes' if p.met else 'no'} |")
+
+
+def table(probes: list[Probe]) -> str:
+    head = ("| req/s | replicas | TTFT p99 (ms) | TPOT p50 (ms) | within SLOs | completed | "
+            "failed | SLO met |\n|---|---|---|---|---|---|---|---|")
+    return "\n".join([head, *(_row(p) for p in sorted(probes, key=lambda p: (p.replicas,
+                                                                              p.rate)))])
+
+
+def run_plan(args) -> int:
+    from minivllm.sim.cli import make_simulator, prepare
+
+    slo = _check(args)
+    cost, config, trace = prepare(args)
+    policy, predictor = args.scheduling_policy, args.length_predictor or "mean"
+    print(f"[plan] its {len(trace.entries)} requests, in their order, sent as a Poisson process "
+          f"(burstiness {args.burstiness:g}) at each rate probed; SLOs: TTFT p99 <= "
+          f"{slo.ttft_p99_ms} ms, TPOT p50 <= {slo.tpot_p50_ms} ms (None: not asked)")
+
+    def probe(rate: float, replicas: int = 1) -> Probe:
+        sim = make_simulator(args, cost, config, policy, predictor, replicas, False, False)
+        t0 = time.perf_counter()
+        result = sim.run(at_rate(trace, rate, args.burstiness, args.seed))
+        p = probe_figures(result.results, slo, rate, replicas,
+                          result.stats.simulated_wall_time_s, trace.buckets)
+        print(f"[plan] {rate:.4g} req/s on {replicas} replica(s): SLO "
+              f"{'met' if p.met else 'missed'} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        return p
+
+    try:
+        best, probes = max_rate(probe, args.start_rate, args.tolerance)
+    except PlanError as e:
+        raise SystemExit(f"{e}: the workload ({len(trace.entries)} requests) cannot load one "
+                         "replica; give more requests (--num-prompts)") from None
+    plan = {"max_request_rate": best, "tolerance": args.tolerance,
+            "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "tpot_p50_ms": slo.tpot_p50_ms,
+                    "min_goodput_ratio": slo.min_goodput_ratio},
+            "policy": policy, "length_predictor": predictor, "cost_model": cost.describe(),
+            "workload": trace.workload, "seed": args.seed, "requests": len(trace.entries),
+            "burstiness": args.burstiness, "scheduler": vars(config)}
+    ok = best > 0
+    if args.target_rate is not None and ok:
+        estimate = math.ceil(args.target_rate / best)
+        replicas, check = estimate, probe(args.target_rate, estimate)
+        checks = [check]
+        while not check.met and replicas < estimate + MAX_EXTRA_REPLICAS:
+            replicas += 1
+            check = probe(args.target_rate, replicas)
+            checks.append(check)
+        ok = check.met
+        probes += checks
+        plan.update(target_rate=args.target_rate, replicas_estimate=estimate,
+                    replicas=replicas if ok else None, router_policy=args.router_policy,
+                    replica_checks=[c.as_dict() for c in checks])
+    plan["probes"] = [p.as_dict() for p in probes]
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    print(table(probes))
+    if best == 0:
+        print(f"no rate down to {probes[-1].rate:.3g} req/s meets the SLOs")
+    else:
+        print(f"max request rate one replica sustains within the SLOs: {best:.4g} req/s "
+              f"(within {args.tolerance:.0%}; policy {policy}, {cost.name})")
+    if "replicas_estimate" in plan:
+        if ok:
+            print(f"{args.target_rate:g} req/s needs {plan['replicas']} replicas "
+                  f"(ceil({args.target_rate:g} / {best:.4g}) = {plan['replicas_estimate']}; "
+                  f"checked behind the {args.router_policy} router)")
+        else:
+            print(f"{args.target_rate:g} req/s: the SLOs missed even with {replicas} replicas "
+                  f"behind the {args.router_policy} router")
+    print(f"plan written to {out}/plan.json")
+    return 0 if ok else 1
