@@ -17,14 +17,13 @@ import numpy as np
 from minivllm.bench import metrics
 from minivllm.bench.workload import Trace, arrival_times
 from minivllm.core.policy import POLICIES
+from minivllm.sim.cli_setup import add_sim_args, make_simulator, prepare
 from minivllm.sim.plan import SLO, PlanError, Probe, judge, max_rate
 
 MAX_EXTRA_REPLICAS = 8  # beyond ceil(target / max rate), when the router's split falls short
 
 
 def add_parser(sub) -> None:
-    from minivllm.sim.cli import _add_sim_args
-
     p = sub.add_parser("plan", help="capacity planning: the highest request rate one replica "
                                     "serves within SLOs, the replicas a target rate needs")
     g = p.add_argument_group("plan")
@@ -44,7 +43,7 @@ def add_parser(sub) -> None:
                         "(default: 1 req/s)")
     g.add_argument("--tolerance", type=float, default=0.02,
                    help="relative width of the final bracket (default: 0.02)")
-    _add_sim_args(p, "none", skip=("scheduling_policy",))
+    add_sim_args(p, "none", skip=("scheduling_policy",))
     p.set_defaults(output="results/sim/plan", func=run_plan)
 
 
@@ -108,7 +107,6 @@ def table(probes: list[Probe]) -> str:
 
 
 def run_plan(args) -> int:
-    from minivllm.sim.cli import make_simulator, prepare
 
     slo = _check(args)
     cost, config, trace = prepare(args)
