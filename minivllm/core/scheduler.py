@@ -167,6 +167,11 @@ class Scheduler:
             num_preemptions_swap=preemptions["swap"],
             num_preemptions_recompute=preemptions["recompute"],
             prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            kv_disk_hits=kv.disk_hits * kv.block_size,
+            **({"kv_disk_bytes_read": kv.disk.bytes_read,
+                "kv_disk_bytes_written": kv.disk.bytes_written,
+                "kv_disk_evictions": kv.disk.evictions, "kv_disk_corrupt": kv.disk.corrupt}
+               if kv.disk is not None else {}),
             num_recomputed_tokens=tax.num_recomputed_tokens,
             num_computed_tokens=tax.num_computed_tokens_total,
             num_requests_shed=self.deadlines.num_requests_shed,
@@ -256,6 +261,8 @@ class Scheduler:
             if self.lora.full(request, loras):
                 continue  # a request of a running adapter (or none) behind it may go
             cached = self.kv.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
+            if self.kv.load_from_disk(request, cached):  # memory misses the disk tier holds
+                cached = self.kv.find_cached_blocks(request)
             num_cached = len(cached) * self.config.block_size
             # All but the last prompt token cached (or a one-token prompt): the group forks
             # as soon as the head is admitted, and the head computes that last token.
