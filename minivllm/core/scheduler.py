@@ -157,6 +157,7 @@ class Scheduler:
         """Queues, KV cache and counters (cumulative) now."""
         kv, tax, spec = self.kv, self.recompute_tax, self.spec_decoding.stats
         preemptions = self.preemptor.num_preemptions_by_mode
+        disk = kv.disk  # the prefix cache's disk tier, if any
         return SchedulerStats(
             num_running=len(self.running), num_waiting=len(self.waiting),
             num_swapped=len(self.swapped), num_total_blocks=kv.num_blocks,
@@ -168,10 +169,10 @@ class Scheduler:
             num_preemptions_recompute=preemptions["recompute"],
             prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
             kv_disk_hits=kv.disk_hits * kv.block_size,
-            **({"kv_disk_bytes_read": kv.disk.bytes_read,
-                "kv_disk_bytes_written": kv.disk.bytes_written,
-                "kv_disk_evictions": kv.disk.evictions, "kv_disk_corrupt": kv.disk.corrupt}
-               if kv.disk is not None else {}),
+            kv_disk_bytes_read=disk.bytes_read if disk else 0,
+            kv_disk_bytes_written=disk.bytes_written if disk else 0,
+            kv_disk_evictions=disk.evictions if disk else 0,
+            kv_disk_corrupt=disk.corrupt if disk else 0,
             num_recomputed_tokens=tax.num_recomputed_tokens,
             num_computed_tokens=tax.num_computed_tokens_total,
             num_requests_shed=self.deadlines.num_requests_shed,
