@@ -10,9 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.messages import make_core_request
+from minivllm.engine.stat_loggers import PrometheusStatLogger
+from minivllm.engine.stats import IterationStats
 from tests.model_factory import save_tiny_model
 
 BLOCK = 4
@@ -71,6 +74,12 @@ def test_evicted_prefix_is_loaded_not_recomputed(tiny_llama, tmp_path, cold):
     # the 4 prompt tokens past the hits and 5 decode steps: the rest came from disk
     assert after.num_computed_tokens - before.num_computed_tokens == 4 + 5
     assert after.kv_disk_bytes_read > 0
+    prometheus = PrometheusStatLogger("tiny", 64)
+    prometheus.record(after, IterationStats(timestamp=0.0))
+    metrics = generate_latest(prometheus.registry).decode()
+    assert f'vllm:external_prefix_cache_hits_total{{model_name="tiny"}} {HIT_TOKENS}.0' in metrics
+    written = f'minivllm:kv_disk_bytes_written_total{{model_name="tiny"}} {after.kv_disk_bytes_written}'
+    assert written in metrics
 
 
 def test_without_the_tier_the_prefix_is_recomputed(tiny_llama, cold):
