@@ -16,6 +16,8 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.messages import make_core_request
 from minivllm.engine.stat_loggers import PrometheusStatLogger
 from minivllm.engine.stats import IterationStats
+from minivllm.lora.request import LoRARequest
+from tests.lora_utils import make_adapter
 from tests.model_factory import save_tiny_model
 
 BLOCK = 4
@@ -30,13 +32,15 @@ def engine(model, path=None, **kwargs) -> LLM:
     return LLM(str(model), num_kv_blocks=12, block_size=BLOCK, **disk, **kwargs)
 
 
-def generate(llm: LLM, tokens: list[int], salt: str | None = None) -> list[int]:
+def generate(llm: LLM, tokens: list[int], salt: str | None = None,
+             lora: LoRARequest | None = None) -> list[int]:
     """Greedy tokens for one prompt, with a cache_salt (the offline LLM takes none)."""
     params = SamplingParams(temperature=0, max_tokens=6)
     request_id = f"r{next(_ids)}"
     engine = llm.llm_engine
     engine.add_request(request_id, make_core_request(request_id, tokens, params,
-                                                     cache_salt=salt), params)
+                                                     cache_salt=salt, lora_request=lora),
+                       params)
     out = None
     while engine.has_unfinished_requests():
         for output in engine.step():
@@ -45,9 +49,9 @@ def generate(llm: LLM, tokens: list[int], salt: str | None = None) -> list[int]:
     return out
 
 
-def evict_prompt(llm: LLM, salt: str | None = None) -> list[int]:
+def evict_prompt(llm: LLM, salt: str | None = None, lora: LoRARequest | None = None) -> list[int]:
     """Run PROMPT, then a filler that takes every block: PROMPT's blocks go to disk."""
-    out = generate(llm, PROMPT, salt)
+    out = generate(llm, PROMPT, salt, lora)
     generate(llm, FILLER)
     return out
 
@@ -127,6 +131,22 @@ def test_salts_never_share_a_disk_block(tiny_llama, tmp_path):
     generate(restarted, PROMPT)  # no salt
     assert restarted.stats().kv_disk_hits == 0
     assert generate(restarted, PROMPT, salt="alice") == salted_cold
+    assert restarted.stats().kv_disk_hits == HIT_TOKENS
+
+
+def test_adapters_never_share_a_disk_block(tiny_llama, tmp_path):
+    a, b = (LoRARequest(name, i + 1, str(make_adapter(tiny_llama, tmp_path / name, seed=i)))
+            for i, name in enumerate("ab"))
+    lora_engine = lambda path=None: engine(tiny_llama, path, enable_lora=True,  # noqa: E731
+                                           max_lora_rank=8)
+    cold_a, cold_b = generate(lora_engine(), PROMPT, lora=a), generate(lora_engine(), PROMPT,
+                                                                        lora=b)
+    assert cold_a != cold_b  # else the test could not tell the adapters' K/V apart
+    assert evict_prompt(lora_engine(tmp_path / "tier"), lora=a) == cold_a
+    restarted = lora_engine(tmp_path / "tier")
+    assert generate(restarted, PROMPT, lora=b) == cold_b
+    assert restarted.stats().kv_disk_hits == 0
+    assert generate(restarted, PROMPT, lora=a) == cold_a
     assert restarted.stats().kv_disk_hits == HIT_TOKENS
 
 
