@@ -155,7 +155,7 @@ class DiskKVStore:
                                  .hexdigest()}).encode()
             data = _HEAD.pack(MAGIC, len(header)) + header + payload
             if len(data) > self.capacity:
-                return  # no block fits: the tier is too small to hold anything
+                continue  # the tier is too small to hold a block
             self._evict_to(self.capacity - len(data))
             path, tmp = self._path(key), self.dir / f"{key.hex()}.{os.getpid()}.tmp"
             try:

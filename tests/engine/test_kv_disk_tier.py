@@ -103,6 +103,14 @@ def test_restart_serves_the_prefix_from_disk(tiny_llama, tmp_path, cold):
     assert stats.kv_disk_hits == HIT_TOKENS and stats.num_computed_tokens == 4 + 5
 
 
+def test_a_quantized_cache_round_trips_with_its_scales(tiny_llama, tmp_path):
+    quantized_cold = generate(engine(tiny_llama, kv_cache_dtype="int8"), PROMPT)
+    evict_prompt(engine(tiny_llama, tmp_path, kv_cache_dtype="int8"))
+    restarted = engine(tiny_llama, tmp_path, kv_cache_dtype="int8")
+    assert generate(restarted, PROMPT) == quantized_cold
+    assert restarted.stats().kv_disk_hits == HIT_TOKENS
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_damaged_files_are_refused_and_recomputed(tiny_llama, tmp_path, cold, damage):
     evict_prompt(engine(tiny_llama, tmp_path))
