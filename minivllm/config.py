@@ -171,14 +171,16 @@ class CacheConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise _bad(self, "kv_cache_dtype", "must be one of " + ", ".join(KV_CACHE_DTYPES))
         if self.kv_offloading_backend not in (None, "disk"):
-            raise _bad(self, "kv_offloading_backend", "must be 'disk' (or unset)")
+            raise _bad(self, "kv_offloading_backend",
+                       "(--kv-offloading-backend) must be 'disk' (or unset)")
         if self.kv_offloading_backend and not self.kv_offloading_path:
-            raise _bad(self, "kv_offloading_path", "must name a folder with "
-                       "kv_offloading_backend='disk'")
+            raise _bad(self, "kv_offloading_path", "(--kv-offloading-path) must name a folder "
+                       "with --kv-offloading-backend disk")
         if self.kv_offloading_path and not self.kv_offloading_backend:
-            raise _bad(self, "kv_offloading_backend", "must be 'disk' with kv_offloading_path")
+            raise _bad(self, "kv_offloading_backend", "(--kv-offloading-backend) must be "
+                       "'disk' with --kv-offloading-path")
         if not self.kv_offloading_size > 0:
-            raise _bad(self, "kv_offloading_size", "must be > 0 (GiB)")
+            raise _bad(self, "kv_offloading_size", "(--kv-offloading-size) must be > 0 (GiB)")
 
 
 @dataclass

@@ -60,7 +60,8 @@ class DiskKVStore:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise ValueError(f"kv_offloading_path {root!r}: cannot create {self.dir}: "
+            raise ValueError(f"kv_offloading_path (--kv-offloading-path) {root!r}: cannot "
+                             f"create {self.dir}: "
                              f"{e.strerror or e}") from None
         self.index: OrderedDict[bytes, int] = OrderedDict()  # key -> file bytes, LRU first
         self.used = 0
