@@ -154,6 +154,12 @@ class CacheConfig:
     # fp8 (= fp8_e4m3), fp8_e5m2: one byte per value and a scale per token and KV head
     # (model/kv_quant.py)
     kv_cache_dtype: str = "auto"
+    # vLLM's KV offloading flags: "disk" keeps prefix-cache blocks evicted from memory as
+    # files under kv_offloading_path (model/kv_disk.py), at most kv_offloading_size GiB, and
+    # a restarted engine on the same model finds them there.
+    kv_offloading_backend: str | None = None
+    kv_offloading_path: str | None = None
+    kv_offloading_size: float = 4.0
 
     def __post_init__(self) -> None:
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
@@ -164,6 +170,17 @@ class CacheConfig:
             raise _bad(self, "swap_space", "must be >= 0")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise _bad(self, "kv_cache_dtype", "must be one of " + ", ".join(KV_CACHE_DTYPES))
+        if self.kv_offloading_backend not in (None, "disk"):
+            raise _bad(self, "kv_offloading_backend",
+                       "(--kv-offloading-backend) must be 'disk' (or unset)")
+        if self.kv_offloading_backend and not self.kv_offloading_path:
+            raise _bad(self, "kv_offloading_path", "(--kv-offloading-path) must name a folder "
+                       "with --kv-offloading-backend disk")
+        if self.kv_offloading_path and not self.kv_offloading_backend:
+            raise _bad(self, "kv_offloading_backend", "(--kv-offloading-backend) must be "
+                       "'disk' with --kv-offloading-path")
+        if not self.kv_offloading_size > 0:
+            raise _bad(self, "kv_offloading_size", "(--kv-offloading-size) must be > 0 (GiB)")
 
 
 @dataclass

@@ -35,6 +35,8 @@ ENGINE_FLAGS = {
     "--device": ("auto", str), "--seed": (0, int), "--revision": (None, str),
     "--block-size": (16, int), "--num-kv-blocks": (None, int), "--kv-cache-space": (None, float),
     "--swap-space": (4.0, float), "--kv-cache-dtype": ("auto", str),
+    "--kv-offloading-backend": (None, str), "--kv-offloading-path": (None, str),
+    "--kv-offloading-size": (4.0, float),
     "--enable-prefix-caching": (True, None), "--max-num-seqs": (256, int),
     "--max-num-batched-tokens": (None, int), "--max-model-len": (None, int),
     "--enable-chunked-prefill": (True, None), "--long-prefill-token-threshold": (0, int),

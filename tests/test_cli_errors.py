@@ -24,6 +24,10 @@ from minivllm.cli import main
     (["serve", "--convert", "classify"], "convert (--convert) must be one of auto, none, "
                                          "embed"),
     (["serve", "--runner", "generate", "--convert", "embed"], "needs --runner pooling or auto"),
+    (["serve", "--kv-offloading-backend", "disk"],
+     "kv_offloading_path (--kv-offloading-path) must name a folder"),
+    (["serve", "--kv-offloading-backend", "disk", "--kv-offloading-path", "d",
+      "--kv-offloading-size", "-1"], "kv_offloading_size (--kv-offloading-size) must be > 0"),
     (["serve", "--enable-lora", "--lora-modules", "a"], "must be name=path or a JSON object"),
     (["bench", "serve", "--backend", "openai-chat", "--endpoint", "completions"],
      "--backend openai-chat contradicts --endpoint completions"),

@@ -51,4 +51,5 @@ class BlockTableDiffs:
                     list(request.block_ids) if replace else request.block_ids[known:], replace)
             self._known[req_id] = len(request.block_ids)
         out.copies = kv.take_pending_copies()
+        out.disk_writes, out.disk_loads = kv.take_disk_transfers()
         out.finished_req_ids, self._finished = self._finished, []

@@ -3,6 +3,10 @@ reference counts, prefix-cache hashes with lazy LRU eviction, and a host swap po
 
 Pure Python: it hands out block ids; the model side owns the tensors they index.
 
+With a disk tier (--kv-offloading-backend disk: model/kv_disk.py, attached by the engine), a
+cached block evicted here is written to disk first, and a prefix that misses memory but
+hits disk is loaded back into free blocks (load_from_disk) instead of recomputed.
+
 Block mappings and the order the model side applies them in (ModelRunner.copy_blocks):
 swap-outs, then copy-on-write copies (all at once: every source is read before any
 destination is written), then swap-ins. Blocks freed during a step may be handed out again
@@ -12,6 +16,11 @@ in the same step, so that order is what keeps each mapping's reads intact:
 - a copy belongs to the request whose block it fills: when that request is swapped out in
   the same step, its host copy is taken from the copy's source (the destination is not
   filled yet) and the copy is dropped; when the request is freed, the copy is dropped.
+The disk tier's transfers go around them: its writes first of all (an evicted block is read
+before it is reused), its loads after the swap-outs (a block swapped out, then reused for a
+load, is read first) and before the copies and swap-ins (a block loaded, then evicted again
+and reused, is written last by its new owner). A request holding a block still to be loaded
+is not swapped out (it is recomputed): its host copy would be taken before the load.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from minivllm.core.kv_disk_keys import extend_disk_keys
 from minivllm.core.request import Request
 
 
@@ -42,6 +52,7 @@ class BlockMeta:
     hash: int | None = None  # set once the block is full and registered in the cache
     parent_hash: int | None = None  # with `tokens`, re-checked on a hit: hashes collide
     tokens: tuple[int, ...] = ()
+    disk_key: bytes | None = None  # its stable key (kv_disk_keys.py), with a disk tier
 
 
 class KVCacheManager:
@@ -79,6 +90,12 @@ class KVCacheManager:
         self.prefix_cache_hits = 0
         # Copy-on-write copies made by allocations this step, destination -> source.
         self.pending_copies: dict[int, int] = {}
+        # The disk tier (model/kv_disk.py's DiskKVStore; None: off), and this step's
+        # transfers: evicted blocks to write, (block, key); blocks to load, block -> key.
+        self.disk = None
+        self.disk_writes: list[tuple[int, bytes]] = []
+        self.disk_loads: dict[int, bytes] = {}
+        self.disk_hits = 0  # blocks loaded from disk instead of recomputed
 
     # ---- capacity -------------------------------------------------------------------
 
@@ -162,14 +179,63 @@ class KVCacheManager:
         if num_full <= done:
             return
         hashes = self.block_hashes(request)
+        keys = self.disk_keys(request) if self.disk is not None else None
         for index in range(done, num_full):
             meta, block_hash = self.blocks[request.block_ids[index]], hashes[index]
             if meta.hash is None and block_hash not in self.cached:
-                start = index * self.block_size
-                meta.hash, meta.parent_hash = block_hash, hashes[index - 1] if index else None
-                meta.tokens = tuple(request.all_token_ids[start:start + self.block_size])
-                self.cached[block_hash] = request.block_ids[index]
+                self._register(request, index, request.block_ids[index],
+                               keys[index] if keys else None)
         self._num_registered[request.request_id] = num_full
+
+    def _register(self, request: Request, index: int, block_id: int,
+                  disk_key: bytes | None) -> None:
+        """Register the block holding the request's index-th full block in the cache."""
+        hashes, meta, start = request.block_hashes, self.blocks[block_id], index * self.block_size
+        meta.hash, meta.parent_hash = hashes[index], hashes[index - 1] if index else None
+        meta.tokens = tuple(request.all_token_ids[start:start + self.block_size])
+        meta.disk_key = disk_key
+        self.cached[meta.hash] = block_id
+
+    # ---- disk tier ------------------------------------------------------------------
+
+    def disk_keys(self, request: Request) -> list[bytes]:
+        """The stable keys of the request's full blocks, each computed once."""
+        return extend_disk_keys(request.disk_keys, request, self.block_size)
+
+    def load_from_disk(self, request: Request, cached: list[int]) -> int:
+        """Past its memory hits `cached`, bring the request's next blocks that the disk tier
+        holds (checked whole: DiskKVStore.stage) into free blocks, registered in the cache
+        like any other (the runner loads their bytes before this step's forward); return how
+        many. Each takes the least recently used free block, as an allocation does -- never
+        one of `cached`, which move to the recent end first."""
+        if self.disk is None or request.num_computed_tokens or not self.enable_prefix_caching:
+            return 0
+        limit = self._max_hit_blocks(request)
+        if len(cached) >= limit:
+            return 0
+        in_queue = [b for b in cached if self.blocks[b].ref_cnt == 0]
+        for block_id in in_queue:
+            self.free_queue.move_to_end(block_id)
+        room = self.num_free_blocks - len(in_queue)
+        keys, hashes = self.disk_keys(request), self.block_hashes(request)
+        num = 0
+        for index in range(len(cached), min(limit, len(cached) + room)):
+            if hashes[index] in self.cached or not self.disk.stage(keys[index]):
+                break
+            block_id = self._take_free_block()
+            self._register(request, index, block_id, keys[index])
+            self.blocks[block_id].ref_cnt = 0
+            self.free_queue[block_id] = None  # the recent end: a hit about to be taken
+            self.disk_loads[block_id] = keys[index]
+            num += 1
+        self.disk_hits += num
+        return num
+
+    def take_disk_transfers(self) -> tuple[list[tuple[int, bytes]], list[tuple[bytes, int]]]:
+        """This step's disk writes, (block, key), and loads, (key, block)."""
+        writes, loads = self.disk_writes, [(key, b) for b, key in self.disk_loads.items()]
+        self.disk_writes, self.disk_loads = [], {}
+        return writes, loads
 
     # ---- allocation -----------------------------------------------------------------
 
@@ -177,9 +243,12 @@ class KVCacheManager:
         block_id, _ = self.free_queue.popitem(last=False)
         meta = self.blocks[block_id]
         if meta.hash is not None:  # evict from the prefix cache
+            # to the disk tier first -- unless its bytes are still to be loaded from there
+            if self.disk_loads.pop(block_id, None) is None and meta.disk_key is not None:
+                self.disk_writes.append((block_id, meta.disk_key))
             del self.cached[meta.hash]
             self._num_evictions += 1
-            meta.hash = meta.parent_hash = None
+            meta.hash = meta.parent_hash = meta.disk_key = None
             meta.tokens = ()
         meta.ref_cnt = 1
         return block_id
@@ -293,9 +362,11 @@ class KVCacheManager:
 
     def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
         """Move the request's blocks to the host pool: (device block, host block) pairs,
-        or None when the host pool is too full (the caller falls back to recompute). A block
-        still waiting for its copy-on-write copy is read from the copy's source."""
-        if len(request.block_ids) > len(self.free_swap_blocks):
+        or None when the host pool is too full or a block is still to be loaded from disk
+        (the caller falls back to recompute). A block still waiting for its copy-on-write
+        copy is read from the copy's source."""
+        if (len(request.block_ids) > len(self.free_swap_blocks)
+                or any(b in self.disk_loads for b in request.block_ids)):
             return None
         mapping = [(self.pending_copies.get(block_id, block_id), self.free_swap_blocks.pop())
                    for block_id in request.block_ids]

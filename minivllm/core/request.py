@@ -124,6 +124,7 @@ class Request:
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first admission)
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of its full blocks (KV manager)
+        self.disk_keys: list[bytes] = []  # their stable keys, with a disk tier (kv_disk_keys)
         self.swap_block_ids: list[int] = []  # host blocks while SWAPPED
         self.num_preemptions = 0
         self.first_scheduled_step: int | None = None

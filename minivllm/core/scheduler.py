@@ -165,6 +165,7 @@ class Scheduler:
         """Queues, KV cache and counters (cumulative) now."""
         kv, tax, spec = self.kv, self.recompute_tax, self.spec_decoding.stats
         preemptions = self.preemptor.num_preemptions_by_mode
+        disk = kv.disk  # the prefix cache's disk tier, if any
         return SchedulerStats(
             num_running=len(self.running), num_waiting=len(self.waiting),
             num_swapped=len(self.swapped), num_total_blocks=kv.num_blocks,
@@ -175,6 +176,11 @@ class Scheduler:
             num_preemptions_swap=preemptions["swap"],
             num_preemptions_recompute=preemptions["recompute"],
             prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            kv_disk_hits=kv.disk_hits * kv.block_size,
+            kv_disk_bytes_read=disk.bytes_read if disk else 0,
+            kv_disk_bytes_written=disk.bytes_written if disk else 0,
+            kv_disk_evictions=disk.evictions if disk else 0,
+            kv_disk_corrupt=disk.corrupt if disk else 0,
             num_recomputed_tokens=tax.num_recomputed_tokens,
             num_computed_tokens=tax.num_computed_tokens_total,
             num_requests_shed=self.deadlines.num_requests_shed,
@@ -282,6 +288,8 @@ class Scheduler:
             if self.lora.full(request, loras):
                 continue  # a request of a running adapter (or none) behind it may go
             cached = self.kv.find_cached_blocks(request) if request.num_computed_tokens == 0 else []
+            if self.kv.load_from_disk(request, cached):  # memory misses the disk tier holds
+                cached = self.kv.find_cached_blocks(request)
             num_cached = len(cached) * self.config.block_size
             # All but the last prompt token cached (or a one-token prompt): the group forks
             # as soon as the head is admitted, and the head computes that last token.

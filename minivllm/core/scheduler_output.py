@@ -57,6 +57,10 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    # The disk tier's (core/kv_cache.py): evicted blocks to write first, (block, stable key);
+    # blocks to fill from disk before the forward, (stable key, block).
+    disk_writes: list[tuple[int, bytes]] = field(default_factory=list)
+    disk_loads: list[tuple[bytes, int]] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
     # Finished or aborted since the last step: the runner drops their state.
     finished_req_ids: list[str] = field(default_factory=list)
@@ -72,4 +76,4 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not (self.num_scheduled_tokens or self.swap_out or self.swap_in or self.copies
-                    or self.finished_req_ids)
+                    or self.disk_writes or self.disk_loads or self.finished_req_ids)

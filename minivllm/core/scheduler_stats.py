@@ -25,6 +25,14 @@ class SchedulerStats:
     num_preemptions_recompute: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens served from the cache
+    # The prefix cache's disk tier (--kv-offloading-backend disk): of the hits, tokens loaded
+    # from disk; its files' bytes read and written; blocks it deleted for room (LRU) and
+    # blocks it refused (a failed check: deleted, recomputed).
+    kv_disk_hits: int = 0
+    kv_disk_bytes_read: int = 0
+    kv_disk_bytes_written: int = 0
+    kv_disk_evictions: int = 0
+    kv_disk_corrupt: int = 0
     # The recompute tax: tokens computed again after recompute preemption, of all computed.
     num_recomputed_tokens: int = 0
     num_computed_tokens: int = 0

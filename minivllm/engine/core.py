@@ -82,6 +82,7 @@ class EngineCore:
         self.scheduler = Scheduler(scheduler_config, config.policy_config.make_policy(),
                                    eos_token_ids=self.eos_token_ids,
                                    valid_drafts=self.runner.sampler.num_valid_drafts)
+        self.scheduler.kv.disk = self.runner.disk  # the prefix cache's disk tier, if any
         self.engine_step = EngineStep(self.scheduler)
         self.groups = CoreRequests()  # by the caller's request id, and their sequences
         self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step

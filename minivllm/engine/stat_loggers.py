@@ -153,6 +153,19 @@ class PrometheusStatLogger(StatLoggerBase):
         self.prefix_cache_hits = counter("vllm:prefix_cache_hits",
                                          "Prompt tokens served from the prefix cache.")
         self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (swap or recompute).")
+        # The disk tier: vLLM names hits from outside the device's prefix cache "external"
+        self.kv_disk_hits = counter("vllm:external_prefix_cache_hits",
+                                    "Prompt tokens of prefix-cache hits loaded from the disk "
+                                    "tier (--kv-offloading-backend disk).")
+        self.kv_disk_bytes_read = counter("minivllm:kv_disk_bytes_read",
+                                          "Bytes of KV blocks read from the disk tier.")
+        self.kv_disk_bytes_written = counter("minivllm:kv_disk_bytes_written",
+                                             "Bytes of KV blocks written to the disk tier.")
+        self.kv_disk_evictions = counter("minivllm:kv_disk_evictions",
+                                         "Blocks deleted from the disk tier for room (LRU).")
+        self.kv_disk_corrupt = counter("minivllm:kv_disk_corrupt",
+                                       "Disk tier blocks that failed their check (deleted, "
+                                       "recomputed).")
         self.num_recomputed_tokens = counter(
             "minivllm:num_recomputed_tokens",
             "Tokens computed again after recompute preemption (the recompute tax's numerator).")
@@ -230,7 +243,9 @@ class PrometheusStatLogger(StatLoggerBase):
         used_swap = s.num_total_swap_blocks - s.num_free_swap_blocks
         self.cpu_cache_usage.set(used_swap / s.num_total_swap_blocks if s.num_total_swap_blocks
                                  else 0.0)
-        for name in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
+        for name in ("prefix_cache_queries", "prefix_cache_hits", "kv_disk_hits",
+                     "kv_disk_bytes_read", "kv_disk_bytes_written", "kv_disk_evictions",
+                     "kv_disk_corrupt", "num_preemptions",
                      "num_recomputed_tokens", "num_computed_tokens", "num_requests_shed",
                      "num_requests_deprioritized", "spec_num_drafts", "spec_num_draft_tokens",
                      "spec_num_accepted_tokens"):

@@ -27,6 +27,12 @@ _HELP = {
     "kv_cache_dtype": "auto (the model's dtype) | bfloat16: half the KV bytes of an fp32 "
                       "model, read by the attention kernels as fp32 | int8 | fp8 (fp8_e4m3) "
                       "| fp8_e5m2: one byte per value and an fp32 scale per token and KV head",
+    "kv_offloading_backend": "disk: prefix-cache blocks evicted from memory are written to "
+                             "--kv-offloading-path and loaded back instead of recomputed, "
+                             "also after a restart (unset: off)",
+    "kv_offloading_path": "with --kv-offloading-backend disk, the folder of the tier's files",
+    "kv_offloading_size": "with --kv-offloading-backend disk, the GiB it may hold (least "
+                          "recently used blocks deleted beyond)",
     "scheduling_policy": " | ".join(POLICIES),
     "length_predictor": " | ".join(LENGTH_PREDICTORS) + ": output lengths for sjf (and "
                         "other policies ranking by them); oracle reads the lab-only request "

@@ -26,6 +26,7 @@ from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.kernels.threads import ThreadGovernor
+from minivllm.model.kv_disk import DiskKVStore, model_fingerprint
 from minivllm.model.loader import (
     load_state_dict,
     resolve_device,
@@ -128,6 +129,16 @@ class ModelRunner:
             self.drafter = DraftModel(
                 self._load_model(draft_path, draft_config, model_config.quantization, cpu_bf16),
                 (k, v), (k_host, v_host))
+        self.disk = None  # the prefix cache's disk tier (--kv-offloading-backend disk)
+        if cache_config.kv_offloading_backend == "disk":
+            identity = {"model": str(model_path),
+                        "fingerprint": model_fingerprint(model_path, hf_config),
+                        "draft": spec["model"] if draft_config is not None else None,
+                        "dtype": str(self.dtype), "kv_cache_dtype": cache_config.kv_cache_dtype,
+                        "quantization": quantization, "block_size": self.block_size}
+            self.disk = DiskKVStore(cache_config.kv_offloading_path,
+                                    int(cache_config.kv_offloading_size * GiB), identity,
+                                    kv_quant.tensors(self._device_caches()))
         # LoRA adapters (--enable-lora): their deltas ride on the decoder's linears.
         lora = config.lora_config
         self.lora = LoRAManager(self.model, hf_config, lora.max_lora_rank, lora.max_cpu_loras,
@@ -206,14 +217,23 @@ class ModelRunner:
         for s, d in zip(src, dst):
             d[:, dst_ids] = s[:, src_ids].to(d.device)
 
+    def _device_caches(self) -> tuple:
+        """K and V of the model, and of the draft model if any."""
+        device = (self.k_cache, self.v_cache)
+        return device + self.drafter.caches if self.drafter is not None else device
+
     def copy_blocks(self, out: SchedulerOutput) -> None:
-        """Swap-outs first (their blocks may be handed out again this step), then the
-        copy-on-write copies, then swap-ins — the order core/kv_cache.py relies on — all
-        before the forward reads the cache."""
-        device, host = (self.k_cache, self.v_cache), (self.k_host, self.v_host)
+        """The disk tier's writes, swap-outs (their blocks may be handed out again this
+        step), the disk tier's loads, the copy-on-write copies, then swap-ins — the order
+        core/kv_cache.py relies on — all before the forward reads the cache."""
+        device, host = self._device_caches(), (self.k_host, self.v_host)
         if self.drafter is not None:
-            device, host = device + self.drafter.caches, host + self.drafter.host_caches
+            host = host + self.drafter.host_caches
+        if self.disk is not None:
+            self.disk.write(out.disk_writes)
         self._copy(out.swap_out, device, host)
+        if self.disk is not None:
+            self.disk.load(out.disk_loads)
         self._copy(out.copies, device, device)
         self._copy(out.swap_in, host, device)
 
