@@ -231,6 +231,17 @@ class KVCacheManager:
         self.disk_hits += num
         return num
 
+    def cached_for_disk(self) -> list[tuple[int, bytes]]:
+        """Every block the prefix cache holds, (block, stable key), least recently used
+        first: what a stopping engine writes to its disk tier, so that a restart finds the
+        prefixes still in memory too (the evicted ones, and the blocks still to be loaded
+        from there, are on disk already)."""
+        free = [b for b in self.free_queue if self.blocks[b].hash is not None]
+        held = [b for b, meta in enumerate(self.blocks)
+                if meta.hash is not None and meta.ref_cnt > 0]
+        return [(b, self.blocks[b].disk_key) for b in free + held
+                if self.blocks[b].disk_key is not None and b not in self.disk_loads]
+
     def take_disk_transfers(self) -> tuple[list[tuple[int, bytes]], list[tuple[bytes, int]]]:
         """This step's disk writes, (block, key), and loads, (key, block)."""
         writes, loads = self.disk_writes, [(key, b) for b, key in self.disk_loads.items()]

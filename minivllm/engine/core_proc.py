@@ -99,6 +99,7 @@ def run_busy_loop(core, receive: Receive, send: Send,
             while (msg := receive(timeout)) is not None:
                 timeout = 0  # take whatever else is queued, without waiting
                 if isinstance(msg, EngineCoreShutdown):
+                    core.shutdown()
                     return 0
                 changed = True
                 _apply(core, msg, rejected, send)

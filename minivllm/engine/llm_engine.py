@@ -7,6 +7,8 @@ request's output kind, per-request metrics), closing each step with the same rul
 
 from __future__ import annotations
 
+import weakref
+
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.engine.core import EngineCore
@@ -21,6 +23,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.core = EngineCore(config)
+        # No close() to call offline: when this engine is collected (or the interpreter
+        # exits) its core shuts down as the server's does (the disk tier's flush).
+        weakref.finalize(self, self.core.shutdown)
         self.tokenizer = self.core.tokenizer
         self.max_model_len = self.core.max_model_len
         self.vocab_size = self.core.vocab_size

@@ -5,15 +5,18 @@ model's / dtype's / salt's, and bounded by --kv-offloading-size (LRU)."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.messages import make_core_request
+from minivllm.engine.core_proc import run_busy_loop
+from minivllm.engine.messages import EngineCoreShutdown, make_core_request
 from minivllm.engine.stat_loggers import PrometheusStatLogger
 from minivllm.engine.stats import IterationStats
 from minivllm.lora.request import LoRARequest
@@ -101,6 +104,29 @@ def test_restart_serves_the_prefix_from_disk(tiny_llama, tmp_path, cold):
     assert generate(restarted, PROMPT) == cold
     stats = restarted.stats()
     assert stats.kv_disk_hits == HIT_TOKENS and stats.num_computed_tokens == 4 + 5
+
+
+def test_a_stopped_engine_writes_the_prefixes_still_in_memory(tiny_llama, tmp_path, cold):
+    """Nothing evicted: PROMPT's blocks are in memory when the engine stops. Its core's
+    shutdown (offline: when the engine is collected; a server: at EngineCoreShutdown)
+    writes them, and a restart loads them."""
+    llm = engine(tiny_llama, tmp_path)
+    assert generate(llm, PROMPT) == cold
+    assert not files(tmp_path)
+    del llm
+    gc.collect()
+    assert files(tmp_path)
+    restarted = engine(tiny_llama, tmp_path)
+    assert generate(restarted, PROMPT) == cold
+    assert restarted.stats().kv_disk_hits == HIT_TOKENS
+
+
+def test_the_busy_loop_shuts_the_core_down_before_it_returns():
+    calls = []
+    core = SimpleNamespace(shutdown=lambda: calls.append("shutdown"),
+                           has_unfinished_requests=lambda: False)
+    assert run_busy_loop(core, lambda timeout: EngineCoreShutdown(), calls.append) == 0
+    assert calls == ["shutdown"]
 
 
 def test_a_quantized_cache_round_trips_with_its_scales(tiny_llama, tmp_path):
