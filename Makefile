@@ -7,7 +7,7 @@ MODEL ?= minivllm-demo
 # More `minivllm serve` flags: make serve ARGS="--max-num-seqs 8 --num-kv-blocks 64"
 ARGS ?=
 
-.PHONY: install install-test test test-e2e lint serve profile-serve clean install-browser test-browser \
+.PHONY: test-cuda install install-test test test-e2e lint serve profile-serve clean install-browser test-browser \
 	install-ray test-ray docs test-real-models peer-llama-server
 
 # What serving needs, and nothing else.
@@ -33,7 +33,14 @@ lint: install-test
 test: install-test lint
 	# One intra-op thread: servers and clients share the cores in tests, and spinning
 	# OpenMP threads on a busy 2-core machine cost far more than they bring.
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e and not real_model" --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e and not real_model and not cuda" --durations=15
+
+# The CUDA backend on a GPU (tests/cuda, marked cuda): it fails where torch sees no GPU.
+# CUDA_PY: a Python whose torch is a CUDA build and which holds minivllm's requirements (the
+# venv's torch is the CPU build).
+CUDA_PY ?= python3
+test-cuda:
+	$(CUDA_PY) -m pytest tests/cuda -m cuda -p no:cacheprovider -rf
 
 # The long suites (every runnable block of README.md and docs/, lm-eval, the 2,000-request
 # soak, schemathesis fuzzing, the kernel tests at every other ISA level), marked e2e: CI runs them beside `make test`.

@@ -192,8 +192,10 @@ class CausalLM(nn.Module):
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None) if arch.gemma else None
         # One RoPE table per layer type that has its own parameters (Gemma 3), else one.
         types = rope_layer_types(cfg)
-        self.ropes = {t: RotaryEmbedding(cfg, cfg.head_dim, t) for t in types or [None]}
-        self.layer_rope = [cfg.layer_types[i] if types else None
+        # A ModuleDict, so that .to(device) moves the tables with the model.
+        self.ropes = nn.ModuleDict({t or "all": RotaryEmbedding(cfg, cfg.head_dim, t)
+                                    for t in types or [None]})
+        self.layer_rope = [cfg.layer_types[i] if types else "all"
                            for i in range(cfg.num_hidden_layers)]
 
     @torch.inference_mode()
