@@ -9,11 +9,13 @@ on this CPU they test this route too."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.gguf_blocks import (
+    BLOCK,
     Q2_K,
     Q3_K,
     Q4_0,
@@ -28,7 +30,12 @@ from minivllm.model.kernels.gguf_blocks import (
     UNIT_BYTES,
     UNIT_VALUES,
 )
-from minivllm.model.kernels.linear_gguf import GGUFLinear, emulate_kernel
+from minivllm.model.kernels.linear_gguf import (
+    BlockWeight,
+    GGUFLinear,
+    emulate_kernel,
+    quantize_blocks,
+)
 from tests.kernel_marks import needs_kernels
 from tests.model.test_gguf_kernel import block_weight
 
@@ -117,3 +124,30 @@ def test_bias_and_residual_are_added_by_columns_with_strided_rows():
     expected = emulate_kernel(wide[:, :96].contiguous(), weight) + bias + residual
     torch.testing.assert_close(layer(wide[:, :96], residual=residual), expected, rtol=1e-5,
                                atol=1e-4)
+
+
+def identity_q8_0(k: int) -> BlockWeight:
+    """Q8_0 blocks of the k x k identity: column j's block holding j has q = 1 there, d = 1."""
+    block = np.dtype([("d", "<f2"), ("qs", "i1", BLOCK)])
+    raw = np.zeros((k, k // BLOCK), dtype=block)
+    raw["d"] = 1.0
+    raw["qs"][np.arange(k), np.arange(k) // BLOCK, np.arange(k) % BLOCK] = 1
+    return BlockWeight(Q8_0, torch.from_numpy(raw.view(np.uint8).reshape(k, -1).copy()))
+
+
+@pytest.mark.parametrize("rows", [1, 9, 70])
+def test_activations_are_quantized_as_the_reference_bit_for_bit(rows):
+    """Through the identity, output j is x's int8 value j times its block's scale, exactly
+    (d = 1, every other term 0): the vectorized quantization equals quantize_blocks' fp32
+    operations, ties at .5 rounded to even (a block whose max is 127, so x * 127 / max is x)."""
+    k = 128
+    layer = repacked_layer(identity_q8_0(k))
+    if layer is None:
+        return
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 3
+    x[0, :BLOCK] = torch.arange(BLOCK) - 15.5  # halves: 2.5 -> 2, -3.5 -> -4
+    x[0, 0] = 127.0
+    x[-1, BLOCK:2 * BLOCK] = 0  # an all-zero block: scale 1, q 0
+    xq, scales = quantize_blocks(x)
+    expected = xq.float() * scales.repeat_interleave(BLOCK, dim=1)
+    assert torch.equal(layer(x), expected)

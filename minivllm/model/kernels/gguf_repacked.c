@@ -13,11 +13,17 @@
  * column and then sums lanes: no horizontal sums, the columns' fp16 scales converted by one
  * vcvtph2ps, and a block unpacked once for up to MAX_ROWS rows of x.
  *
+ * Q6_K_EXACT: a Q6_K block's two halves times their int8 scales are summed in fp32, not
+ * with vpmulld (two uops on one port, the slowest part of its prefill): each half's product
+ * is below 16 * 32 * 127 * 128 < 2^23 and their sum below 2^24, so both are exact and the
+ * result is the integer sum's, bit for bit.
+ *
  * Every output is its blocks' terms accumulated in K order whatever the number of rows or
  * how they are tiled: a row's result does not depend on the batch it runs in. Each thread
  * streams its panels and asks for the bytes PREFETCH ahead (a matrix is a short stream: the
  * hardware prefetcher would still be ramping up at its end). */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gguf_activations.h"
@@ -75,7 +81,7 @@ static inline __m512i x4(const int8_t *x) { /* 4 bytes of x in every lane */
  * (Q6_K: times the int8 half scales sc0 / sc1), minimum mins (the types with one). */
 static inline __attribute__((always_inline)) void block_rows(
     const int8_t *xq, int k, const float *xs, const int32_t *xsums, int b, const __m512i w[8],
-    int qtype, int nr, __m512 d, __m512 mins, __m512i sc0, __m512i sc1, __m512 acc[MAX_ROWS]) {
+    int qtype, int nr, __m512 d, __m512 mins, __m512 sc0, __m512 sc1, __m512 acc[MAX_ROWS]) {
     const int nb = k / BLOCK;
     for (int i = 0; i < nr; i++) {
         const int8_t *x = xq + (int64_t)i * k + b * BLOCK;
@@ -86,73 +92,84 @@ static inline __attribute__((always_inline)) void block_rows(
         }
         const int32_t *half = xsums + ((int64_t)i * nb + b) * 2;
         const float sx = xs[(int64_t)i * nb + b];
-        __m512i s;
-        if (qtype == Q6_K) {
-            s = _mm512_add_epi32(
-                _mm512_mullo_epi32(_mm512_sub_epi32(s0, _mm512_set1_epi32(32 * half[0])), sc0),
-                _mm512_mullo_epi32(_mm512_sub_epi32(s1, _mm512_set1_epi32(32 * half[1])), sc1));
+        __m512 s;
+        if (qtype == Q6_K) { /* Q6_K_EXACT: the integer sum, in fp32 without vpmulld */
+            s = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_sub_epi32(s0, _mm512_set1_epi32(32 * half[0]))), sc0,
+                _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(_mm512_sub_epi32(s1, _mm512_set1_epi32(32 * half[1]))),
+                    sc1));
         } else {
-            s = _mm512_add_epi32(s0, s1);
+            __m512i si = _mm512_add_epi32(s0, s1);
             if (panel_offset(qtype))
-                s = _mm512_sub_epi32(
-                    s, _mm512_set1_epi32(panel_offset(qtype) * (half[0] + half[1])));
+                si = _mm512_sub_epi32(
+                    si, _mm512_set1_epi32(panel_offset(qtype) * (half[0] + half[1])));
+            s = _mm512_cvtepi32_ps(si);
         }
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(sx)),
-                                 acc[i]);
+        acc[i] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[i]);
         if (has_min(qtype))
             acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * (float)(half[0] + half[1])),
                                      acc[i]);
     }
 }
 
-/* acc[0..nr) = rows 0..nr of x (quantized) times one panel (16 columns). */
-static inline __attribute__((always_inline)) void panel_tile(
-    const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p, int qtype,
-    int nr, __m512 acc[MAX_ROWS]) {
-    const int bits = panel_bits(qtype), planes = plane_bytes(bits), nb = k / BLOCK;
-    const __m512i none = _mm512_setzero_si512();
+/* One block of a panel as the microkernel takes it: its 8 quads of 16 columns x 4 values,
+ * and its per-column scale d (K types: d times the block's scale), minimum m (0 where the
+ * type has none) and, for Q6_K, the int8 half scales as fp32. */
+typedef struct {
     __m512i w[8];
-    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
+    __m512 d, m, sc0, sc1;
+} unpacked_block;
+
+/* Block b of the panel at p, unpacked (the bytes PREFETCH ahead asked for). */
+static inline __attribute__((always_inline)) void unpack_block(const uint8_t *p, int qtype,
+                                                               int b, unpacked_block *u) {
+    const int bits = panel_bits(qtype), per = unit_blocks(qtype), s = b % per;
+    const uint8_t *unit = p + (int64_t)(b / per) * panel_unit_bytes(qtype);
+    unpack(unit + header_bytes(qtype) + s * plane_bytes(bits), bits, u->w);
+    const __m512 d = half_scales(unit);
+    u->sc0 = u->sc1 = u->m = _mm512_setzero_ps();
     if (!is_k_type(qtype)) {
-        for (int b = 0; b < nb; b++) {
-            const __m512 d = half_scales(p);
-            const __m512 m = has_min(qtype) ? half_scales(p + 32) : _mm512_setzero_ps();
-            p += header_bytes(qtype);
-            unpack(p, bits, w), p += planes;
-            block_rows(xq, k, xs, xsums, b, w, qtype, nr, d, m, none, none, acc);
-        }
-        return;
-    }
-    for (int b0 = 0; b0 < nb; b0 += 8) { /* a super-block */
-        const __m512 d = half_scales(p);
-        const __m512 dmin = qtype == Q6_K ? _mm512_setzero_ps() : half_scales(p + 32);
-        const uint8_t *scales = p + (qtype == Q6_K ? 32 : 64), *minima = scales + 8 * PANEL;
-        p += header_bytes(qtype);
-        for (int s = 0; s < 8; s++) {
-            unpack(p, bits, w), p += planes;
-            if (qtype == Q6_K) {
-                const __m512i sc0 = _mm512_cvtepi8_epi32(
-                    _mm_loadu_si128((const __m128i *)(scales + 2 * s * PANEL)));
-                const __m512i sc1 = _mm512_cvtepi8_epi32(
-                    _mm_loadu_si128((const __m128i *)(scales + (2 * s + 1) * PANEL)));
-                block_rows(xq, k, xs, xsums, b0 + s, w, qtype, nr, d, dmin, sc0, sc1, acc);
-            } else { /* d * scale and -(dmin * minimum), exact in fp32 as gguf_scales.h's */
-                const __m512 ds = _mm512_mul_ps(d, byte_scales(scales + s * PANEL));
-                const __m512 ms = _mm512_sub_ps(
-                    _mm512_setzero_ps(), _mm512_mul_ps(dmin, byte_scales(minima + s * PANEL)));
-                block_rows(xq, k, xs, xsums, b0 + s, w, qtype, nr, ds, ms, none, none, acc);
-            }
-        }
+        u->d = d;
+        if (has_min(qtype)) u->m = half_scales(unit + 32);
+    } else if (qtype == Q6_K) {
+        const uint8_t *scales = unit + 32;
+        u->d = d;
+        u->sc0 = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scales + 2 * s * PANEL))));
+        u->sc1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(scales + (2 * s + 1) * PANEL))));
+    } else { /* d * scale and -(dmin * minimum), exact in fp32 as gguf_scales.h's */
+        const uint8_t *scales = unit + 64, *minima = scales + 8 * PANEL;
+        u->d = _mm512_mul_ps(d, byte_scales(scales + s * PANEL));
+        u->m = _mm512_sub_ps(_mm512_setzero_ps(),
+                             _mm512_mul_ps(half_scales(unit + 32),
+                                           byte_scales(minima + s * PANEL)));
     }
 }
 
+/* acc[0..nr) = rows 0..nr of x (quantized) times one panel (16 columns): its blocks from
+ * `unpacked` (the whole panel, unpacked once for a task's many tiles), else unpacked here. */
+static inline __attribute__((always_inline)) void panel_tile(
+    const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p,
+    const unpacked_block *unpacked, int qtype, int nr, __m512 acc[MAX_ROWS]) {
+    const int nb = k / BLOCK;
+    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        unpacked_block here;
+        const unpacked_block *u = unpacked ? unpacked + b : &here;
+        if (!unpacked) unpack_block(p, qtype, b, &here);
+        block_rows(xq, k, xs, xsums, b, u->w, qtype, nr, u->d, u->m, u->sc0, u->sc1, acc);
+    }
+}
 
 /* y's rows r.. (nr of them), columns c0.. (cols of them) = x's rows times the panel p */
 static inline __attribute__((always_inline)) void tile(
-    const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p, int qtype,
-    int nr, const float *bias, const float *residual, int64_t ldr, float *y, int n, int cols) {
+    const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p,
+    const unpacked_block *unpacked, int qtype, int nr, const float *bias,
+    const float *residual, int64_t ldr, float *y, int n, int cols) {
     __m512 acc[MAX_ROWS];
-    panel_tile(xq, k, xs, xsums, p, qtype, nr, acc);
+    panel_tile(xq, k, xs, xsums, p, unpacked, qtype, nr, acc);
     const __mmask16 mask = (__mmask16)((1u << cols) - 1);
     for (int i = 0; i < nr; i++) {
         __m512 v = acc[i];
@@ -214,7 +231,7 @@ static inline __m256i x4(const int8_t *x) { /* 4 bytes of x in every lane */
  * Q8_0 (signed), as gguf_gemm.c's AVX2 sign trick */
 static inline __attribute__((always_inline)) void block_rows(
     const int8_t *xq, int k, const float *xs, const int32_t *xsums, int b, const __m256i w[8],
-    const __m256i u[8], int qtype, int nr, __m256 d, __m256 mins, __m256i sc0, __m256i sc1,
+    const __m256i u[8], int qtype, int nr, __m256 d, __m256 mins, __m256 sc0, __m256 sc1,
     __m256 acc[MAX_ROWS]) {
     const int nb = k / BLOCK;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -245,21 +262,22 @@ static inline __attribute__((always_inline)) void block_rows(
         }
         const int32_t *half = xsums + ((int64_t)i * nb + b) * 2;
         const float sx = xs[(int64_t)i * nb + b];
-        __m256i s;
-        if (qtype == Q6_K) {
-            s = _mm256_add_epi32(
-                _mm256_mullo_epi32(
-                    _mm256_sub_epi32(half_sums[0], _mm256_set1_epi32(32 * half[0])), sc0),
-                _mm256_mullo_epi32(
-                    _mm256_sub_epi32(half_sums[1], _mm256_set1_epi32(32 * half[1])), sc1));
+        __m256 s;
+        if (qtype == Q6_K) { /* Q6_K_EXACT: the integer sum, in fp32 without vpmulld */
+            s = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(half_sums[0], _mm256_set1_epi32(32 * half[0]))),
+                sc0,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(
+                                  _mm256_sub_epi32(half_sums[1], _mm256_set1_epi32(32 * half[1]))),
+                              sc1));
         } else {
-            s = _mm256_add_epi32(half_sums[0], half_sums[1]);
+            __m256i si = _mm256_add_epi32(half_sums[0], half_sums[1]);
             if (panel_offset(qtype))
-                s = _mm256_sub_epi32(
-                    s, _mm256_set1_epi32(panel_offset(qtype) * (half[0] + half[1])));
+                si = _mm256_sub_epi32(
+                    si, _mm256_set1_epi32(panel_offset(qtype) * (half[0] + half[1])));
+            s = _mm256_cvtepi32_ps(si);
         }
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(sx)),
-                                 acc[i]);
+        acc[i] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(sx)), acc[i]);
         if (has_min(qtype))
             acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(sx * (float)(half[0] + half[1])),
                                      acc[i]);
@@ -271,7 +289,7 @@ static inline __attribute__((always_inline)) void panel_tile(
     const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p, int qtype,
     int nr, int side, __m256 acc[MAX_ROWS]) {
     const int bits = panel_bits(qtype), planes = plane_bytes(bits), nb = k / BLOCK;
-    const __m256i none = _mm256_setzero_si256();
+    const __m256 none = _mm256_setzero_ps();
     __m256i w[8], u[8];
     for (int i = 0; i < nr; i++) acc[i] = _mm256_setzero_ps();
     for (int b0 = 0; b0 < nb; b0 += unit_blocks(qtype)) { /* a unit */
@@ -286,10 +304,10 @@ static inline __attribute__((always_inline)) void panel_tile(
             if (qtype == Q8_0)
                 for (int t = 0; t < 8; t++) u[t] = _mm256_sign_epi8(w[t], w[t]);
             if (qtype == Q6_K) {
-                const __m256i sc0 = _mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(scales + 2 * s * PANEL)));
-                const __m256i sc1 = _mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(scales + (2 * s + 1) * PANEL)));
+                const __m256 sc0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(scales + 2 * s * PANEL))));
+                const __m256 sc1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(scales + (2 * s + 1) * PANEL))));
                 block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, d, m, sc0, sc1, acc);
             } else if (qtype == Q4_K || qtype == Q5_K) { /* as gguf_scales.h's, exact */
                 const __m256 ds = _mm256_mul_ps(d, byte_scales(scales + s * PANEL));
@@ -339,33 +357,55 @@ static void repacked_linear(const float *x, int64_t ldx, const uint8_t *repacked
     const int64_t panel_stride = gguf_repacked_bytes(qtype, k, n) / npanels;
     const int64_t chunks = (rows + CHUNK - 1) / CHUNK;
     const int nb = k / BLOCK;
-#pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
-    if (rows * (int64_t)n * k > 1 << 18)
-    for (int64_t ch = 0; ch < chunks; ch++) {
-        for (int64_t pi = 0; pi < npanels; pi++) {
-            const int64_t c0 = pi * PANEL;
-            const int64_t end = rows < (ch + 1) * CHUNK ? rows : (ch + 1) * CHUNK;
-            const int cols = n - c0 < PANEL ? (int)(n - c0) : PANEL;
-            for (int64_t r = ch * CHUNK; r < end; r += MAX_ROWS) {
-                const int nr = end - r < MAX_ROWS ? (int)(end - r) : MAX_ROWS;
-                const int8_t *xr = xq + r * k;
-                const float *sx = xs + r * nb;
-                const int32_t *sums = xsums + r * nb * 2;
+#pragma omp parallel num_threads(num_threads) if (rows * (int64_t)n * k > 1 << 18)
+    {
+#if defined(REPACKED_AVX512)
+        /* A task of more rows than one tile unpacks its panel once, into this buffer (the
+         * blocks of a panel: 768 bytes each, L1 or L2), for all its tiles. */
+        unpacked_block *buffer =
+            rows > MAX_ROWS ? aligned_alloc(64, nb * sizeof(unpacked_block)) : NULL;
+#endif
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            for (int64_t pi = 0; pi < npanels; pi++) {
+                const int64_t c0 = pi * PANEL;
+                const int64_t end = rows < (ch + 1) * CHUNK ? rows : (ch + 1) * CHUNK;
+                const int cols = n - c0 < PANEL ? (int)(n - c0) : PANEL;
                 const uint8_t *panel = repacked + pi * panel_stride;
-                const float *b = bias ? bias + c0 : NULL;
-                const float *res = residual ? residual + r * ldr + c0 : NULL;
-                float *out = y + r * (int64_t)n + c0;
-                switch (qtype * 16 + nr) { /* one inlined copy per block type and row count */
-#define TILE(TYPE, NR)                                                            \
-    case TYPE * 16 + NR:                                                          \
-        tile(xr, k, sx, sums, panel, TYPE, NR, b, res, ldr, out, n, cols); \
+#if defined(REPACKED_AVX512)
+                const unpacked_block *unpacked = NULL;
+                if (buffer && end - ch * CHUNK > MAX_ROWS) {
+                    for (int b = 0; b < nb; b++) unpack_block(panel, qtype, b, buffer + b);
+                    unpacked = buffer;
+                }
+#define UNPACKED unpacked,
+#else
+#define UNPACKED
+#endif
+                for (int64_t r = ch * CHUNK; r < end; r += MAX_ROWS) {
+                    const int nr = end - r < MAX_ROWS ? (int)(end - r) : MAX_ROWS;
+                    const int8_t *xr = xq + r * k;
+                    const float *sx = xs + r * nb;
+                    const int32_t *sums = xsums + r * nb * 2;
+                    const float *b = bias ? bias + c0 : NULL;
+                    const float *res = residual ? residual + r * ldr + c0 : NULL;
+                    float *out = y + r * (int64_t)n + c0;
+                    switch (qtype * 16 + nr) { /* one inlined copy per block type and row count */
+#define TILE(TYPE, NR)                                                                      \
+    case TYPE * 16 + NR:                                                                    \
+        tile(xr, k, sx, sums, panel, UNPACKED TYPE, NR, b, res, ldr, out, n, cols);         \
         break;
-                    TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0)
-                    TILES(Q4_K) TILES(Q5_K) TILES(Q6_K)
+                        TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0)
+                        TILES(Q4_K) TILES(Q5_K) TILES(Q6_K)
 #undef TILE
+#undef UNPACKED
+                    }
                 }
             }
         }
+#if defined(REPACKED_AVX512)
+        free(buffer);
+#endif
     }
 }
 

@@ -45,33 +45,82 @@
 #define W_OFFSET 128
 
 /* Per-row, per-group symmetric int8: q = round(x * (127 / max|x|)), scale = max|x| / 127 (1
- * for an all-zero group), padded with zeros to kp; gsums: each group's sum of q (the VNNI
- * variants' offset). The same fp32 operations as linear_int8.py's reference, so compiled
+ * for an all-zero group), padded with zeros to kp. The same fp32 operations as linear_int8.py's reference, so compiled
  * without -ffast-math, which may turn a division into a multiplication by the reciprocal
- * (one ulp off, and a value at a tie then rounds the other way). */
-__attribute__((optimize("no-fast-math"))) static void quantize_rows(
-    const float *x, int64_t ldx, int8_t *xq, float *gscales, int32_t *gsums, int64_t rows, int k,
-    int kp, int num_threads) {
+ * (one ulp off, and a value at a tie then rounds the other way). goffsets: each group's
+ * -128 * sum(q), where the VNNI variants' sums start (their + 128 taken back). A whole group is
+ * vectorized (as gguf_activations.h's blocks: a max, one division, a product per value,
+ * vcvtps2dq's round-to-nearest-even as nearbyintf); a last partial group is not. */
+#define EXACT_FP __attribute__((optimize("no-fast-math")))
+
+EXACT_FP static inline float quantize_group_scalar(const float *x, int n, int8_t *q,
+                                                   int32_t *sum) {
+    float amax = 0.f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    *sum = 0;
+    for (int i = 0; i < GROUP; i++) {
+        q[i] = i < n ? (int8_t)nearbyintf(x[i] * inv) : 0;
+        *sum += q[i];
+    }
+    return amax > 0.f ? amax / 127.f : 1.f;
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+EXACT_FP static inline float quantize_group(const float *x, int8_t *q, int32_t *sum) {
+    const __m512 v = _mm512_loadu_ps(x);
+    const float amax = _mm512_reduce_max_ps(_mm512_abs_ps(v));
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qi));
+    *sum = _mm512_reduce_add_epi32(qi);
+    return amax > 0.f ? amax / 127.f : 1.f;
+}
+#elif defined(__AVX2__)
+#include <immintrin.h>
+EXACT_FP static inline float quantize_group(const float *x, int8_t *q, int32_t *sum) {
+    const __m256 no_sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    const __m256 m8 = _mm256_max_ps(_mm256_and_ps(v0, no_sign), _mm256_and_ps(v1, no_sign));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv));
+    const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv));
+    /* int32 -> int8 (|q| <= 127): the packs work per 128-bit lane, so the two 8-byte halves
+     * come out as dwords 0, 2 (lane 0) and 4, 6 (lane 1) of packs_epi16(p, p) */
+    const __m256i p = _mm256_packs_epi32(q0, q1); /* q0[0..3] q1[0..3] | q0[4..7] q1[4..7] */
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p, p),
+                                                  _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
+    _mm_storeu_si128((__m128i *)q, _mm256_castsi256_si128(b));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(_mm256_add_epi32(q0, q1)),
+                              _mm256_extracti128_si256(_mm256_add_epi32(q0, q1), 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    *sum = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1)));
+    return amax > 0.f ? amax / 127.f : 1.f;
+}
+#else
+EXACT_FP static inline float quantize_group(const float *x, int8_t *q, int32_t *sum) {
+    return quantize_group_scalar(x, GROUP, q, sum);
+}
+#endif
+
+EXACT_FP static void quantize_rows(const float *x, int64_t ldx, int8_t *xq, float *gscales,
+                                   int32_t *goffsets, int64_t rows, int k, int kp,
+                                   int num_threads) {
     const int groups = kp / GROUP;
 #pragma omp parallel for num_threads(num_threads) if (rows * k > 65536)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ldx;
-        int8_t *q = xq + r * kp;
         for (int g = 0; g < groups; g++) {
-            const int start = g * GROUP, end = start + GROUP < k ? start + GROUP : k;
-            float amax = 0.f;
-#pragma omp simd reduction(max : amax)
-            for (int i = start; i < end; i++) amax = fmaxf(amax, fabsf(xr[i]));
-            const float inv = amax > 0.f ? 127.f / amax : 0.f;
-            gscales[r * groups + g] = amax > 0.f ? amax / 127.f : 1.f;
-            int32_t sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int i = start; i < end; i++) {
-                q[i] = (int8_t)nearbyintf(xr[i] * inv);
-                sum += q[i];
-            }
-            for (int i = end; i < start + GROUP; i++) q[i] = 0;
-            gsums[r * groups + g] = sum;
+            const int start = g * GROUP, n = k - start < GROUP ? k - start : GROUP;
+            int8_t *q = xq + r * kp + start;
+            int32_t sum;
+            gscales[r * groups + g] = n == GROUP ? quantize_group(xr + start, q, &sum)
+                                                 : quantize_group_scalar(xr + start, n, q, &sum);
+            goffsets[r * groups + g] = -W_OFFSET * sum;
         }
     }
 }
@@ -89,15 +138,15 @@ static inline int32_t load_quad(const int8_t *p) {
 /* out[r][j] = sum_g sx[r][g] * sw[j][g / 2] * dot_g for `rows` (1..MR) rows starting at xq
  * and the NC columns of one panel (its scales at ws). Inlined per row count. */
 static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
-                                                       const float *gs, const int32_t *gsum,
+                                                       const float *gs, const int32_t *goff,
                                                        int groups, const uint8_t *w,
                                                        const float *ws, int rows,
                                                        float out[MR][NC]) {
     __m512 facc[MR];
     for (int r = 0; r < rows; r++) facc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        __m512i acc[MR];
-        for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_si512();
+        __m512i acc[MR]; /* from -128 * sum(xq): the dots come out exact, no subtraction */
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_set1_epi32(goff[r * groups + g]);
         for (int q = 0; q < GROUP / 4; q++) {
             const __m512i wv = _mm512_loadu_si512(w + ((int64_t)g * GROUP / 4 + q) * 64);
             for (int r = 0; r < rows; r++)
@@ -106,9 +155,7 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
         }
         const __m512 sw = _mm512_loadu_ps(ws + g / 2 * NC);
         for (int r = 0; r < rows; r++) {
-            const __m512i dot = _mm512_sub_epi32(
-                acc[r], _mm512_set1_epi32(W_OFFSET * gsum[r * groups + g]));
-            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]),
                                       _mm512_mul_ps(sw, _mm512_set1_ps(gs[r * groups + g])),
                                       facc[r]);
         }
@@ -124,7 +171,7 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
 /* acc += (w + 128) . x per 4 bytes, exact in int32. */
 #define DOT_PREPARE(wv) (wv)
 #define DOT(acc, wv, xv) _mm256_dpbusd_avx_epi32(acc, wv, xv)
-#define OFFSET_BACK 1
+#define DOT_START(goff) _mm256_set1_epi32(goff)
 #else
 /* acc += wq . x per 4 bytes: |wq| (unsigned) times x with wq's sign, pairs in int16 (at most
  * 2 * 127 * 127), then widened. DOT_PREPARE turns the stored w + 128 into wq. */
@@ -133,11 +180,11 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
     _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv),      \
                                                                  _mm256_sign_epi8(xv, wv)), \
                                             _mm256_set1_epi16(1)))
-#define OFFSET_BACK 0
+#define DOT_START(goff) _mm256_setzero_si256()
 #endif
 
 static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
-                                                       const float *gs, const int32_t *gsum,
+                                                       const float *gs, const int32_t *goff,
                                                        int groups, const uint8_t *w,
                                                        const float *ws, int rows,
                                                        float out[MR][NC]) {
@@ -145,7 +192,7 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
     for (int r = 0; r < rows; r++) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
         __m256i acc[MR][2];
-        for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+        for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = DOT_START(goff[r * groups + g]);
         for (int q = 0; q < GROUP / 4; q++) {
             const uint8_t *wq = w + ((int64_t)g * GROUP / 4 + q) * 64;
             const __m256i w0 = DOT_PREPARE(_mm256_loadu_si256((const __m256i *)wq));
@@ -160,11 +207,9 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
                               _mm256_loadu_ps(ws + g / 2 * NC + 8)};
         for (int r = 0; r < rows; r++) {
             const __m256 sx = _mm256_set1_ps(gs[r * groups + g]);
-            const __m256i offset = _mm256_set1_epi32(OFFSET_BACK * W_OFFSET * gsum[r * groups + g]);
             for (int h = 0; h < 2; h++)
-                facc[r][h] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][h], offset)),
-                    _mm256_mul_ps(sw[h], sx), facc[r][h]);
+                facc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]),
+                                             _mm256_mul_ps(sw[h], sx), facc[r][h]);
         }
     }
     for (int r = 0; r < rows; r++) {
@@ -176,7 +221,7 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
 #else /* another architecture, or x86 below AVX2: the same sums, one product at a time */
 #define MR 4
 
-static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *gsum,
+static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *goff,
                  int groups, const uint8_t *w, const float *ws, int rows, float out[MR][NC]) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < NC; j++) out[r][j] = 0.f;
@@ -197,7 +242,7 @@ static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *g
 /* x [rows, k] fp32 (row stride ldx); w and w_scales packed as above for n columns;
  * bias [n] or NULL; residual [rows, n] (row stride ldr) or NULL; y [rows, n] contiguous.
  * scratch: rows * kp bytes for the quantized rows; gscales and gsums: rows * kp / GROUP
- * each, for each row's group scales and sums of quantized values. */
+ * each, for each row's group scales and -128 times its groups' sums (quantize_rows). */
 void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float *w_scales,
                      const float *bias, const float *residual, int64_t ldr, float *y,
                      int8_t *scratch, float *gscales, int32_t *gsums, int64_t rows, int k,
@@ -218,12 +263,12 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
                 const int tile_rows = end - r < MR ? (int)(end - r) : MR;
                 const int8_t *xr = scratch + r * kp;
                 const float *gs = gscales + r * groups;
-                const int32_t *gsum = gsums + r * groups;
+                const int32_t *goff = gsums + r * groups;
                 const uint8_t *wp = w + p * panel_bytes;
                 const float *ws = w_scales + (int64_t)p * (kp / WGROUP) * NC;
                 switch (tile_rows) { /* one inlined copy per row count */
 #define TILE(ROWS) \
-    case ROWS: tile(xr, kp, gs, gsum, groups, wp, ws, ROWS, dots); break;
+    case ROWS: tile(xr, kp, gs, goff, groups, wp, ws, ROWS, dots); break;
                     TILE(1)
 #if MR > 1
                     TILE(2)
