@@ -12,25 +12,22 @@ where the library was built for it), torch._int_mm (with per-token quantization 
 ops), torch._weight_int8pack_mm (weight-only int8), fbgemm's
 quantized.linear_dynamic and oneDNN's qlinear_pointwise (u8 activations, zero point 128),
 each with its largest error against the fp32 product relative to that product's largest
-value. Then the peaks: fp32 FMA and AVX2's int8 instruction mix (vpmaddubsw, vpmaddwd, vpaddd:
-the AVX2 variant's, less its vpsignb) in independent register chains on all threads,
-compiled here with cc.
+value. Then the peaks (minivllm/bench/peaks.py): fp32 FMA, AVX2's int8 instruction mix
+(vpmaddubsw, vpmaddwd, vpaddd: the AVX2 variant's, less its vpsignb) and, where the CPU has
+it, VNNI's vpdpbusd, in independent register chains on all threads.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from minivllm.bench.timing import call_seconds, timed
+from minivllm.bench.peaks import measure_peaks
+from minivllm.bench.timing import call_seconds
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear import Linear
 from minivllm.model.kernels.linear_amx import AmxBf16Linear
@@ -38,65 +35,6 @@ from minivllm.model.kernels.linear_int8 import Int8Linear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
           "lm_head": (49152, 576)}
-
-PEAK_C = r"""
-#include <immintrin.h>
-#include <stdint.h>
-/* Independent chains (10 of each), enough to cover the latencies on two pipes. */
-float fma_peak(int64_t iters) {
-    float total = 0.f;
-#pragma omp parallel reduction(+ : total)
-    {
-        __m256 a[10], b = _mm256_set1_ps(1e-9f), c = _mm256_set1_ps(1.f);
-        for (int i = 0; i < 10; i++) a[i] = _mm256_set1_ps((float)i);
-        for (int64_t it = 0; it < iters; it++)
-#pragma GCC unroll 10
-            for (int i = 0; i < 10; i++) a[i] = _mm256_fmadd_ps(a[i], c, b);
-        for (int i = 0; i < 10; i++) total += _mm256_cvtss_f32(a[i]);
-    }
-    return total;
-}
-int int8_peak(int64_t iters) {
-    int total = 0;
-#pragma omp parallel reduction(+ : total)
-    {
-        __m256i acc[10], w[10], x = _mm256_set1_epi8(3);
-        const __m256i ones = _mm256_set1_epi16(1);
-        for (int i = 0; i < 10; i++) acc[i] = _mm256_set1_epi32(i);
-        for (int i = 0; i < 10; i++) w[i] = _mm256_set1_epi8((char)(i + 1));
-        for (int64_t it = 0; it < iters; it++) {
-#pragma GCC unroll 10
-            for (int i = 0; i < 10; i++) {
-                __m256i p = _mm256_maddubs_epi16(w[i], x);
-                acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(p, ones));
-            }
-            x = _mm256_add_epi8(x, ones);
-        }
-        for (int i = 0; i < 10; i++) total += _mm256_extract_epi32(acc[i], 0);
-    }
-    return total;
-}
-"""
-
-
-def peaks(threads: int) -> tuple[float, float]:
-    """(fp32 GFLOP/s, int8 GOP/s), a multiply-add counted as two operations."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src, lib = Path(tmp) / "peak.c", Path(tmp) / "peak.so"
-        src.write_text(PEAK_C)
-        subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                        str(src), "-o", str(lib)], check=True)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        peak = ctypes.CDLL(str(lib))
-        peak.fma_peak.argtypes = peak.int8_peak.argtypes = [ctypes.c_int64]
-        peak.fma_peak.restype = ctypes.c_float
-        iters = 20_000_000
-        results = []
-        for fn, ops in ((peak.fma_peak, 10 * 8 * 2), (peak.int8_peak, 10 * 32 * 2)):
-            fn(iters // 10)
-            results.append(ops * iters * threads / timed(fn, iters)[1] / 1e9)
-    return results[0], results[1]
-
 
 def per_call_ms(fn) -> float:
     """The mean of as many calls as 0.3 s holds, after a warm-up."""
@@ -166,9 +104,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, {args.threads} threads")
-    fp32_peak, int8_peak = peaks(args.threads)
-    print(f"peaks: fp32 FMA {fp32_peak:.0f} GFLOP/s, int8 (the kernel's vpmaddubsw + "
-          f"vpmaddwd + vpaddd) {int8_peak:.0f} GOP/s = {int8_peak / 1000:.2f} TOPS")
+    peaks = measure_peaks(args.threads)
+    print(f"peaks (minivllm.bench.peaks): fp32 FMA {peaks['fp32']:.0f} GFLOP/s, int8 AVX2 "
+          f"(vpmaddubsw + vpmaddwd + vpaddd) {peaks['int8_avx2']:.0f} GOP/s"
+          + (f", int8 VNNI (vpdpbusd) {peaks['int8_vnni']:.0f} GOP/s"
+             if "int8_vnni" in peaks else ""))
     print("| shape | rows | candidate | ms / call | GOP/s | max error / max |y| |")
     print("|---|---|---|---|---|---|")
     torch.manual_seed(0)
