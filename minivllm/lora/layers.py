@@ -3,18 +3,22 @@ which rows of the flattened batch run which adapter (LoRAStep), and a LoRALinear
 adapter's (x[rows] @ A.T) @ B.T to the base output at those rows. Rows of no adapter (the
 base model's requests, padding) get the base output alone. Weights are never merged.
 
-Two ways, chosen per step: when the adapters' row counts are about even (decode steps of
-a mixed batch) their rows are gathered into one [adapters, rows, in] tensor and two
-batched matmuls (torch.bmm over the adapters' stacked A and B) do every adapter at once —
-a few ops per linear whatever the number of adapters; otherwise (a long prefill of one
-adapter beside a few decodes, where padding to the longest would waste work) one small
-matmul pair per adapter. One adapter alone runs on all rows without a gather."""
+With the C kernels (fp32 on the CPU), several adapters' deltas are one call per linear:
+lora_sgmv.c's segment GEMM over the step's rows grouped by adapter, shrink and expand
+accumulating into the base output in place (no gather, padding or scatter). Elsewhere two
+ways, chosen per step: when the adapters' row counts are about even (decode steps of a mixed
+batch) their rows are gathered into one [adapters, rows, in] tensor and two batched matmuls
+(torch.bmm over the adapters' stacked A and B) do every adapter at once — a few ops per
+linear whatever the number of adapters; otherwise (a long prefill of one adapter beside a
+few decodes, where padding to the longest would waste work) one small matmul pair per
+adapter. One adapter alone runs on all rows without a gather."""
 
 from __future__ import annotations
 
 import torch
 
 from minivllm.lora.weights import LoRAPair, LoRAWeights
+from minivllm.model.kernels import cpu
 
 # Batched when the padded rows (adapters x the most rows of one) are at most this many
 # times the real ones.
@@ -38,12 +42,39 @@ class LoRAStep:
         # block-diagonal B when every slot is targeted; kept while the step's adapter set
         # stays the same.
         self.stacks: dict[tuple[int, str], tuple | None] = {}
+        # The kernel's path: every adapter row in `adapters`' order (`rows`) and where each
+        # adapter's rows start (`seg`, one more).
+        self.segments: tuple[torch.Tensor, torch.Tensor] | None = None
+        # (layer, linear) -> A [adapters, slots rank, in] and a block-diagonal B over the
+        # whole output [adapters, slots rank, out], as lora_sgmv.c takes them.
+        self.kernel_stacks: dict[tuple[int, str], tuple | None] = {}
 
     def stacked(self, key: tuple[int, str]) -> tuple | None:
         if key not in self.stacks:
             pairs = [w.pairs.get(key) for w in self.adapters]
             self.stacks[key] = _stack(pairs) if any(pairs) else None
         return self.stacks[key]
+
+    def kernel_stacked(self, key: tuple[int, str], out: int) -> tuple | None:
+        if key not in self.kernel_stacks:
+            stacks = self.stacked(key)
+            self.kernel_stacks[key] = None if stacks is None else (
+                stacks[0].transpose(1, 2).contiguous(), _block_diagonal(*stacks[1:], out))
+        return self.kernel_stacks[key]
+
+
+def _block_diagonal(bs: list[torch.Tensor | None], offsets: list[int], rank: int,
+                    out: int) -> torch.Tensor:
+    """The slots' B [n, rank, width] as one [n, slots rank, out], zero where a slot has none
+    (and outside each slot's columns)."""
+    if len(bs) == 1 and bs[0] is not None and bs[0].shape[2] == out:
+        return bs[0]
+    some = next(b for b in bs if b is not None)
+    full = some.new_zeros(some.shape[0], len(bs) * rank, out)
+    for slot, (b, offset) in enumerate(zip(bs, offsets)):
+        if b is not None:
+            full[:, slot * rank:(slot + 1) * rank, offset:offset + b.shape[2]] = b
+    return full
 
 
 def _stack(pairs: list[LoRAPair | None]) -> tuple:
@@ -92,6 +123,10 @@ class LoRALinear:
                     if b is not None:
                         y[:, pair.offsets[slot]:pair.offsets[slot] + b.shape[0]].addmm_(
                             h[:, slot * r:(slot + 1) * r], b.t())
+        elif step.segments is not None:
+            stacks = step.kernel_stacked(self.key, y.shape[1])
+            if stacks is not None:
+                cpu.lora_sgmv(x, y, *step.segments, *stacks)
         elif step.gather is not None:
             stacks = step.stacked(self.key)
             if stacks is not None:

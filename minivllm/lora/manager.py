@@ -14,6 +14,7 @@ from minivllm.lora.layers import MAX_PADDING, LoRAStep, install
 from minivllm.lora.peft_format import read_adapter
 from minivllm.lora.request import LoRARequest
 from minivllm.lora.weights import LoRAWeights
+from minivllm.model.kernels import cpu
 
 
 class LoRAManager:
@@ -23,6 +24,8 @@ class LoRAManager:
             max_cpu_loras
         self.dtype, self.device = dtype, device
         self.step = LoRAStep()
+        # Several adapters in one step: lora_sgmv.c where the C kernels run (fp32, CPU).
+        self.use_kernel = cpu.available(device, dtype)
         self.dense_mlp_layers = install(model, self.step)
         self.adapters: OrderedDict[int, tuple[LoRARequest, LoRAWeights]] = OrderedDict()
         self.holders: Counter[int] = Counter()  # lora_int_id -> live requests naming it
@@ -61,7 +64,7 @@ class LoRAManager:
         """The step's rows per adapter: request i (its LoRA id, 0 for none) owns rows
         query_start_loc[i]:query_start_loc[i + 1] of the flattened batch."""
         step = self.step
-        step.groups, step.all_rows, step.gather = [], None, None
+        step.groups, step.all_rows, step.gather, step.segments = [], None, None, None
         distinct = set(lora_ids)
         if distinct == {0}:
             return
@@ -75,20 +78,29 @@ class LoRAManager:
                     np.arange(query_start_loc[i], query_start_loc[i + 1]))
         # In id order: the same adapters give the same stacks, whatever the batch's order.
         rows = {lora_id: np.concatenate(spans[lora_id]) for lora_id in sorted(spans)}
+        if self.use_kernel:
+            self._use_adapters(tuple(self.adapters[i][1] for i in rows))
+            counts = [len(r) for r in rows.values()]
+            step.segments = tuple(self._tensor(a.astype(np.int64)) for a in (
+                np.concatenate(list(rows.values())), np.concatenate([[0], np.cumsum(counts)])))
+            return
         longest = max(len(r) for r in rows.values())
         total = sum(len(r) for r in rows.values())
         if len(rows) * longest > MAX_PADDING * total:
             step.groups = [(self._tensor(r), self.adapters[i][1]) for i, r in rows.items()]
             return
-        adapters = tuple(self.adapters[i][1] for i in rows)
-        if adapters != step.adapters:  # another set: stack its weights again
-            step.adapters, step.stacks = adapters, {}
+        self._use_adapters(tuple(self.adapters[i][1] for i in rows))
         # Pad each adapter's rows to the longest with its own first row; `keep` drops them.
         gather = np.stack([np.pad(r, (0, longest - len(r)), mode="edge") for r in rows.values()])
         step.gather = self._tensor(gather)
         step.rows = self._tensor(np.concatenate(list(rows.values())))
         step.keep = None if longest * len(rows) == total else self._tensor(np.concatenate(
             [k * longest + np.arange(len(r)) for k, r in enumerate(rows.values())]))
+
+    def _use_adapters(self, adapters: tuple[LoRAWeights, ...]) -> None:
+        step = self.step
+        if adapters != step.adapters:  # another set: stack its weights again
+            step.adapters, step.stacks, step.kernel_stacks = adapters, {}, {}
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)

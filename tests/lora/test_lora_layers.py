@@ -1,6 +1,7 @@
-"""The batched LoRA delta (both of its ways: stacked bmm for even row counts, a matmul pair
-per adapter otherwise) against the plain per-row sum, on random rows and adapters of
-different ranks, one of which does not target every linear."""
+"""The batched LoRA delta (every way: the C kernels' segment GEMM, lora_sgmv.c; without
+them stacked bmm for even row counts, a matmul pair per adapter otherwise) against the
+plain per-row sum, on random rows and adapters of different ranks, one of which does not
+target every linear; and the kernel at SmolLM2's and Qwen2.5-0.5B's shapes."""
 
 from __future__ import annotations
 
@@ -45,18 +46,22 @@ class FakeWeights:
         return out
 
 
-def manager_with(adapters: dict[int, FakeWeights]):
+def manager_with(adapters: dict[int, FakeWeights], use_kernel: bool = False):
     weight = torch.randn(OUT, IN)
     base = lambda x, residual=None: x @ weight.t() + (0 if residual is None else residual)  # noqa: E731
     layer = SimpleNamespace(self_attn=SimpleNamespace(qkv=base), o_proj=base,
                             mlp=SimpleNamespace(gate_up=base, down=base))
     manager = LoRAManager(SimpleNamespace(layers=[layer]), None, 16, 8, torch.float32,
                           torch.device("cpu"))
+    if use_kernel and not manager.use_kernel:
+        pytest.fail("the C kernels are not available: the kernel way cannot be tested")
+    manager.use_kernel = use_kernel
     for i, w in adapters.items():
         manager.adapters[i] = (LoRARequest(f"a{i}", i, "/x"), w)
     return manager, layer, base
 
 
+@pytest.mark.parametrize("use_kernel", [False, True])
 @pytest.mark.parametrize("both_slots", [False, True])  # True: the block-diagonal expand
 @pytest.mark.parametrize("counts", [
     [1, 1, 1, 1, 1, 1],  # decodes of three adapters and the base: batched, no padding
@@ -65,11 +70,11 @@ def manager_with(adapters: dict[int, FakeWeights]):
     [3, 3],  # one adapter and the base
     [5],  # one adapter alone
 ])
-def test_every_way_equals_the_per_row_sum(counts, both_slots):
+def test_every_way_equals_the_per_row_sum(counts, both_slots, use_kernel):
     rng = np.random.default_rng(len(counts) + sum(counts))
     adapters = {1: FakeWeights(4, True, 1), 2: FakeWeights(8, False, 2),
                 3: FakeWeights(2, True, 3, both_slots)}
-    manager, layer, base = manager_with(adapters)
+    manager, layer, base = manager_with(adapters, use_kernel)
     lora_ids = [int(rng.integers(0, 4)) for _ in counts]
     if len(counts) == 1:
         lora_ids = [1]
@@ -88,8 +93,42 @@ def test_every_way_equals_the_per_row_sum(counts, both_slots):
 
 
 def test_the_ways_are_both_taken():
-    manager, _, _ = manager_with({1: FakeWeights(4, True, 1), 2: FakeWeights(8, True, 2)})
+    manager, _, _ = manager_with({1: FakeWeights(4, True, 1), 2: FakeWeights(8, True, 2)},
+                                 use_kernel=True)
+    manager.set_step([1, 2, 1, 2], np.array([0, 1, 2, 3, 4]))
+    rows, seg = manager.step.segments
+    assert rows.tolist() == [0, 2, 1, 3] and seg.tolist() == [0, 2, 4]
+    assert manager.step.gather is None
+    manager.use_kernel = False
     manager.set_step([1, 2, 1, 2], np.array([0, 1, 2, 3, 4]))
     assert manager.step.gather is not None and not manager.step.groups
     manager.set_step([1, 2], np.array([0, 9, 10]))
     assert manager.step.gather is None and len(manager.step.groups) == 2
+
+
+@pytest.mark.parametrize("shape", [(576, 960, 3), (576, 3072, 2), (1536, 576, 1),
+                                   (896, 9728, 2), (4864, 896, 1), (100, 37, 3)],
+                         ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}")
+@pytest.mark.parametrize("rows", [1, 15, 17, 64])
+def test_kernel_at_real_shapes(shape, rows):
+    """lora_sgmv.c alone at SmolLM2's and Qwen2.5-0.5B's fused shapes (in, out, slots) and
+    odd ones, 8 adapters of rank 16 over rows in a random order, some rows of none."""
+    from minivllm.model.kernels import cpu
+
+    if not cpu.available(torch.device("cpu"), torch.float32):
+        pytest.fail("the C kernels are not available")
+    k, n, slots = shape
+    g = torch.Generator().manual_seed(rows * k + n)
+    a = torch.randn(8, 16 * slots, k, generator=g)
+    b = torch.randn(8, 16 * slots, n, generator=g) * 0.1
+    x, y = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
+    owner = torch.randint(-1, 8, (rows,), generator=g)  # -1: the base model's row
+    order = [i for s in range(8) for i in torch.nonzero(owner == s).flatten().tolist()]
+    counts = [int((owner == s).sum()) for s in range(8)]
+    want = y.clone()
+    for i in order:
+        want[i] += (x[i] @ a[owner[i]].t()) @ b[owner[i]]
+    cpu.lora_sgmv(x, y, torch.tensor(order, dtype=torch.int64),
+                  torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int64),
+                  a, b)
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-3)

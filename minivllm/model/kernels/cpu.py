@@ -91,6 +91,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def lora_sgmv(x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, seg: torch.Tensor,
+              a: torch.Tensor, b: torch.Tensor) -> None:
+    """y[rows[i]] += (x[rows[i]] @ a[s].T) @ b[s] in place, for each row i of segment s
+    (rows[seg[s]:seg[s + 1]]): lora_sgmv.c. x [T, k] and y [T, n] fp32 with dense rows (any
+    row stride); a [S, r, k] and b [S, r, n] contiguous fp32; rows and seg int64."""
+    x = x if x.stride(1) == 1 else x.contiguous()
+    h = torch.empty(rows.shape[0], a.shape[1])
+    _library().lora_sgmv_f32(
+        x=x.data_ptr(), ldx=x.stride(0), y=y.data_ptr(), ldy=y.stride(0),
+        rows=rows.data_ptr(), seg=seg.data_ptr(), segments=a.shape[0], a=a.data_ptr(),
+        b=b.data_ptr(), h=h.data_ptr(), k=a.shape[2], r=a.shape[1], n=b.shape[2],
+        num_threads=torch.get_num_threads())
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x: [T, 2 * n] = [gate | up] contiguous -> silu(gate) * up, [T, n]."""
     out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)

@@ -52,6 +52,11 @@ int paged_prefill_attention_amx(const float *q, const uint16_t *k_cache,
                                 int head_dim, int block_size, int max_blocks, int64_t q_stride,
                                 float scale, int num_threads);
 
+/* lora_sgmv.c */
+void lora_sgmv_f32(const float *x, int64_t ldx, float *y, int64_t ldy, const int64_t *rows,
+                   const int64_t *seg, int segments, const float *a, const float *b, float *h,
+                   int k, int r, int n, int num_threads);
+
 /* ops.c */
 void rms_norm_f32(const float *x, const float *weight, float *out, int64_t rows, int cols,
                   float eps, int num_threads);
