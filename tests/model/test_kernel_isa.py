@@ -287,6 +287,7 @@ KERNEL_TESTS = [
     "tests/model/test_sampler.py::test_greedy_is_the_argmax",
     "tests/model/test_sampler.py::test_logprobs_are_of_the_raw_distribution",
     "tests/model/test_kernels_real_shapes.py",
+    "tests/lora/test_lora_layers.py",
 ]
 # Tests of the amx level alone (they skip below it): the suite's own run covers them on a
 # CPU with AMX.
