@@ -56,8 +56,9 @@ class LoRAStep:
         return self.stacks[key]
 
     def kernel_stacked(self, key: tuple[int, str], out: int) -> tuple | None:
-        if key not in self.kernel_stacks:
-            stacks = self.stacked(key)
+        if key not in self.kernel_stacks:  # not kept in `stacks` too: the kernel's alone
+            pairs = [w.pairs.get(key) for w in self.adapters]
+            stacks = _stack(pairs) if any(pairs) else None
             self.kernel_stacks[key] = None if stacks is None else (
                 stacks[0].transpose(1, 2).contiguous(), _block_diagonal(*stacks[1:], out))
         return self.kernel_stacks[key]
