@@ -99,11 +99,12 @@ class ModelRunner:
             logger.info("quantization=gguf: the GGUF file's blocks run as stored, float32 "
                         "activations (--quantization none dequantizes every weight to "
                         "--dtype instead)")
+        cache_config = config.cache_config
+        # A quantized cache (kv_quant.py) stores kv_format.storage bytes and fp32 scales,
+        # and its keys smoothed (key_smoothing.py).
+        self.kv_format = kv_quant.FORMATS.get(cache_config.kv_cache_dtype)
         self.model = self._load_model(model_path, hf_config, quantization, cpu_bf16)
         self.block_size = config.scheduler_config.block_size
-        cache_config = config.cache_config
-        # A quantized cache (kv_quant.py) stores kv_format.storage bytes and fp32 scales.
-        self.kv_format = kv_quant.FORMATS.get(cache_config.kv_cache_dtype)
         self.kv_dtype = (self.kv_format.dtype if self.kv_format
                          else dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16)
         # draft_model speculation: the draft model's KV cache has the target's blocks.
@@ -162,7 +163,8 @@ class ModelRunner:
                    for k, v in load_state_dict(
                        path, keep_gguf_blocks=quantization == "gguf").items()}
         return build_model(hf_config, weights, quantization,
-                           linear_weights="bf16" if cpu_bf16 else None).to(self.device)
+                           linear_weights="bf16" if cpu_bf16 else None,
+                           smooth_keys=self.kv_format is not None).to(self.device)
 
     def _block_shape(self, hf_config) -> tuple[int, ...]:
         """One KV block of one of K and V: [layers, block_size, kv_heads, head_dim]."""

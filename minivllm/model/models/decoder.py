@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.model import kernels
+from minivllm.model import kernels, key_smoothing
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear_gguf import BlockWeight, cat_rows
@@ -69,9 +69,10 @@ class Weights:
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, arch: Arch, w: Weights, index: int, fast: bool, fused: bool,
-                 linear_weights: str | None) -> None:
+                 linear_weights: str | None, smooth_keys: bool = False) -> None:
         super().__init__()
         eps = cfg.rms_norm_eps
+        qk_scale = _qk_scales(cfg, arch, w) if smooth_keys else None
         norm = lambda name: RMSNorm(w(name) + 1 if arch.gemma else w(name), eps,  # noqa: E731
                                     fused)
         lin = lambda weight, bias=None: linear(weight, bias, fast, linear_weights)  # noqa: E731
@@ -87,7 +88,7 @@ class DecoderLayer(nn.Module):
             norm(attn + "k_norm.weight") if has_qk_norm else None, scalar ** -0.5,
             layer_windows(cfg)[index],
             (cfg.attn_logit_softcapping or 0.0) if arch.attn_softcap else 0.0,
-            fused and _whole_head_rope(cfg))
+            fused and _whole_head_rope(cfg), qk_scale)
         self.o_proj = lin(w(attn + "o_proj.weight"), w.maybe(attn + "o_proj.bias"))
         self.input_norm = norm("input_layernorm.weight")
         # Llama: post_attention_layernorm is the MLP's input norm. Gemma: it normalizes the
@@ -128,6 +129,25 @@ def _mlp(cfg, arch: Arch, w: Weights, index: int, lin, fused: bool
     return GatedMLP(lin(gate_up), lin(w("mlp.down_proj.weight")), activation, fused)
 
 
+def _qk_scales(cfg, arch: Arch, w: Weights) -> torch.Tensor:
+    """key_smoothing.py's q and k factors for this layer, from its weights (read, not
+    popped: the layer takes them below)."""
+    peek = lambda name: w.state.get(w.prefix + name)  # noqa: E731
+    kv_size = cfg.num_key_value_heads * cfg.head_dim
+    k_weight, k_bias = peek("self_attn.k_proj.weight"), peek("self_attn.k_proj.bias")
+    if k_weight is None:  # Phi-3's fused qkv_proj: the k rows follow the q rows
+        q_size = cfg.num_attention_heads * cfg.head_dim
+        k_weight = key_smoothing.rows(peek("self_attn.qkv_proj.weight"), q_size, q_size + kv_size)
+    one = 1 if arch.gemma else 0  # Gemma's norms are (1 + w)
+    k_norm = peek("self_attn.k_norm.weight")
+    sizes = key_smoothing.key_magnitudes(
+        k_weight, k_bias, peek("input_layernorm.weight") + one,
+        None if k_norm is None else k_norm + one, cfg.num_key_value_heads)
+    scales = key_smoothing.qk_scales(sizes, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                     cfg.head_dim, rotary_dim(cfg, cfg.head_dim))
+    return scales.to(peek("input_layernorm.weight").dtype)
+
+
 def _whole_head_rope(cfg) -> bool:
     """The C RoPE + KV write rotates whole heads; partial rotary takes the torch ops."""
     return rotary_dim(cfg, cfg.head_dim) == cfg.head_dim
@@ -146,11 +166,12 @@ def _is_sparse(cfg, index: int) -> bool:
 class CausalLM(nn.Module):
     def __init__(self, cfg, arch: Arch, weights: dict[str, torch.Tensor],
                  fast: bool | None = None, quantization: str | None = None,
-                 linear_weights: str | None = None) -> None:
+                 linear_weights: str | None = None, smooth_keys: bool = False) -> None:
         """fast=False keeps every op on plain torch (the reference for tests). Weights must
         already be on the target device: oneDNN reorders them here, int8 quantizes them.
         linear_weights="bf16": fp32 weights everywhere but in the linears, which hold bf16
-        (the CPU's bf16: model/runner.py)."""
+        (the CPU's bf16: model/runner.py). smooth_keys: the KV cache is quantized, so the
+        keys are stored smoothed (key_smoothing.py)."""
         super().__init__()
         fast = kernels.enabled() if fast is None else fast
         embed = weights.pop("model.embed_tokens.weight")
@@ -168,7 +189,7 @@ class CausalLM(nn.Module):
         linear_weights = "int8" if quantization == "int8" else linear_weights
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, arch, Weights(weights, f"model.layers.{i}."), i, fast, self.fused,
-                         linear_weights) for i in range(cfg.num_hidden_layers))
+                         linear_weights, smooth_keys) for i in range(cfg.num_hidden_layers))
         norm = weights.pop("model.norm.weight")
         self.norm = RMSNorm(norm + 1 if arch.gemma else norm, cfg.rms_norm_eps, self.fused)
         lm_head = weights.pop("lm_head.weight", None)

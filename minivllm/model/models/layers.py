@@ -85,11 +85,12 @@ def bf16_logits_stay_fp32(weight: torch.Tensor, fast: bool) -> bool:
 class Attention(nn.Module):
     """q/k/v (one fused matmul), optional per-head RMSNorm on q and k before RoPE (Qwen3,
     Gemma 3), K/V to the cache, paged attention with the layer's window and softcap.
-    Returns the heads' outputs [T, H * D], before o_proj."""
+    qk_scale (a quantized KV cache's key smoothing, key_smoothing.py): the factors q and k
+    are multiplied by before RoPE. Returns the heads' outputs [T, H * D], before o_proj."""
 
     def __init__(self, cfg, qkv: Linear | Int8Linear, q_norm: RMSNorm | None,
                  k_norm: RMSNorm | None, scale: float, window: int, softcap: float,
-                 fused: bool) -> None:
+                 fused: bool, qk_scale: torch.Tensor | None = None) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -99,6 +100,7 @@ class Attention(nn.Module):
         self.qkv, self.q_norm, self.k_norm = qkv, q_norm, k_norm
         self.scale, self.window, self.softcap = scale, window, softcap
         self.fused = fused  # the C RoPE + KV write
+        self.register_buffer("qk_scale", qk_scale, persistent=False)
 
     def _normed(self, qkv: torch.Tensor) -> torch.Tensor:
         """qkv with q and k normalized per head, one contiguous [T, (H + 2 KVH) * D]."""
@@ -129,6 +131,8 @@ class Attention(nn.Module):
         qkv = self.qkv(x)
         if self.q_norm is not None:
             qkv = self._normed(qkv)
+        if self.qk_scale is not None:
+            qkv[:, :self.q_size + self.kv_size].mul_(self.qk_scale)
         q = self._queries(qkv, positions, rope, k_cache, v_cache, meta)
         return paged_attention(q, k_cache, v_cache, meta, self.scale, self.window,
                                self.softcap).flatten(1)
