@@ -1,7 +1,8 @@
-"""Key smoothing for a quantized KV cache (--kv-cache-dtype int8 / fp8).
+"""Key smoothing for an int8 KV cache (--kv-cache-dtype int8).
 
-A quantized cache keeps one scale per token and KV head (kv_quant.py), so a key's largest
-channel sets the step for all of its channels. Some models have key channels far larger
+A quantized cache keeps one scale per token and KV head (kv_quant.py), so in int8 a key's
+largest channel sets the step for all of its channels (fp8's steps follow each value's size:
+kv_quant.QuantFormat.smooth_keys says which formats smooth). Some models have key channels far larger
 than the rest: Qwen2's k_proj bias makes a head's largest channel 24-60x its median in
 layers 0, 1 and 8 of Qwen2.5-Coder-0.5B, and int8 then spends its 255 steps on them.
 
@@ -10,8 +11,8 @@ query's channel c is multiplied by s_c: the scores are the same (exactly so in r
 arithmetic), while the stored keys have channels of similar size. RoPE rotates channel c
 with channel c + rotary_dim / 2; giving both the same s makes the scaling commute with
 the rotation, so it is applied before RoPE, on the q/k projection's output, and the C
-RoPE + KV write and every attention kernel are unchanged. It runs only with a quantized
-cache: the fp32 and bf16 caches see the model's own keys.
+RoPE + KV write and every attention kernel are unchanged. It runs only with an int8 cache:
+the other caches see the model's own keys.
 
 s is fixed at load, from the weights alone (so that a restarted server stores the same
 bytes: the disk tier's blocks stay valid): a channel's size is estimated as

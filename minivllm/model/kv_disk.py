@@ -26,7 +26,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 2: a quantized cache's keys are stored smoothed (key_smoothing.py)
+FORMAT_VERSION = 2  # 2: an int8 cache's keys are stored smoothed (key_smoothing.py)
 MAGIC = b"MVKVBLK1"
 _HEAD = struct.Struct("<8sI")  # magic, header length; then the JSON header, the payload
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")

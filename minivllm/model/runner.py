@@ -100,8 +100,8 @@ class ModelRunner:
                         "activations (--quantization none dequantizes every weight to "
                         "--dtype instead)")
         cache_config = config.cache_config
-        # A quantized cache (kv_quant.py) stores kv_format.storage bytes and fp32 scales,
-        # and its keys smoothed (key_smoothing.py).
+        # A quantized cache (kv_quant.py) stores kv_format.storage bytes and fp32 scales;
+        # an int8 one its keys smoothed (key_smoothing.py).
         self.kv_format = kv_quant.FORMATS.get(cache_config.kv_cache_dtype)
         self.model = self._load_model(model_path, hf_config, quantization, cpu_bf16)
         self.block_size = config.scheduler_config.block_size
@@ -164,7 +164,8 @@ class ModelRunner:
                        path, keep_gguf_blocks=quantization == "gguf").items()}
         return build_model(hf_config, weights, quantization,
                            linear_weights="bf16" if cpu_bf16 else None,
-                           smooth_keys=self.kv_format is not None).to(self.device)
+                           smooth_keys=bool(self.kv_format and self.kv_format.smooth_keys)
+                           ).to(self.device)
 
     def _block_shape(self, hf_config) -> tuple[int, ...]:
         """One KV block of one of K and V: [layers, block_size, kv_heads, head_dim]."""

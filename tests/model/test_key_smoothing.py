@@ -1,4 +1,4 @@
-"""Key smoothing (model/key_smoothing.py): with a quantized KV cache the keys are stored
+"""Key smoothing (model/key_smoothing.py): with an int8 KV cache the keys are stored
 divided per channel by s and the queries multiplied by it. It must change nothing but what
 the cache stores, and it must make int8 keys with an outlier channel more accurate."""
 
@@ -80,11 +80,12 @@ def test_smoothing_changes_no_score(tiny_model_dirs, monkeypatch, kind):
         assert mine == pytest.approx(ref, abs=1e-4)
 
 
-def test_only_a_quantized_cache_smooths(tiny_model_dirs):
+def test_only_an_int8_cache_smooths(tiny_model_dirs):
     model = str(tiny_model_dirs["qwen2"])
     attention = lambda llm: llm.llm_engine.runner.model.layers[0].self_attn  # noqa: E731
     assert attention(LLM(model, **KWARGS)).qk_scale is None
     assert attention(LLM(model, kv_cache_dtype="bfloat16", **KWARGS)).qk_scale is None
+    assert attention(LLM(model, kv_cache_dtype="fp8", **KWARGS)).qk_scale is None
     assert attention(LLM(model, kv_cache_dtype="int8", **KWARGS)).qk_scale is not None
 
 

@@ -170,8 +170,8 @@ class CausalLM(nn.Module):
         """fast=False keeps every op on plain torch (the reference for tests). Weights must
         already be on the target device: oneDNN reorders them here, int8 quantizes them.
         linear_weights="bf16": fp32 weights everywhere but in the linears, which hold bf16
-        (the CPU's bf16: model/runner.py). smooth_keys: the KV cache is quantized, so the
-        keys are stored smoothed (key_smoothing.py)."""
+        (the CPU's bf16: model/runner.py). smooth_keys: the KV cache is int8, so the keys
+        are stored smoothed (key_smoothing.py)."""
         super().__init__()
         fast = kernels.enabled() if fast is None else fast
         embed = weights.pop("model.embed_tokens.weight")

@@ -85,7 +85,7 @@ def bf16_logits_stay_fp32(weight: torch.Tensor, fast: bool) -> bool:
 class Attention(nn.Module):
     """q/k/v (one fused matmul), optional per-head RMSNorm on q and k before RoPE (Qwen3,
     Gemma 3), K/V to the cache, paged attention with the layer's window and softcap.
-    qk_scale (a quantized KV cache's key smoothing, key_smoothing.py): the factors q and k
+    qk_scale (an int8 KV cache's key smoothing, key_smoothing.py): the factors q and k
     are multiplied by before RoPE. Returns the heads' outputs [T, H * D], before o_proj."""
 
     def __init__(self, cfg, qkv: Linear | Int8Linear, q_norm: RMSNorm | None,
