@@ -10,8 +10,8 @@ nobody listening the engine does no work for the dashboard beyond a few addition
 
 Each client gets, in order: one `config` event; then per interval one `snapshot` (queues,
 KV cache and its disk tier, throughput, the steps' token budget use, where the streams' TTFT
-went) and, when requests changed state, one `lifecycle` event with those changes. A client too slow to
-take them is dropped.
+went) and, when requests changed state, one `lifecycle` event with those changes. A client
+too slow to take them is dropped.
 """
 
 from __future__ import annotations
