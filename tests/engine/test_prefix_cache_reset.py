@@ -1,14 +1,23 @@
 """Clearing the prefix cache without a restart (LLM.reset_prefix_cache; the server's POST
 /reset_prefix_cache is tests/entrypoints/test_kv_disk_tier_server.py's): a prompt served
 before is a miss after it; with reset_external the disk tier's files go too, and the next
-run recomputes; a running request keeps its blocks and its output."""
+run recomputes; a running request keeps its blocks and its output; a bad argument to the
+core's utility call is answered, not fatal."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from minivllm import SamplingParams
-from minivllm.engine.messages import make_core_request
+from minivllm.engine.core_proc import run_busy_loop
+from minivllm.engine.messages import (
+    EngineCoreShutdown,
+    EngineCoreUtility,
+    UtilityResult,
+    make_core_request,
+)
 from tests.engine.test_kv_disk_tier import HIT_TOKENS, PROMPT, engine, evict_prompt, files, generate
 
 
@@ -76,3 +85,16 @@ def test_a_running_request_keeps_its_blocks_and_its_output(tiny_llama, tmp_path,
         for output in core_engine.step():
             out = list(output.outputs[0].token_ids)
     assert out == cold
+
+
+def test_a_bad_utility_argument_is_answered_and_the_core_lives_on():
+    sent, inputs = [], [EngineCoreUtility(1, "reset_prefix_cache", {"bogus": True}),
+                        EngineCoreUtility(2, "reset_prefix_cache", {"reset_external": True}),
+                        EngineCoreShutdown()]
+    core = SimpleNamespace(reset_prefix_cache=lambda reset_external=False: reset_external,
+                           has_unfinished_requests=lambda: False, shutdown=lambda: None,
+                           get_stats=lambda: None, take_trace=lambda now, force: None)
+    assert run_busy_loop(core, lambda timeout: inputs.pop(0) if inputs else None,
+                         sent.append) == 0
+    results = [m for m in sent if isinstance(m, UtilityResult)]
+    assert "bogus" in results[0].error and results[1] == UtilityResult(2, result=True)
