@@ -231,6 +231,25 @@ class KVCacheManager:
         self.disk_hits += num
         return num
 
+    def reset_prefix_cache(self, reset_external: bool = False) -> tuple[int, int]:
+        """Forget every cached block (POST /reset_prefix_cache): a later prompt misses. The
+        free ones become plain free blocks; those running requests hold stay theirs, valid
+        and untouched, but no new request shares them any more. With `reset_external`, the
+        disk tier's files go too. Between steps only (no transfer is pending then). Returns
+        (blocks forgotten, disk blocks deleted)."""
+        forgotten = list(self.cached.values())
+        for block_id in forgotten:
+            meta = self.blocks[block_id]
+            meta.hash = meta.parent_hash = meta.disk_key = None
+            meta.tokens = ()
+            if meta.ref_cnt == 0:  # nothing worth keeping: reuse it first
+                self.free_queue.move_to_end(block_id, last=False)
+        self.cached.clear()
+        # Lookups trust what they found while no eviction happened: this is one, for all.
+        self._num_evictions += 1
+        deleted = self.disk.clear() if reset_external and self.disk is not None else 0
+        return len(forgotten), deleted
+
     def cached_for_disk(self) -> list[tuple[int, bytes]]:
         """Every block the prefix cache holds, (block, stable key), least recently used
         first: what a stopping engine writes to its disk tier, so that a restart finds the

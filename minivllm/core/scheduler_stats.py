@@ -33,6 +33,10 @@ class SchedulerStats:
     kv_disk_bytes_written: int = 0
     kv_disk_evictions: int = 0
     kv_disk_corrupt: int = 0
+    # and what it holds now: its block files, their bytes, its capacity (0: no tier)
+    kv_disk_blocks: int = 0
+    kv_disk_used_bytes: int = 0
+    kv_disk_capacity_bytes: int = 0
     # The recompute tax: tokens computed again after recompute preemption, of all computed.
     num_recomputed_tokens: int = 0
     num_computed_tokens: int = 0

@@ -121,6 +121,12 @@ class DataParallelClient:
         """The replicas' latest SchedulerStats, added up."""
         return sum_stats(self.metrics.last)
 
+    async def reset_prefix_cache(self, reset_external: bool = False) -> bool:
+        # Each replica would have to answer, and the cache-aware router forget its picture
+        # of what they hold: neither is done yet.
+        raise NotImplementedError("POST /reset_prefix_cache is not supported with "
+                                  "--data-parallel-size > 1")
+
     # ---- the replicas' messages ---------------------------------------------------------
 
     async def get_outputs(self, timeout: float) -> list[ClientEvent]:

@@ -243,6 +243,14 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
         return await self._client.get_stats()
 
+    async def reset_prefix_cache(self, reset_external: bool = False) -> bool:
+        """Forget the prefix cache, and with `reset_external` delete the disk tier's block
+        files (EngineCore.reset_prefix_cache): POST /reset_prefix_cache."""
+        self._ensure_started()
+        if self.errored:
+            raise EngineDeadError(f"the engine is not running ({self.dead_reason})")
+        return await self._client.reset_prefix_cache(reset_external)
+
     def set_tracing(self, enabled: bool, interval: float) -> None:
         """Ask the core for request lifecycles and block maps (stat loggers' record_trace)."""
         self._ensure_started()  # its answer may come before any request

@@ -412,3 +412,13 @@ class EngineCore:
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+    # ---- operator control -------------------------------------------------------------
+
+    def reset_prefix_cache(self, reset_external: bool = False) -> bool:
+        """Forget the prefix cache (and with `reset_external`, delete the disk tier's
+        files): KVCacheManager.reset_prefix_cache. Running requests keep their blocks."""
+        blocks, files = self.scheduler.kv.reset_prefix_cache(reset_external)
+        logger.info("prefix cache reset: %d cached blocks forgotten%s", blocks,
+                    f", {files} disk tier blocks deleted" if reset_external else "")
+        return True

@@ -90,6 +90,10 @@ class EngineCoreClient(Protocol):
     async def get_stats(self) -> SchedulerStats:
         """The cores' SchedulerStats now; get_outputs() must be running to receive them."""
 
+    async def reset_prefix_cache(self, reset_external: bool = False) -> bool:
+        """Forget the prefix cache (EngineCore.reset_prefix_cache); get_outputs() must be
+        running to receive the answer."""
+
     def set_tracing(self, enabled: bool, interval: float) -> None:
         """Ask the core(s) for request lifecycles and block maps (EngineCoreOutputs.trace)."""
 
@@ -146,9 +150,16 @@ class SingleCoreClient:
         return single_engine_stat_loggers(model_name, max_model_len)
 
     async def get_stats(self) -> SchedulerStats:
+        return await self._call("get_stats")
+
+    async def reset_prefix_cache(self, reset_external: bool = False) -> bool:
+        return await self._call("reset_prefix_cache", reset_external=reset_external)
+
+    async def _call(self, method: str, **kwargs: bool):
+        """A utility method of the core (core_proc.UTILITY_METHODS), answered in order."""
         call_id = next(self._call_ids)
         future = self._calls[call_id] = asyncio.get_running_loop().create_future()
-        self._send(EngineCoreUtility(call_id, "get_stats"))
+        self._send(EngineCoreUtility(call_id, method, kwargs))
         return await future
 
     async def get_outputs(self, timeout: float) -> list[ClientEvent]:

@@ -42,7 +42,7 @@ from minivllm.engine.messages import (
 
 logger = logging.getLogger(__name__)
 
-UTILITY_METHODS = ("get_stats",)
+UTILITY_METHODS = ("get_stats", "reset_prefix_cache")
 # How long an idle core blocks on its input before it checks that its frontend still lives.
 IDLE_POLL_MS = 1000
 _SEND_LINGER_MS = 2000  # at exit, how long the last messages may wait for the frontend
@@ -141,10 +141,16 @@ def _apply(core, msg: EngineCoreInput, rejected: list[EngineCoreOutput], send: S
     elif isinstance(msg, EngineCoreTracing):
         core.set_tracing(msg.enabled, msg.interval)
     elif isinstance(msg, EngineCoreUtility):
-        if msg.method in UTILITY_METHODS:
-            send(UtilityResult(msg.call_id, result=getattr(core, msg.method)()))
-        else:
+        if msg.method not in UTILITY_METHODS:
             send(UtilityResult(msg.call_id, error=f"unknown utility method {msg.method!r}"))
+            return
+        try:
+            result = getattr(core, msg.method)(**msg.kwargs)
+        except Exception as e:  # the caller's failure (a bad argument), not the engine's
+            logger.exception("utility call %s failed", msg.method)
+            send(UtilityResult(msg.call_id, error=f"{msg.method}: {type(e).__name__}: {e}"))
+            return
+        send(UtilityResult(msg.call_id, result=result))
 
 
 def socket_receive(inputs: zmq.Socket) -> Receive:

@@ -70,3 +70,6 @@ class LLMEngine:
 
     def get_stats(self) -> SchedulerStats:
         return self.core.get_stats()
+
+    def reset_prefix_cache(self, reset_external: bool = False) -> bool:
+        return self.core.reset_prefix_cache(reset_external)

@@ -36,6 +36,7 @@ class EngineCoreAbort(msgspec.Struct, tag="abort", omit_defaults=True):
 class EngineCoreUtility(msgspec.Struct, tag="utility"):
     call_id: int
     method: str  # a name in core_proc.UTILITY_METHODS, e.g. "get_stats"
+    kwargs: dict[str, bool] = {}  # e.g. reset_prefix_cache's reset_external
 
 
 class EngineCoreTracing(msgspec.Struct, tag="tracing"):
@@ -91,7 +92,7 @@ class EngineCoreReady(msgspec.Struct, tag="ready"):
 
 class UtilityResult(msgspec.Struct, tag="utility_result"):
     call_id: int
-    result: SchedulerStats | None = None
+    result: SchedulerStats | bool | None = None
     error: str | None = None
 
 

@@ -64,6 +64,12 @@ class LLM:
     def stats(self) -> SchedulerStats:
         return self.llm_engine.get_stats()
 
+    def reset_prefix_cache(self, reset_external: bool = False) -> bool:
+        """Forget the prefix cache: a prompt served before is computed again. With
+        `reset_external`, the disk tier's block files are deleted too (vLLM's
+        POST /reset_prefix_cache?reset_external=true)."""
+        return self.llm_engine.reset_prefix_cache(reset_external)
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],

@@ -140,6 +140,15 @@ class DiskKVStore:
         self.bytes_read += len(data)
         return payload
 
+    def clear(self) -> int:
+        """Delete every block file and the index (POST /reset_prefix_cache?reset_external=
+        true); how many blocks were deleted. The counters stay: they are cumulative."""
+        num = len(self.index)
+        for key in list(self.index):
+            self._drop(key)
+        self._staged.clear()
+        return num
+
     # ---- what the runner does -------------------------------------------------------
 
     def write(self, blocks: list[tuple[int, bytes]]) -> None:

@@ -365,3 +365,17 @@ def test_data_parallel_replicas_are_merged_into_one_view():
     assert snapshot["block_map"]["cells"]["map"] == "uuufufff"
     assert (snapshot["block_map"]["total"], snapshot["block_map"]["in_use"]) == (8, 4)
     assert snapshot["steps"]["count"] == 4 and snapshot["ranks"] == {"w0": 0, "w1": 0}
+
+
+def test_snapshots_show_the_disk_tier_only_when_there_is_one():
+    hub = EngineEventHub(FakeEngine(), {})
+    hub.streams.add(object())  # someone listens
+    hub.record(SchedulerStats(num_total_blocks=4), IterationStats(0.0))
+    assert hub.take()[1]["kv_disk"] is None
+    hub.record(SchedulerStats(num_total_blocks=4, kv_disk_capacity_bytes=1000,
+                              kv_disk_used_bytes=300, kv_disk_blocks=3, kv_disk_hits=16,
+                              kv_disk_bytes_read=200, kv_disk_bytes_written=400,
+                              kv_disk_evictions=1, kv_disk_corrupt=2), IterationStats(0.0))
+    assert hub.take()[1]["kv_disk"] == {
+        "used_bytes": 300, "capacity_bytes": 1000, "blocks": 3, "hit_tokens": 16,
+        "bytes_read": 200, "bytes_written": 400, "evictions": 1, "corrupt": 2}

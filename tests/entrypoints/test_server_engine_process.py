@@ -67,7 +67,9 @@ def test_messages_round_trip():
     assert request.sampling_params.logprobs == 0  # best_of ranks by logprob...
     assert params.logprobs is None  # ... the caller's params are left alone
     for msg in (request, EngineCoreAbort(["r1", "r2#1"], stopped=True),
-                EngineCoreUtility(7, "get_stats"), EngineCoreShutdown()):
+                EngineCoreUtility(7, "get_stats"),
+                EngineCoreUtility(8, "reset_prefix_cache", {"reset_external": True}),
+                EngineCoreShutdown()):
         assert roundtrip(msg, EngineCoreInput) == msg
     decoded = roundtrip(request, EngineCoreInput).sampling_params
     assert decoded == request.sampling_params
@@ -87,7 +89,8 @@ def test_messages_round_trip():
                                   overload_reason="max_num_waiting_requests")])
     for msg in (step, EngineCoreReady(max_model_len=512),
                 UtilityResult(7, result=SchedulerStats(num_waiting=2)),
-                UtilityResult(8, error="unknown"), EngineCoreDead("boom")):
+                UtilityResult(8, error="unknown"), UtilityResult(9, result=True),
+                EngineCoreDead("boom")):
         assert roundtrip(msg, EngineCoreMessage) == msg
 
 

@@ -9,9 +9,9 @@ The first client turns the cores' tracing on, the last one to leave turns it off
 nobody listening the engine does no work for the dashboard beyond a few additions per step.
 
 Each client gets, in order: one `config` event; then per interval one `snapshot` (queues,
-KV cache, throughput, the steps' token budget use, where the streams' TTFT went) and, when
-requests changed state, one `lifecycle` event with those changes. A client too slow to
-take them is dropped.
+KV cache and its disk tier, throughput, the steps' token budget use, where the streams' TTFT
+went) and, when requests changed state, one `lifecycle` event with those changes. A client
+too slow to take them is dropped.
 """
 
 from __future__ import annotations
@@ -171,6 +171,7 @@ class EngineEventHub(StatLoggerBase):
                 "prefix_cache_hit_rate": s.prefix_cache_hit_rate,
                 "prefix_cache_queries": s.prefix_cache_queries,
                 "prefix_cache_hits": s.prefix_cache_hits,
+                "kv_disk": _disk_tier(s),
                 # The stats log line's figures: tokens the steps counted, over the interval.
                 "prompt_throughput": self._prompt_tokens / elapsed,
                 "generation_throughput": self._generation_tokens / elapsed,
@@ -199,6 +200,16 @@ def _merged_stats(stats: dict[int, SchedulerStats]) -> SchedulerStats:
     if len(stats) <= 1:
         return next(iter(stats.values()), SchedulerStats())
     return sum_stats([stats[i] for i in sorted(stats)])
+
+
+def _disk_tier(s: SchedulerStats) -> dict | None:
+    """The prefix cache's disk tier now (counters cumulative); None when there is none."""
+    if not s.kv_disk_capacity_bytes:
+        return None
+    return {"used_bytes": s.kv_disk_used_bytes, "capacity_bytes": s.kv_disk_capacity_bytes,
+            "blocks": s.kv_disk_blocks, "hit_tokens": s.kv_disk_hits,
+            "bytes_read": s.kv_disk_bytes_read, "bytes_written": s.kv_disk_bytes_written,
+            "evictions": s.kv_disk_evictions, "corrupt": s.kv_disk_corrupt}
 
 
 def _merged_block_map(maps: dict[int, dict]) -> dict | None:

@@ -35,6 +35,7 @@ from minivllm.entrypoints.openai.middleware import (
     HeaderSizeLimitMiddleware,
 )
 from minivllm.entrypoints.openai.models.routes import add_models_routes, serving_models
+from minivllm.entrypoints.openai.prefix_cache_routes import add_prefix_cache_routes
 from minivllm.entrypoints.openai.request_timing import ReceivedTimeMiddleware
 from minivllm.entrypoints.openai.responses.routes import add_responses_routes
 from minivllm.entrypoints.openai.serving import OpenAIServing
@@ -117,6 +118,7 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     add_chat_completion_routes(app, chat)
     add_embedding_routes(app, embeddings)
     add_responses_routes(app, chat, args)  # /v1/responses
+    add_prefix_cache_routes(app, engine)  # /reset_prefix_cache
 
     hub = add_dashboard_routes(app, engine, getattr(args, "dashboard_interval", 1.0),
                                page=not getattr(args, "disable_dashboard", False))

@@ -17,6 +17,8 @@ function setValue(id, value, text) {
 }
 
 const pct = (x) => `${(x * 100).toFixed(1)}%`;
+const MIB = 1 << 20;
+const mib = (bytes) => `${(bytes / MIB).toFixed(1)} MiB`;
 
 // A line chart of `series` [{name, color, key(point)}] over the history.
 const tick = (v) => (Number.isInteger(v) || v >= 10 ? v.toFixed(0) : v.toFixed(1));
@@ -116,6 +118,20 @@ function showTtftSplit(split) {
   })));
 }
 
+// The prefix cache's disk tier: its figures while there is one, hidden otherwise.
+function showDiskTier(disk) {
+  $("kv-disk").hidden = !disk;
+  if (!disk) return;
+  setValue("kv-disk-used", disk.used_bytes,
+           `${mib(disk.used_bytes)} / ${mib(disk.capacity_bytes)} (${pct(disk.used_bytes / disk.capacity_bytes)})`);
+  setValue("kv-disk-blocks", disk.blocks, disk.blocks);
+  setValue("kv-disk-hits", disk.hit_tokens, disk.hit_tokens);
+  setValue("kv-disk-io", disk.bytes_read + disk.bytes_written,
+           `${mib(disk.bytes_read)} / ${mib(disk.bytes_written)}`);
+  setValue("kv-disk-evictions", disk.evictions, disk.evictions);
+  setValue("kv-disk-corrupt", disk.corrupt, disk.corrupt);
+}
+
 function onSnapshot(s) {
   serverNow = s.t;
   receivedAt = performance.now();
@@ -145,9 +161,12 @@ function onSnapshot(s) {
     {name: "max tokens / step", color: "#e8590c",
      key: (p) => (p.steps.token_budget ? p.steps.max_tokens / p.steps.token_budget : 0)},
   ], {max: 1, format: pct});
+  showDiskTier(s.kv_disk);
   lineChart($("chart-kv"), [
     {name: "KV usage", color: "#1c7ed6", key: (p) => p.kv_cache_usage},
     {name: "prefix cache hit rate", color: "#2f9e44", key: (p) => p.prefix_cache_hit_rate},
+    ...(s.kv_disk ? [{name: "disk tier used", color: "#e8590c",
+                      key: (p) => (p.kv_disk ? p.kv_disk.used_bytes / p.kv_disk.capacity_bytes : 0)}] : []),
   ], {max: 1, format: pct});
   lineChart($("chart-throughput"), [
     {name: "prompt tokens/s", color: "#f59f00", key: (p) => p.prompt_throughput},
