@@ -166,6 +166,11 @@ class PrometheusStatLogger(StatLoggerBase):
         self.kv_disk_corrupt = counter("minivllm:kv_disk_corrupt",
                                        "Disk tier blocks that failed their check (deleted, "
                                        "recomputed).")
+        self.kv_disk_blocks = gauge("minivllm:kv_disk_blocks", "Block files in the disk tier.")
+        self.kv_disk_used_bytes = gauge("minivllm:kv_disk_used_bytes",
+                                        "Bytes the disk tier's block files take.")
+        self.kv_disk_capacity_bytes = gauge("minivllm:kv_disk_capacity_bytes",
+                                            "The disk tier's size (--kv-offloading-size).")
         self.num_recomputed_tokens = counter(
             "minivllm:num_recomputed_tokens",
             "Tokens computed again after recompute preemption (the recompute tax's numerator).")
@@ -240,6 +245,9 @@ class PrometheusStatLogger(StatLoggerBase):
         self.num_waiting.set(s.num_waiting)
         self.num_swapped.set(s.num_swapped)
         self.kv_cache_usage.set(s.kv_cache_usage)
+        self.kv_disk_blocks.set(s.kv_disk_blocks)
+        self.kv_disk_used_bytes.set(s.kv_disk_used_bytes)
+        self.kv_disk_capacity_bytes.set(s.kv_disk_capacity_bytes)
         used_swap = s.num_total_swap_blocks - s.num_free_swap_blocks
         self.cpu_cache_usage.set(used_swap / s.num_total_swap_blocks if s.num_total_swap_blocks
                                  else 0.0)

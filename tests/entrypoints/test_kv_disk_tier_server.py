@@ -65,6 +65,9 @@ def test_the_event_stream_carries_the_disk_tier(server):
     assert disk["blocks"] == len(files) > 0
     assert disk["used_bytes"] == sum(f.stat().st_size for f in files)
     assert disk["capacity_bytes"] > disk["used_bytes"]
+    assert disk["blocks"] == metrics["minivllm:kv_disk_blocks"]
+    assert disk["used_bytes"] == metrics["minivllm:kv_disk_used_bytes"]
+    assert disk["capacity_bytes"] == metrics["minivllm:kv_disk_capacity_bytes"]
     assert disk["hit_tokens"] == metrics["vllm:external_prefix_cache_hits_total"] > 0
     assert disk["bytes_written"] == metrics["minivllm:kv_disk_bytes_written_total"] > 0
     assert disk["bytes_read"] == metrics["minivllm:kv_disk_bytes_read_total"] > 0
