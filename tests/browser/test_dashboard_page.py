@@ -2,7 +2,7 @@
 against a real server under a small load: `make test-browser` (after `make install-browser`).
 
 The page loads with no console error through --api-key (HTTP Basic in the URL, as a person
-types it); its queue and KV figures equal /metrics at the same moment (the engine held still
+types it); its queue, KV and disk tier figures equal /metrics at the same moment (the engine held still
 under load, the page a snapshot later); a request sent during the test appears on the timeline with its states
 in order, one that is aborted shows as aborted, its hover shows its details; a screenshot is
 saved under results/browser-tests/ (the path is printed)."""
@@ -44,7 +44,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 INTERVAL = 0.25
 ARTIFACTS = Path("results/browser-tests")
 FIELDS = {"q-running": "vllm:num_requests_running", "q-waiting": "vllm:num_requests_waiting",
-          "q-swapped": "vllm:num_requests_swapped", "kv-usage": "vllm:kv_cache_usage_perc"}
+          "q-swapped": "vllm:num_requests_swapped", "kv-usage": "vllm:kv_cache_usage_perc",
+          "kv-disk-blocks": "minivllm:kv_disk_blocks",
+          "kv-disk-used": "minivllm:kv_disk_used_bytes"}
 
 
 # Steps of at least 5 ms, and none while the pause file exists: the engine holds still, so
@@ -74,7 +76,9 @@ def server(tmp_path_factory, pause_file):
     # Two seats for three clients: a queue forms.
     server = ServerProcess(stories_model(), [*FAST_ENGINE_ARGS, "--max-num-seqs", "2",
                                              "--api-key", KEY, "--dashboard-interval",
-                                             str(INTERVAL)],
+                                             str(INTERVAL), "--kv-offloading-backend", "disk",
+                                             "--kv-offloading-path", str(tmp / "tier"),
+                                             "--kv-offloading-size", "0.05"],
                            tmp / "server.log", prelude=PAUSABLE_STEPS.format(pause=str(pause_file)),
                            ready_timeout=300)
     yield server
@@ -161,6 +165,8 @@ def test_the_dashboard_live_against_metrics(server, browser, pause_file):
     WebDriverWait(browser, 30).until(
         lambda d: d.find_element(By.ID, "status").text == "live", "the page never went live")
     assert browser.find_element(By.ID, "policy-name").text == "fcfs"
+    WebDriverWait(browser, 10).until(  # the server has a tier: its figures show
+        lambda d: d.find_element(By.ID, "kv-disk").is_displayed(), "no disk tier figures")
 
     load = Load(server.url)
     try:
