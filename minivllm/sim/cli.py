@@ -42,6 +42,8 @@ def add_parser(subparsers) -> None:
     cal.add_argument("--quick", action="store_true", help="a small grid (for tests)")
     cal.add_argument("--num-threads", type=int, default=None, help="torch threads")
     cal.add_argument("--max-num-batched-tokens", type=int, default=None)
+    cal.add_argument("--kv-cache-dtype", default="auto",
+                     help="the engine's KV cache dtype while it is timed (default: auto)")
     cal.set_defaults(func=run_calibrate)
 
 
@@ -147,7 +149,8 @@ def run_calibrate(args) -> int:
     from minivllm.sim.calibrate import calibrate
 
     profile = calibrate(args.model, quick=args.quick, num_threads=args.num_threads,
-                        max_num_batched_tokens=args.max_num_batched_tokens)
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        kv_cache_dtype=args.kv_cache_dtype)
     profile.save(args.output)
     print(profile.report())
     print(f"profile written to {args.output} (use --cost-model profile:{args.output})")

@@ -142,4 +142,6 @@ class ProfileCostModel(CostModel):
         err = self.fit_error
         return (f"profile of {self.engine.get('model')}: {terms} (per unit); fit over "
                 f"{err.get('num_steps')} steps: mean relative error {err.get('mean', 0):.1%}, "
-                f"p90 {err.get('p90', 0):.1%}")
+                f"p90 {err.get('p90', 0):.1%}; disk tier read "
+                f"{self.disk_read_bandwidth / 1e9:.3g} GB/s, written "
+                f"{self.disk_write_bandwidth / 1e9:.3g} GB/s")
