@@ -174,8 +174,11 @@ def resolve_request_ending(args) -> None:
 def prepare(args):
     metrics.parse_goodput(args.goodput)
     resolve_request_ending(args)
-    disk_tier_bytes(args)  # its flags checked before any work
+    disk_tier = disk_tier_bytes(args)  # its flags checked before any work
     cost = cost_model_of(args)
+    if disk_tier is not None and cost.kv_bytes_per_token is None:
+        raise SystemExit(f"--kv-offloading-backend disk: {cost.name} records no KV bytes per "
+                         "token to size the tier's blocks (calibrate again)")
     config = scheduler_config(args, cost)
     try:
         trace = traces.build_trace(args.workload, max_model_len=config.max_model_len,
