@@ -193,9 +193,6 @@ class Simulator:
         entries = trace.entries
         num_before = math.ceil(self.warm_restart * len(entries))
         first = 0 if num_before == len(entries) else num_before  # the first one after it
-        if first == len(entries):
-            raise ValueError(f"warm_restart {self.warm_restart}: no request of the "
-                             f"{len(entries)} is left after the restart")
         t0 = entries[first].send_time
         after = replace(trace, entries=[replace(e, send_time=e.send_time - t0)
                                         for e in entries[first:]])
