@@ -1,8 +1,8 @@
 """What a step holds, in the terms a cost model prices: the prefill chunks (their new tokens
-and the context each reads), the decodes (one new token each, and the context each reads)
-and the KV swapped between device and host. The simulator's cost models (sim/cost_model.py),
-`minivllm sim calibrate` and the scheduler's own step-time model (core/step_cost.py) share
-this one vocabulary.
+and the context each reads), the decodes (one new token each, and the context each reads),
+the KV swapped between device and host, and the disk tier's block transfers. The
+simulator's cost models (sim/cost_model.py), `minivllm sim calibrate` and the scheduler's
+own step-time model (core/step_cost.py) share this one vocabulary.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ class StepBatch:
     num_decode_seqs: int = 0
     decode_context: int = 0  # tokens each decode attends to (its KV read), summed
     num_swap_tokens: int = 0  # token slots of the KV blocks swapped out plus in
+    # Token slots of the blocks the prefix cache's disk tier loads and writes: set by who
+    # moves them (the simulator's replica: a block already on disk is not written again).
+    num_disk_load_tokens: int = 0
+    num_disk_write_tokens: int = 0
     # LoRA: new tokens of requests that run an adapter, and the distinct adapters
     num_lora_tokens: int = 0
     num_loras: int = 0

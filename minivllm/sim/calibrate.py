@@ -7,11 +7,17 @@ contexts with decode batches that grow and shrink. Every EngineCore.step is time
 (scheduling, the forward, sampling, bookkeeping: what a simulated step stands for) and
 described with the simulator's own step_batch. The first grid point runs twice and its first
 run is dropped (warm-up: allocations, kernel caches).
+
+The disk tier's rates (--kv-offloading-backend disk): the real DiskKVStore writes, then
+stages and loads, a few of the engine's own blocks in a temporary folder (TMPDIR: put it on
+the tier's disk). The reads come right after the writes, from the page cache where it
+holds them: a disk's cold reads are slower.
 """
 
 from __future__ import annotations
 
 import itertools
+import tempfile
 import time
 
 import numpy as np
@@ -22,6 +28,26 @@ from minivllm.sim.roofline import ModelShape
 
 FULL_GRID = {"prompt_len": (16, 64, 192, 448), "num_seqs": (1, 4, 16, 48), "output_len": 24}
 QUICK_GRID = {"prompt_len": (8, 40), "num_seqs": (1, 6), "output_len": 6}
+DISK_PROBE_BLOCKS = 16
+
+
+def measure_disk(runner) -> tuple[float, float]:
+    """The disk tier's read and write rates (bytes/s), with the runner's KV blocks."""
+    from minivllm.model import kv_quant
+    from minivllm.model.kv_disk import DiskKVStore
+
+    keys = [i.to_bytes(16, "little") for i in range(min(DISK_PROBE_BLOCKS, runner.num_blocks))]
+    with tempfile.TemporaryDirectory(prefix="minivllm-calibrate-") as folder:
+        store = DiskKVStore(folder, 1 << 40, {"calibrate": True},
+                            kv_quant.tensors((runner.k_cache, runner.v_cache)))
+        t0 = time.perf_counter()
+        store.write(list(enumerate(keys)))
+        t1 = time.perf_counter()
+        for key in keys:
+            store.stage(key)
+        store.load([(key, block) for block, key in enumerate(keys)])
+        t2 = time.perf_counter()
+    return store.bytes_read / (t2 - t1), store.bytes_written / (t1 - t0)
 
 
 def _run_point(core, prompt_len: int, num_seqs: int, output_len: int, rng, tag: str,
@@ -44,12 +70,14 @@ def _run_point(core, prompt_len: int, num_seqs: int, output_len: int, rng, tag: 
 
 
 def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None,
-              max_num_batched_tokens: int | None = None) -> ProfileCostModel:
+              max_num_batched_tokens: int | None = None,
+              kv_cache_dtype: str = "auto") -> ProfileCostModel:
     from minivllm.config import EngineConfig
     from minivllm.engine.core import EngineCore
 
     core = EngineCore(EngineConfig(model=model, num_threads=num_threads, seed=0,
-                                   max_num_batched_tokens=max_num_batched_tokens))
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   kv_cache_dtype=kv_cache_dtype))
     sched = core.scheduler
     batches: list[StepBatch | None] = []
     schedule = sched.schedule
@@ -81,10 +109,16 @@ def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None
     rel = np.abs(predicted - actual) / actual
     dtype = str(core.runner.dtype).removeprefix("torch.")
     shape = ModelShape.from_config(core.hf_config.to_dict(), model, dtype)
+    disk_read, disk_write = measure_disk(core.runner)
     engine = {"model": model, "num_kv_blocks": sched.config.num_blocks,
               "block_size": sched.config.block_size, "max_model_len": sched.config.max_model_len,
               "max_num_batched_tokens": sched.config.max_num_batched_tokens,
-              "kv_bytes_per_token": shape.kv_bytes_per_token, "dtype": dtype,
+              "kv_bytes_per_token": core.runner.block_bytes // sched.config.block_size,
+              "kv_cache_dtype": kv_cache_dtype,
+              "kv_shape": [shape.num_layers, shape.num_kv_heads, shape.head_dim,
+                           shape.dtype_bytes],
+              "disk_read_bandwidth": disk_read, "disk_write_bandwidth": disk_write,
+              "dtype": dtype,
               "num_threads": num_threads, "grid": grid, "pads_rows": pads_rows,
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     fit_error = {"num_steps": len(timed), "mean": float(rel.mean()),

@@ -17,7 +17,7 @@ from minivllm.bench.args import (
 from minivllm.bench.prediction import describe as describe_prediction
 from minivllm.bench.timeline_html import write_sim_timeline
 from minivllm.core.scheduler_config import SchedulerConfig
-from minivllm.sim import plan_cli
+from minivllm.sim import disk_report, plan_cli
 from minivllm.sim.cli_setup import add_sim_args, make_simulator, prepare
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.seed_report import side_by_side
@@ -42,6 +42,8 @@ def add_parser(subparsers) -> None:
     cal.add_argument("--quick", action="store_true", help="a small grid (for tests)")
     cal.add_argument("--num-threads", type=int, default=None, help="torch threads")
     cal.add_argument("--max-num-batched-tokens", type=int, default=None)
+    cal.add_argument("--kv-cache-dtype", default="auto",
+                     help="the engine's KV cache dtype while it is timed (default: auto)")
     cal.set_defaults(func=run_calibrate)
 
 
@@ -58,6 +60,8 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     summary = metrics.summarize(result.results, result.stats.simulated_wall_time_s,
                                 trace.buckets, metrics.parse_goodput(args.goodput))
     summary["engine"] = result.stats.as_dict()
+    if result.cold is not None:
+        summary["warm_restart"] = disk_report.warm_restart(result)
     if size > 1:
         summary["engine"]["data_parallel"] = {
             "size": size, "router_policy": args.router_policy,
@@ -75,9 +79,13 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     report.write_run(out_dir, meta, result.results, summary)
     if result.timeline:  # one replica's (data parallel runs record none)
         write_sim_timeline(out_dir, title, result.timeline)
-    print(f"[{policy}] simulated {len(trace.entries)} requests, "
+    print(f"[{policy}] simulated {len(result.results)} requests, "
           f"{result.stats.simulated_wall_time_s:.1f} s of serving in {elapsed:.1f} s; "
           f"length predictor {predictor}: {describe_prediction(summary['length_prediction'])}")
+    if sim.disk_tier_bytes is not None:
+        print(f"[{policy}] " + disk_report.describe_tier(disk_report.run_figures(result)))
+    if result.cold is not None:
+        print(f"[{policy}] " + disk_report.describe_warm_restart(summary["warm_restart"]))
     if size > 1:
         rates = ", ".join("-" if r is None else f"{r:.1%}" for r in result.prefix_cache_hit_rates)
         print(f"[{policy}] {size} replicas, router {args.router_policy}: "
@@ -141,7 +149,8 @@ def run_calibrate(args) -> int:
     from minivllm.sim.calibrate import calibrate
 
     profile = calibrate(args.model, quick=args.quick, num_threads=args.num_threads,
-                        max_num_batched_tokens=args.max_num_batched_tokens)
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        kv_cache_dtype=args.kv_cache_dtype)
     profile.save(args.output)
     print(profile.report())
     print(f"profile written to {args.output} (use --cost-model profile:{args.output})")

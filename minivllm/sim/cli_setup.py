@@ -15,6 +15,7 @@ from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.cost_model_spec import load_cost_model
+from minivllm.sim.roofline import GIB
 from minivllm.sim.simulator import Simulator
 
 # The engine flags that change what the scheduler does; the rest are the model runner's.
@@ -24,7 +25,8 @@ SIM_ENGINE_ARGS = ("block_size", "num_kv_blocks", "swap_space", "enable_prefix_c
                    "target_tpot_ms", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                    "enable_chunked_prefill", "scheduling_policy", "preemption_mode",
                    "priority_aging_s", "active_preemption", "min_run_quantum",
-                   "length_predictor", "speculative_config", "max_loras")
+                   "length_predictor", "speculative_config", "max_loras", "kv_cache_dtype",
+                   "kv_offloading_backend", "kv_offloading_size")
 DEFAULT_COST_MODEL = "roofline:rtx4090-qwen2.5-7b"
 
 
@@ -60,9 +62,49 @@ def add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple 
                         "bounds the adapters of a step; roofline cost models only)")
     p.add_argument("--lora-rank", type=int, default=16,
                    help="roofline: the adapters' rank, on every projection (default: 16)")
-    p.set_defaults(output="results/sim")
+    p.add_argument("--kv-offloading-warm-restart", type=float, default=None, metavar="F",
+                   help="with --kv-offloading-backend disk: what a persistent prefix cache "
+                        "saves. The trace's first F of requests run, the engine restarts "
+                        "(memory empty), and the rest runs with the disk tier as left and "
+                        "with an empty one; reported side by side (F = 1: the whole trace, "
+                        "then all of it again)")
+    p.add_argument("--kv-offloading-read-gbps", type=float, default=None, metavar="GB/S",
+                   help="the disk tier's read rate (default: what calibrate measured for a "
+                        "profile, the preset's for a roofline)")
+    p.add_argument("--kv-offloading-write-gbps", type=float, default=None, metavar="GB/S",
+                   help="the disk tier's write rate (default: as --kv-offloading-read-gbps)")
     add_engine_args(p, skip=tuple(name for name in ENGINE_ARGS
                                   if name not in SIM_ENGINE_ARGS or name in skip))
+    # No path: the simulated tier keeps an index, no bytes. None tells a size given from
+    # none (refused without the backend); the engine's default applies.
+    p.set_defaults(output="results/sim", kv_offloading_size=None)
+
+
+def disk_tier_bytes(args) -> int | None:
+    """The disk tier's capacity in bytes the flags give (None: no tier); the flags that
+    need the tier are refused without it, by name."""
+    if args.kv_offloading_backend is None:
+        given = [flag for flag, value in (
+            ("--kv-offloading-size", args.kv_offloading_size),
+            ("--kv-offloading-warm-restart", args.kv_offloading_warm_restart),
+            ("--kv-offloading-read-gbps", args.kv_offloading_read_gbps),
+            ("--kv-offloading-write-gbps", args.kv_offloading_write_gbps)) if value is not None]
+        if given:
+            raise SystemExit(f"{', '.join(given)}: only with --kv-offloading-backend disk")
+        return None
+    if args.kv_offloading_backend != "disk":
+        raise SystemExit(f"--kv-offloading-backend must be 'disk' (or unset), got "
+                         f"{args.kv_offloading_backend!r}")
+    size = args.kv_offloading_size
+    if size is None:
+        size = ENGINE_ARGS["kv_offloading_size"].default
+    if not size > 0:
+        raise SystemExit(f"--kv-offloading-size must be > 0 (GiB), got {size}")
+    restart = args.kv_offloading_warm_restart
+    if restart is not None and not 0 < restart <= 1:
+        raise SystemExit(f"--kv-offloading-warm-restart is the fraction of the trace run "
+                         f"before the restart: in (0, 1], got {restart}")
+    return int(size * GIB)
 
 
 def cost_model_of(args) -> CostModel:
@@ -73,10 +115,26 @@ def cost_model_of(args) -> CostModel:
         if args.num_loras and not spec.startswith("roofline:"):
             raise ValueError("--num-loras: only roofline cost models price LoRA (a profile "
                              "was measured without adapters)")
-        return load_cost_model(spec, args.model_config, args.gpu_memory_utilization,
-                               args.lora_rank)
+        cost = load_cost_model(spec, args.model_config, args.gpu_memory_utilization,
+                               args.lora_rank, args.kv_cache_dtype)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    for flag, rate, attribute in (("--kv-offloading-read-gbps", args.kv_offloading_read_gbps,
+                                   "disk_read_bandwidth"),
+                                  ("--kv-offloading-write-gbps", args.kv_offloading_write_gbps,
+                                   "disk_write_bandwidth")):
+        if rate is not None:
+            if not rate > 0:
+                raise SystemExit(f"{flag} must be > 0, got {rate}")
+            setattr(cost, attribute, rate * 1e9)
+    return cost
+
+
+def engine_config(args, **given):
+    """The EngineConfig of the flags, with `given` over them. The disk tier is the
+    simulator's own (disk_tier_bytes), with no folder: the engine's would need one."""
+    return config_from_args(argparse.Namespace(**{**vars(args), **given,
+                                                  "kv_offloading_backend": None}))
 
 
 def scheduler_config(args, cost: CostModel) -> SchedulerConfig:
@@ -90,7 +148,7 @@ def scheduler_config(args, cost: CostModel) -> SchedulerConfig:
         raise SystemExit(f"{cost.name} knows no context or KV capacity: give --max-model-len "
                          "and --num-kv-blocks")
     try:
-        engine = config_from_args(argparse.Namespace(**{**vars(args), "max_model_len": max_len}))
+        engine = engine_config(args, max_model_len=max_len)
     except ValueError as e:
         raise SystemExit(str(e)) from None
     return replace(engine.scheduler_config, num_blocks=num_blocks,
@@ -116,7 +174,11 @@ def resolve_request_ending(args) -> None:
 def prepare(args):
     metrics.parse_goodput(args.goodput)
     resolve_request_ending(args)
+    disk_tier = disk_tier_bytes(args)  # its flags checked before any work
     cost = cost_model_of(args)
+    if disk_tier is not None and cost.kv_bytes_per_token is None:
+        raise SystemExit(f"--kv-offloading-backend disk: {cost.name} records no KV bytes per "
+                         "token to size the tier's blocks (calibrate again)")
     config = scheduler_config(args, cost)
     try:
         trace = traces.build_trace(args.workload, max_model_len=config.max_model_len,
@@ -128,8 +190,22 @@ def prepare(args):
           f"{config.block_size} tokens ({config.num_blocks * config.block_size} tokens), "
           f"{config.num_swap_blocks} swap blocks, context {config.max_model_len}, "
           f"max_num_batched_tokens {config.max_num_batched_tokens}, chunked prefill "
-          f"{'on' if config.enable_chunked_prefill else 'off'}")
+          f"{'on' if config.enable_chunked_prefill else 'off'}, KV cache "
+          f"{args.kv_cache_dtype} ({cost.kv_bytes_per_token} bytes a token)"
+          + describe_disk_tier(args, cost))
     return cost, config, trace
+
+
+def describe_disk_tier(args, cost: CostModel) -> str:
+    size = disk_tier_bytes(args)
+    if size is None:
+        return ""
+    blocks = size // (cost.kv_bytes_per_token * args.block_size)
+    return (f", disk tier {size / GIB:.4g} GiB ({blocks} blocks) read at "
+            f"{cost.disk_read_bandwidth / 1e9:.3g} GB/s, "
+            f"written at {cost.disk_write_bandwidth / 1e9:.3g} GB/s"
+            + ("" if args.kv_offloading_warm_restart is None
+               else f", warm restart after {args.kv_offloading_warm_restart:g} of the trace"))
 
 
 def make_simulator(args, cost: CostModel, config: SchedulerConfig, policy: str,
@@ -138,11 +214,12 @@ def make_simulator(args, cost: CostModel, config: SchedulerConfig, policy: str,
     needs size 1)."""
     if size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {size}")
-    options = config_from_args(args).policy_config.options()  # vtc_weights, edf_action, ...
+    options = engine_config(args).policy_config.options()  # vtc_weights, edf_action, ...
     return Simulator(config, policy, cost, aging_s=args.priority_aging_s,
                      send_priority=policy == "priority", progress=progress,
                      max_concurrency=args.max_concurrency, length_predictor=predictor,
                      request_max_tokens=args.request_max_tokens, data_parallel_size=size,
                      router_policy=args.router_policy, record_timeline=timeline,
                      policy_options=options, spec_acceptance_rate=args.spec_acceptance_rate,
-                     num_loras=args.num_loras)
+                     num_loras=args.num_loras, disk_tier_bytes=disk_tier_bytes(args),
+                     warm_restart=args.kv_offloading_warm_restart)

@@ -5,7 +5,8 @@ SchedulerOutput the scheduler emits, before the step's tokens are counted as com
 `minivllm sim calibrate` describes the real engine's steps with the same function, so a
 fitted profile and the simulator see one vocabulary.
 
-Cost models: `roofline:PRESET` (sim/roofline.py) and `profile:PATH` (sim/profile.py).
+Cost models: `roofline:PRESET` (sim/roofline.py) and `profile:PATH` (sim/profile.py). Both
+add the disk tier's transfers (`disk_time`) to what they price.
 """
 
 from __future__ import annotations
@@ -14,15 +15,33 @@ from abc import ABC, abstractmethod
 
 from minivllm.core.step_batch import StepBatch
 
+# The disk tier's rates (bytes/s) where nothing measured them: our assumption for a
+# datacenter NVMe SSD behind the engine's Python path, which checksums every block file
+# (model/kv_disk.py). `sim calibrate` measures this machine's; --kv-offloading-read-gbps and
+# --kv-offloading-write-gbps set them.
+DEFAULT_DISK_READ_BANDWIDTH = 2e9
+DEFAULT_DISK_WRITE_BANDWIDTH = 1e9
+
 
 class CostModel(ABC):
     """Step time in seconds from a StepBatch; optionally a default KV capacity."""
 
     name = "abstract"
+    kv_bytes_per_token: int | None = None  # at the KV cache's dtype (None: unknown)
+    disk_read_bandwidth = DEFAULT_DISK_READ_BANDWIDTH
+    disk_write_bandwidth = DEFAULT_DISK_WRITE_BANDWIDTH
 
     @abstractmethod
     def step_time(self, batch: StepBatch) -> float:
         """Seconds the step takes on the modelled machine."""
+
+    def disk_time(self, b: StepBatch) -> float:
+        """Seconds of the step's disk-tier transfers: the runner writes and reads the block
+        files before the forward, one after the other, so a step pays them on top."""
+        if not (b.num_disk_load_tokens or b.num_disk_write_tokens):
+            return 0.0
+        return self.kv_bytes_per_token * (b.num_disk_load_tokens / self.disk_read_bandwidth
+                                          + b.num_disk_write_tokens / self.disk_write_bandwidth)
 
     def num_kv_blocks(self, block_size: int) -> int | None:
         """How many KV blocks the modelled machine holds (None: the caller must say)."""

@@ -13,6 +13,12 @@ nothing (core/step_batch.padded_rows; the profile records whether it pads). The 
 500 ms prefill step), with no negative coefficient (a term that fits negative is dropped and
 the fit redone). The JSON also records the engine the steps were measured on (KV blocks,
 block size, context, KV bytes per token), which become the simulator's defaults.
+
+Another --kv-cache-dtype than the profile's (sim/kv_bytes.py, from the KV shape the profile
+records): the same KV memory holds blocks of its bytes, and c_decode_context scales with the
+bytes a decode reads (our assumption: decode attention is bound by its KV reads; calibrate at
+that dtype to measure it instead). The disk tier's transfers (CostModel.disk_time) are priced
+at the read and write rates calibrate measured on the machine's disk.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 
 from minivllm.core.step_batch import StepBatch, padded_rows
 from minivllm.sim.cost_model import CostModel
+from minivllm.sim.kv_bytes import kv_bytes_per_token
 
 FEATURES = ("step", "num_prefill_seqs", "num_prefill_tokens", "prefill_attention",
             "num_decode_seqs", "decode_context", "num_swap_tokens", "num_pad_tokens")
@@ -62,21 +69,40 @@ class ProfileCostModel(CostModel):
     engine: dict  # num_kv_blocks, block_size, max_model_len, kv_bytes_per_token, model, ...
     fit_error: dict = field(default_factory=dict)  # mean / p90 relative error on the steps
     source: str = "profile"
+    kv_cache_dtype: str | None = None  # the simulated KV cache's (None: the profile's)
 
     def __post_init__(self) -> None:
         self.name = self.source
         self._coef = [self.coefficients.get(f, 0.0) for f in FEATURES]
         self._pads_rows = bool(self.engine.get("pads_rows"))
+        measured = self.engine.get("kv_bytes_per_token")
+        self.kv_bytes_per_token = measured
+        if self.kv_cache_dtype not in (None, self.engine.get("kv_cache_dtype", "auto")):
+            shape = self.engine.get("kv_shape")  # layers, KV heads, head dim, dtype bytes
+            if not (shape and measured):
+                raise ValueError(f"{self.source} records no KV shape: calibrate again to "
+                                 f"simulate --kv-cache-dtype {self.kv_cache_dtype}")
+            self.kv_bytes_per_token = kv_bytes_per_token(*shape, self.kv_cache_dtype)
+            self._coef[FEATURES.index("decode_context")] *= self.kv_bytes_per_token / measured
+        self.disk_read_bandwidth = self.engine.get("disk_read_bandwidth",
+                                                   self.disk_read_bandwidth)
+        self.disk_write_bandwidth = self.engine.get("disk_write_bandwidth",
+                                                    self.disk_write_bandwidth)
 
     def step_time(self, b: StepBatch) -> float:
-        return sum(c * x for c, x in zip(self._coef, features(b, self._pads_rows), strict=True))
+        return (sum(c * x for c, x in zip(self._coef, features(b, self._pads_rows), strict=True))
+                + self.disk_time(b))
 
     def num_kv_blocks(self, block_size: int) -> int | None:
+        """The KV memory the profiled engine had, in blocks at the simulated KV dtype."""
         total = self.engine.get("num_kv_blocks", 0) * self.engine.get("block_size", 0)
+        measured = self.engine.get("kv_bytes_per_token")
+        if measured:
+            return int(total * measured // (self.kv_bytes_per_token * block_size)) or None
         return total // block_size or None
 
     def num_swap_blocks(self, block_size: int, swap_space_gib: float) -> int | None:
-        per_token = self.engine.get("kv_bytes_per_token")
+        per_token = self.kv_bytes_per_token
         return int(swap_space_gib * (1 << 30) // (per_token * block_size)) if per_token else None
 
     def max_model_len(self) -> int | None:
@@ -84,7 +110,10 @@ class ProfileCostModel(CostModel):
 
     def describe(self) -> dict:
         return {"name": self.name, "coefficients": self.coefficients, "engine": self.engine,
-                "fit_error": self.fit_error}
+                "fit_error": self.fit_error, "kv_cache_dtype": self.kv_cache_dtype,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "disk_read_bandwidth": self.disk_read_bandwidth,
+                "disk_write_bandwidth": self.disk_write_bandwidth}
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -94,7 +123,7 @@ class ProfileCostModel(CostModel):
                                    indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> ProfileCostModel:
+    def load(cls, path: str | Path, kv_cache_dtype: str | None = None) -> ProfileCostModel:
         try:
             doc = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
@@ -106,11 +135,13 @@ class ProfileCostModel(CostModel):
             raise ValueError(f"{path}: coefficients must be some of {', '.join(FEATURES)}; "
                              f"got {sorted(doc.get('coefficients', {}))}")
         return cls(doc["coefficients"], doc.get("engine", {}), doc.get("fit_error", {}),
-                   f"profile:{path}")
+                   f"profile:{path}", kv_cache_dtype)
 
     def report(self) -> str:
         terms = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in self.coefficients.items() if v)
         err = self.fit_error
         return (f"profile of {self.engine.get('model')}: {terms} (per unit); fit over "
                 f"{err.get('num_steps')} steps: mean relative error {err.get('mean', 0):.1%}, "
-                f"p90 {err.get('p90', 0):.1%}")
+                f"p90 {err.get('p90', 0):.1%}; disk tier read "
+                f"{self.disk_read_bandwidth / 1e9:.3g} GB/s, written "
+                f"{self.disk_write_bandwidth / 1e9:.3g} GB/s")

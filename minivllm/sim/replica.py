@@ -14,6 +14,9 @@ come from `SyntheticDrafts`, each draft token the stand-in's own next token with
 `acceptance_rate` (so a draft's first j tokens are accepted with probability rate**j), and
 the replica verifies them as the runner does: the stand-in's tokens, while they equal the
 drafts, then one more. The cost model prices a verification as the k + 1 rows it computes.
+
+With a disk tier (the scheduler's kv.disk, sim/disk_tier.py), the replica moves each step's
+blocks as the runner does, writes then loads, and the cost model prices what moved.
 """
 
 from __future__ import annotations
@@ -86,10 +89,16 @@ class SimReplica:
         model says it ends, else it stays idle (until more work arrives)."""
         scheduled = self.engine_step.schedule()
         out, requests = scheduled.scheduler_output, self.scheduler.requests
+        disk, block_size = self.scheduler.kv.disk, self.scheduler.config.block_size
+        written = disk.write(out.disk_writes) if disk is not None else 0
+        if disk is not None:
+            disk.load(out.disk_loads)
         if out.num_scheduled_tokens:
             self.step, self.started = scheduled, now
-            seconds = self.cost_model.step_time(
-                step_batch(out, requests, self.scheduler.config.block_size))
+            batch = step_batch(out, requests, block_size)
+            batch.num_disk_write_tokens = written * block_size
+            batch.num_disk_load_tokens = len(out.disk_loads) * block_size
+            seconds = self.cost_model.step_time(batch)
             self.busy_until = now + seconds
             self.scheduler.record_step_time(seconds)
             # As the runner would: from the requests' state before the step's update.

@@ -10,6 +10,10 @@ the swaps at the host link's bandwidth.
 - Peak rates are datasheet figures; `compute_efficiency` and `bandwidth_efficiency` are the
   fractions a serving engine reaches (our assumption, stated in docs/lab.md), since nothing
   runs at a datasheet's peak.
+- The KV cache's dtype (--kv-cache-dtype, sim/kv_bytes.py) sets its bytes per token: the
+  blocks a memory holds and the bytes each step's KV reads and writes move.
+- The prefix cache's disk tier (--kv-offloading-backend disk): its block files at the disk's
+  read and write rates (CostModel.disk_time), paid on top of the step.
 
 The model's shape comes from a Hugging Face config.json (no weights needed). KV capacity:
 (memory x gpu_memory_utilization - weights - reserved) / KV bytes per block, as vLLM sizes
@@ -24,7 +28,12 @@ from importlib import resources
 from pathlib import Path
 
 from minivllm.core.step_batch import StepBatch
-from minivllm.sim.cost_model import CostModel
+from minivllm.sim.cost_model import (
+    DEFAULT_DISK_READ_BANDWIDTH,
+    DEFAULT_DISK_WRITE_BANDWIDTH,
+    CostModel,
+)
+from minivllm.sim.kv_bytes import kv_bytes_per_token
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -95,7 +104,12 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """At the model's dtype (--kv-cache-dtype auto)."""
+        return self.kv_bytes_at("auto")
+
+    def kv_bytes_at(self, kv_cache_dtype: str) -> int:
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim,
+                                  self.dtype_bytes, kv_cache_dtype)
 
 
 # Qwen/Qwen2.5-7B-Instruct's config.json (the seed report's model), the fields we read.
@@ -118,6 +132,8 @@ class Hardware:
     gpu_memory_utilization: float = 0.9
     reserved_bytes: float = 1.5 * GIB  # activations and runtime, kept out of the KV cache
     kv_cache_bytes: float | None = None  # a fixed KV cache (CPU: the engine's kv_cache_space)
+    disk_read_bandwidth: float = DEFAULT_DISK_READ_BANDWIDTH  # bytes/s, the disk tier's files
+    disk_write_bandwidth: float = DEFAULT_DISK_WRITE_BANDWIDTH
 
 
 HARDWARE = {
@@ -132,8 +148,12 @@ HARDWARE = {
     # load average of 3.1: float32 matmul 2048^2 ~52 GFLOP/s (numpy and torch alike), array
     # copies 7.5-25 GB/s read + write; these are achieved rates (efficiencies 1). The step
     # overhead is the fixed term `sim calibrate` fitted on stories260K (~2 ms). KV: the
-    # engine's default kv_cache_space of 4 GiB.
-    "cpu": Hardware("cpu", 50e9, 10e9, 10e9, 0, 0.002, 1.0, 1.0, 1.0, 0, 4 * GIB),
+    # engine's default kv_cache_space of 4 GiB. Disk tier: DiskKVStore writing then loading
+    # 40 blocks of 0.9 MiB into a temporary folder, ~0.42 GB/s read and ~0.37 GB/s written
+    # (2026-11-28, an Intel Xeon, 2 vCPUs shared with other jobs: checksums and copies
+    # bound it).
+    "cpu": Hardware("cpu", 50e9, 10e9, 10e9, 0, 0.002, 1.0, 1.0, 1.0, 0, 4 * GIB, 0.4e9,
+                    0.35e9),
 }
 # Preset name -> (hardware, built-in model shape or None for the demo model's config.json).
 PRESETS = {
@@ -155,11 +175,15 @@ def builtin_shape(name: str, dtype: str) -> ModelShape:
 
 class RooflineCostModel(CostModel):
     def __init__(self, hardware: Hardware, shape: ModelShape, preset: str,
-                 lora_rank: int = 16) -> None:
+                 lora_rank: int = 16, kv_cache_dtype: str = "auto") -> None:
         """`lora_rank`: the rank of the adapters (on every projection) that LoRA requests
         run: each of their tokens costs 2 x rank x lora_params_per_rank flops more, and
         each adapter in a step reads its weights once."""
         self.hw, self.shape = hardware, shape
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_bytes_per_token = shape.kv_bytes_at(kv_cache_dtype)
+        self.disk_read_bandwidth = hardware.disk_read_bandwidth
+        self.disk_write_bandwidth = hardware.disk_write_bandwidth
         self._lora_params = lora_rank * shape.lora_params_per_rank
         self.name = f"roofline:{preset}"
         self._flops_rate = hardware.peak_flops * hardware.compute_efficiency
@@ -174,14 +198,14 @@ class RooflineCostModel(CostModel):
                  + self._attn_flops * (b.prefill_attention + b.decode_context)
                  + 2 * self._lora_params * b.num_lora_tokens)
         kv_tokens = b.prefill_context + b.decode_context + b.num_prefill_tokens
-        bytes_moved = (self._weight_bytes + s.kv_bytes_per_token * kv_tokens
+        bytes_moved = (self._weight_bytes + self.kv_bytes_per_token * kv_tokens
                        + self._lora_params * s.dtype_bytes * b.num_loras)
-        swap = b.num_swap_tokens * s.kv_bytes_per_token / self.hw.host_bandwidth
+        swap = b.num_swap_tokens * self.kv_bytes_per_token / self.hw.host_bandwidth
         return (max(flops / self._flops_rate, bytes_moved / self._byte_rate)
-                + self.hw.step_overhead_s + swap)
+                + self.hw.step_overhead_s + swap + self.disk_time(b))
 
     def num_kv_blocks(self, block_size: int) -> int:
-        hw, block = self.hw, self.shape.kv_bytes_per_token * block_size
+        hw, block = self.hw, self.kv_bytes_per_token * block_size
         if hw.kv_cache_bytes is not None:
             return int(hw.kv_cache_bytes // block)
         free = (hw.memory_bytes * hw.gpu_memory_utilization - self.shape.num_params
@@ -192,19 +216,23 @@ class RooflineCostModel(CostModel):
         return int(free // block)
 
     def num_swap_blocks(self, block_size: int, swap_space_gib: float) -> int:
-        return int(swap_space_gib * GIB // (self.shape.kv_bytes_per_token * block_size))
+        return int(swap_space_gib * GIB // (self.kv_bytes_per_token * block_size))
 
     def max_model_len(self) -> int:
         return self.shape.max_position_embeddings
 
     def describe(self) -> dict:
         return {"name": self.name, "hardware": asdict(self.hw), "model": asdict(self.shape),
-                "num_params": self.shape.num_params}
+                "num_params": self.shape.num_params, "kv_cache_dtype": self.kv_cache_dtype,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "disk_read_bandwidth": self.disk_read_bandwidth,
+                "disk_write_bandwidth": self.disk_write_bandwidth}
 
 
 def roofline_from_preset(preset: str, model_config: str | None = None,
                          gpu_memory_utilization: float | None = None,
-                         lora_rank: int = 16) -> RooflineCostModel:
+                         lora_rank: int = 16, kv_cache_dtype: str = "auto"
+                         ) -> RooflineCostModel:
     if preset in PRESETS:
         hw_name, model = PRESETS[preset]
     elif preset in HARDWARE:
@@ -218,4 +246,4 @@ def roofline_from_preset(preset: str, model_config: str | None = None,
     dtype = PRESET_DTYPE[hw_name]
     shape = (ModelShape.from_file(model_config, dtype) if model_config
              else builtin_shape(model, dtype))
-    return RooflineCostModel(hw, shape, preset, lora_rank)
+    return RooflineCostModel(hw, shape, preset, lora_rank, kv_cache_dtype)

@@ -26,13 +26,22 @@ for traces with prefix blocks (Mooncake), the first block's id hashed into 32 sl
 
 Token ids are symbolic (bench/traces.symbolic_prompt) unless prompts are given: the prefix
 cache only needs equal blocks to be equal.
+
+The prefix cache's disk tier (`disk_tier_bytes`: --kv-offloading-backend disk): each replica
+gets one (sim/disk_tier.py, blocks of the cost model's KV bytes). `warm_restart` = F asks
+what its persistence is worth: the trace's first F of requests run (F = 1: all of them),
+the engine stops (its prefix cache's blocks written to the tier, as EngineCore's shutdown
+does) and restarts, its memory empty; the rest of the trace (F = 1: all of it again, its
+clock from 0) then runs twice: with the tier as the restart finds it (warm) and with an
+empty one (cold: a tier that does not persist). The result is the warm run's, the cold one
+beside it. Requests keep their trace index, so their prompts are the same in every run.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tqdm import tqdm
 
@@ -48,6 +57,7 @@ from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.scheduler_stats import SchedulerStats, sum_stats
 from minivllm.lora.request import LoRARequest
 from minivllm.sim.cost_model import CostModel
+from minivllm.sim.disk_tier import SimDiskTier
 from minivllm.sim.replica import EOS_TOKEN_ID, SimReplica, SyntheticDrafts
 
 
@@ -84,7 +94,11 @@ class SimStats:
                 "requests_shed": s.num_requests_shed,
                 "requests_deprioritized": s.num_requests_deprioritized,
                 "spec_draft_tokens": s.spec_num_draft_tokens,
-                "spec_accepted_tokens": s.spec_num_accepted_tokens}
+                "spec_accepted_tokens": s.spec_num_accepted_tokens,
+                "kv_disk_hit_tokens": s.kv_disk_hits,
+                "kv_disk_bytes_read": s.kv_disk_bytes_read,
+                "kv_disk_bytes_written": s.kv_disk_bytes_written,
+                "kv_disk_evictions": s.kv_disk_evictions}
 
 
 @dataclass
@@ -99,6 +113,7 @@ class SimResult:
     routed: list[int] = field(default_factory=list)  # requests routed to each replica
     prefix_cache_hit_rates: list[float | None] = field(default_factory=list)  # per replica
     router_prefix_hit_tokens: int = 0  # the router's estimate, summed over requests
+    cold: SimResult | None = None  # with warm_restart: the run after it with an empty tier
 
 
 def decision(out) -> tuple:
@@ -115,11 +130,24 @@ class Simulator:
                  record_decisions: bool = False, max_concurrency: int | None = None,
                  length_predictor: str = "mean", request_max_tokens: str = "trace",
                  record_timeline: bool = False, policy_options: dict | None = None,
-                 spec_acceptance_rate: float | None = None, num_loras: int = 0) -> None:
+                 spec_acceptance_rate: float | None = None, num_loras: int = 0,
+                 disk_tier_bytes: int | None = None, warm_restart: float | None = None
+                 ) -> None:
         """`spec_acceptance_rate`: with config.speculative_config, each draft token is right
         with this probability (SyntheticDrafts); None: the method's own proposer (ngram,
         suffix), which finds nothing in the stand-in's never-repeating tokens.
-        `num_loras`: request i runs LoRA adapter i mod num_loras (0: the base model)."""
+        `num_loras`: request i runs LoRA adapter i mod num_loras (0: the base model).
+        `disk_tier_bytes`: each replica's disk tier holds this many bytes (None: no tier)."""
+        if warm_restart is not None and disk_tier_bytes is None:
+            raise ValueError("warm_restart (--kv-offloading-warm-restart) needs a disk tier "
+                             "(--kv-offloading-backend disk)")
+        if warm_restart is not None and not 0 < warm_restart <= 1:
+            raise ValueError(f"warm_restart (--kv-offloading-warm-restart) is the fraction of "
+                             f"the trace run before the restart: in (0, 1], got {warm_restart}")
+        if disk_tier_bytes is not None and cost_model.kv_bytes_per_token is None:
+            raise ValueError(f"{cost_model.name} knows no KV bytes per token: it cannot size "
+                             "the disk tier's blocks")
+        self.disk_tier_bytes, self.warm_restart = disk_tier_bytes, warm_restart
         if num_loras < 0:
             raise ValueError(f"num_loras must be >= 0, got {num_loras}")
         self.num_loras = num_loras
@@ -155,25 +183,54 @@ class Simulator:
         level = log.level
         log.setLevel(logging.ERROR)
         try:
-            return self._run(trace, prompts)
+            if self.warm_restart is None:
+                return self._run(trace, prompts, self._disk_tiers())
+            return self._run_warm_restart(trace, prompts)
         finally:
             log.setLevel(level)
 
-    def _replica(self, trace: Trace) -> SimReplica:
+    def _run_warm_restart(self, trace: Trace, prompts: list[list[int]] | None) -> SimResult:
+        entries = trace.entries
+        num_before = math.ceil(self.warm_restart * len(entries))
+        first = 0 if num_before == len(entries) else num_before  # the first one after it
+        t0 = entries[first].send_time
+        after = replace(trace, entries=[replace(e, send_time=e.send_time - t0)
+                                        for e in entries[first:]])
+        before_prompts, after_prompts = (None, None) if prompts is None else (
+            prompts[:num_before], prompts[first:])
+        tiers = self._disk_tiers()
+        self._run(replace(trace, entries=entries[:num_before]), before_prompts, tiers)
+        for replica, tier in zip(self.replicas, tiers, strict=True):
+            tier.write(replica.scheduler.kv.cached_for_disk())  # the engine stops
+        warm = self._run(after, after_prompts, [t.reopened() for t in tiers], first)
+        warm.cold = self._run(after, after_prompts, self._disk_tiers(), first)
+        return warm
+
+    def _disk_tiers(self) -> list[SimDiskTier | None]:
+        """Each replica's, empty."""
+        if self.disk_tier_bytes is None:
+            return [None] * self.size
+        block_bytes = self.cost_model.kv_bytes_per_token * self.config.block_size
+        return [SimDiskTier(self.disk_tier_bytes, block_bytes) for _ in range(self.size)]
+
+    def _replica(self, trace: Trace, disk: SimDiskTier | None) -> SimReplica:
         policy = make_policy(self.policy_name, self.aging_s,
                              length_predictor=self.length_predictor, **self.policy_options)
         drafts = (None if self.spec_acceptance_rate is None
                   else SyntheticDrafts(self.spec_acceptance_rate))
         scheduler = Scheduler(self.config, policy, clock=lambda: self.now,
                               eos_token_ids=(EOS_TOKEN_ID,), proposer=drafts)
+        scheduler.kv.disk = disk
         entries = trace.entries
         return SimReplica(scheduler, self.cost_model, lambda request: probe_features(
             entries[int(request.request_id)], request, trace))
 
-    def _run(self, trace: Trace, prompts: list[list[int]] | None) -> SimResult:
+    def _run(self, trace: Trace, prompts: list[list[int]] | None,
+             disk_tiers: list[SimDiskTier | None], first_index: int = 0) -> SimResult:
+        """`first_index`: the trace index of the first entry (its symbolic prompt's)."""
         self.now = 0.0
         config, entries = self.config, trace.entries
-        replicas = [self._replica(trace) for _ in range(self.size)]
+        self.replicas = replicas = [self._replica(trace, disk) for disk in disk_tiers]
         router = make_router(self.router_policy, self.size, config.block_size,
                              sticky_sessions=self.sticky_sessions,
                              cache_capacity_blocks=config.num_blocks)
@@ -218,7 +275,8 @@ class Simulator:
                 next_arrival += 1
                 self.results[i].start = max(entries[i].send_time, self.free_since)
                 ids = (prompts[i] if prompts is not None
-                       else symbolic_prompt(entries[i], i, trace.prefix_block_tokens or 1))
+                       else symbolic_prompt(entries[i], first_index + i,
+                                            trace.prefix_block_tokens or 1))
                 decision = router.route(ids, user=str(entries[i].user))
                 replica = replicas[decision.replica]
                 request = self._request(replica.scheduler, entries[i], i, ids)
