@@ -1,6 +1,6 @@
 """Issue 50's row edges for every GEMM kernel of ours, at a real shape and an odd one: 1 row
 (decode), 15 and 17 (one short of and one past a tile of 16 / two of 8), 513 (one past
-eight tasks of 64). K off the block where the format allows it (int8's groups of 16 are
+eight tasks of 64). K off the block where the format allows it (int8's groups of 32 are
 zero-padded, bf16 has no blocks; GGUF's blocks of 32 / 256 are the file's). The other files
 test many more shapes at fewer rows; test_kernel_isa.py runs this one at every ISA level."""
 

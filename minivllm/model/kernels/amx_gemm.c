@@ -7,7 +7,7 @@
  *   - int8_linear_amx_f32: int8_gemm.c's packed int8 weights (q + 128 in panels of 16
  *     columns x 4 input values, one scale per column and group of 32 inputs), where its W8A8
  *     kernel is bound by its per-group rescaling (an int32 -> fp32 conversion and two
- *     multiplies per 16 products; AMX's int8 tiles would need a K of 64 per scale to pay);
+ *     multiplies per 32 products; AMX's int8 tiles would need a K of 64 per scale to pay);
  *   - gguf_linear_amx_f32: gguf_gemm.c's GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K blocks as the file
  *     stores them (scales and minima read from the blocks: gguf_scales.h), where its
  *     one-column-at-a-time loop is built for decoding, not for prefill.

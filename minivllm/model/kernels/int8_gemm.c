@@ -1,18 +1,21 @@
-/* W8A8 linear layer: y[r][c] = sum_g sx[r][g] * sw[c][g / 2] * (xq[r, g] . wq[c, g])
+/* W8A8 linear layer: y[r][c] = sum_g sx[r][g] * sw[c][g] * (xq[r, g] . wq[c, g])
  * (+ bias) (+ residual), where
  *   - wq is quantized once at load (linear_int8.py), symmetric, to [-127, 127], one scale
  *     sw[c][G] per output channel and group of WGROUP = 32 input values;
- *   - x is quantized here, per row and per group of GROUP = 16 consecutive values,
- *     symmetric, to [-127, 127] with scale sx[r][g].
+ *   - x is quantized here, per row and per group of GROUP = 32 consecutive values (the
+ *     weights' groups: llama.cpp's Q8_0 x Q8_0 shape), symmetric, to [-127, 127] with scale
+ *     sx[r][g].
  * Why these scales (docs/quantization.md; measured by benchmarks/int8_error_sources.py,
  * removed after 1e39609): on
  * SmolLM2-135M int8 lost on both sides. The activations: per-token scales cost +4.8%
  * perplexity, per group of 32 +0.8%, of 16 +0.3% (a few channels are 10-40 times the row's
- * rms). The weights: 7-bit per channel +1.2%, 8-bit per channel +0.1% on one text but +1.0%
+ * rms); with the weights per group of 32 too, activations per 32 measured +0.5% and -0.0%
+ * on two texts, and cost half the per-group work of 16: every GROUP products end in a convert
+ * and two multiplies, which at 16 held the kernel to about half vpdpbusd's rate. The weights: 7-bit per channel +1.2%, 8-bit per channel +0.1% on one text but +1.0%
  * on another, per group of 32 -0.0% on both (the model's GGUF weights are themselves 4-bit
  * blocks of 32 with their own scales).
  *
- * Each group's dot product is exact in int32 (16 * 255 * 127 < 2^31), converted to fp32 and
+ * Each group's dot product is exact in int32 (32 * 255 * 127 < 2^31), converted to fp32 and
  * accumulated with sx * sw; bias and residual come last.
  *
  * Packed weights: NC = 16 output columns at a time ("panels"), K in quads of 4 bytes,
@@ -38,8 +41,8 @@
 
 #include "kernels.h"
 
-#define GROUP 16     /* activation values per scale */
-#define WGROUP 32    /* weight values per scale: two activation groups */
+#define GROUP 32     /* activation values per scale */
+#define WGROUP 32    /* weight values per scale: the same groups */
 #define NC 16        /* output columns per panel */
 #define ROW_BLOCK 96 /* rows whose quantized x (96 x K bytes) stays in L2 across panels */
 #define W_OFFSET 128
@@ -69,34 +72,42 @@ EXACT_FP static inline float quantize_group_scalar(const float *x, int n, int8_t
 #if defined(__AVX512F__)
 #include <immintrin.h>
 EXACT_FP static inline float quantize_group(const float *x, int8_t *q, int32_t *sum) {
-    const __m512 v = _mm512_loadu_ps(x);
-    const float amax = _mm512_reduce_max_ps(_mm512_abs_ps(v));
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-    const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qi));
-    *sum = _mm512_reduce_add_epi32(qi);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     return amax > 0.f ? amax / 127.f : 1.f;
 }
 #elif defined(__AVX2__)
 #include <immintrin.h>
-EXACT_FP static inline float quantize_group(const float *x, int8_t *q, int32_t *sum) {
-    const __m256 no_sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
-    const __m256 m8 = _mm256_max_ps(_mm256_and_ps(v0, no_sign), _mm256_and_ps(v1, no_sign));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
-    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-    const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv));
-    const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv));
+/* 16 values times inv, rounded, to int8 at q; returns their int32 lanes' sum vector. */
+EXACT_FP static inline __m256i quantize16(const float *x, __m256 inv, int8_t *q) {
+    const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inv));
+    const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), inv));
     /* int32 -> int8 (|q| <= 127): the packs work per 128-bit lane, so the two 8-byte halves
      * come out as dwords 0, 2 (lane 0) and 4, 6 (lane 1) of packs_epi16(p, p) */
     const __m256i p = _mm256_packs_epi32(q0, q1); /* q0[0..3] q1[0..3] | q0[4..7] q1[4..7] */
     const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p, p),
                                                   _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
     _mm_storeu_si128((__m128i *)q, _mm256_castsi256_si128(b));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(_mm256_add_epi32(q0, q1)),
-                              _mm256_extracti128_si256(_mm256_add_epi32(q0, q1), 1));
+    return _mm256_add_epi32(q0, q1);
+}
+
+EXACT_FP static inline float quantize_group(const float *x, int8_t *q, int32_t *sum) {
+    const __m256 no_sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m8 = _mm256_and_ps(_mm256_loadu_ps(x), no_sign);
+    for (int i = 8; i < GROUP; i += 8)
+        m8 = _mm256_max_ps(m8, _mm256_and_ps(_mm256_loadu_ps(x + i), no_sign));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m256i s = _mm256_add_epi32(quantize16(x, inv, q), quantize16(x + 16, inv, q + 16));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
     *sum = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1)));
     return amax > 0.f ? amax / 127.f : 1.f;
@@ -135,7 +146,7 @@ static inline int32_t load_quad(const int8_t *p) {
 #include <immintrin.h>
 #define MR 8 /* rows per tile: 8 int32 + 8 fp32 accumulators of 16 columns, 1 weight vector */
 
-/* out[r][j] = sum_g sx[r][g] * sw[j][g / 2] * dot_g for `rows` (1..MR) rows starting at xq
+/* out[r][j] = sum_g sx[r][g] * sw[j][g] * dot_g for `rows` (1..MR) rows starting at xq
  * and the NC columns of one panel (its scales at ws). Inlined per row count. */
 static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
                                                        const float *gs, const int32_t *goff,
@@ -153,7 +164,7 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
                 acc[r] = _mm512_dpbusd_epi32(
                     acc[r], wv, _mm512_set1_epi32(load_quad(xq + r * kp + g * GROUP + q * 4)));
         }
-        const __m512 sw = _mm512_loadu_ps(ws + g / 2 * NC);
+        const __m512 sw = _mm512_loadu_ps(ws + g * NC);
         for (int r = 0; r < rows; r++) {
             facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]),
                                       _mm512_mul_ps(sw, _mm512_set1_ps(gs[r * groups + g])),
@@ -203,8 +214,8 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
                 acc[r][1] = DOT(acc[r][1], w1, xv);
             }
         }
-        const __m256 sw[2] = {_mm256_loadu_ps(ws + g / 2 * NC),
-                              _mm256_loadu_ps(ws + g / 2 * NC + 8)};
+        const __m256 sw[2] = {_mm256_loadu_ps(ws + g * NC),
+                              _mm256_loadu_ps(ws + g * NC + 8)};
         for (int r = 0; r < rows; r++) {
             const __m256 sx = _mm256_set1_ps(gs[r * groups + g]);
             for (int h = 0; h < 2; h++)
@@ -234,7 +245,7 @@ static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *g
                     dot += xq[r * kp + k] * (w[(k / 4) * NC * 4 + j * 4 + k % 4] - W_OFFSET);
                 }
                 out[r][j] =
-                    fmaf((float)dot, ws[g / 2 * NC + j] * gs[r * groups + g], out[r][j]);
+                    fmaf((float)dot, ws[g * NC + j] * gs[r * groups + g], out[r][j]);
             }
 }
 #endif

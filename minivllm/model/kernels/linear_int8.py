@@ -1,18 +1,19 @@
 """W8A8 linear layers (`quantization="int8"`): weights quantized once at load to int8,
 symmetric, in [-127, 127], one scale per output channel and group of WGROUP = 32 input
 values (llama.cpp's Q8_0 blocks); activations quantized dynamically, symmetric, to int8 in
-[-127, 127] with one scale per token and group of GROUP = 16 consecutive input values. Each
-group's product runs in int32 and is accumulated in fp32 with its two scales. Why these
-scales: on SmolLM2-135M per-token activation scales cost +4.8% perplexity (per group of 16:
-+0.3%), and per-channel weight scales up to +1.0% (per group of 32: none measurable);
-docs/quantization.md; measured by benchmarks/int8_error_sources.py, removed after 1e39609.
+[-127, 127] with one scale per token and group of GROUP = 32 consecutive input values (the
+weights' groups: llama.cpp's Q8_0 x Q8_0). Each group's product runs in int32 and is
+accumulated in fp32 with its two scales. Why these scales: on SmolLM2-135M per-token
+activation scales cost +4.8% perplexity, per group of 32 +0.5% / -0.0% on two texts (of 16:
++0.3% / +0.1%, but twice the kernel's per-group work), and per-channel weight scales up to
++1.0% (per group of 32: none measurable); docs/quantization.md.
 
 On the CPU with the C kernels built, int8_gemm.c does all of it in one call (quantize the
 rows, multiply, scale, add bias and residual), with VNNI where the CPU has it and AVX2's
 vpmaddubsw with a sign trick where not. On a CPU with AMX, a batch of cpu.AMX_MIN_ROWS rows
 or more runs amx_gemm.c instead: the same int8 weights unpacked to bf16 tiles (q * scale),
 x in bf16 rather than int8, products on AMX-BF16 (reference_amx_linear). Elsewhere the torch reference below runs: the same
-quantization, each group's integer product computed in fp32 (exact: 16 * 127 * 127 < 2^24),
+quantization, each group's integer product computed in fp32 (exact: 32 * 127 * 127 < 2^24),
 accumulated group by group.
 """
 
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from minivllm.model.kernels import cpu
 
 _NC, _KP = 16, 32  # int8_gemm.c's panel width and what K is padded to a multiple of
-GROUP = 16  # activation values per scale (int8_gemm.c's GROUP)
+GROUP = 32  # activation values per scale (int8_gemm.c's GROUP)
 WGROUP = 32  # weight values per scale (int8_gemm.c's WGROUP)
 WEIGHT_MAX = 127  # the weights' range, [-127, 127]
 WEIGHT_OFFSET = 128  # packed as q + 128, unsigned (VNNI's unsigned operand)
