@@ -3,13 +3,14 @@ the engine's own modules, kernels and threads, in this process, and write the op
 model's tables (sim/operators_model.py).
 
 The model is loaded through EngineCore, as `sim calibrate` does; then, on a grid:
-- the first decoder layer's linears (q/k/v, o_proj, gate/up, down: every layer has their
-  shapes) and the LM head, at each row count of the grid (oneDNN buckets: the runner pads a
-  step's rows to them);
-- the paged attention entry point of the first layer over the engine's KV cache, with
-  metadata built as the runner builds it: one prefill chunk of n new tokens after c cached
-  ones, and b decodes each reading c tokens (their blocks distinct while the cache has
-  enough, so that a long decode batch reads memory, not a cached block);
+- the decoder layers' linears (q/k/v, o_proj, gate/up, down) and the LM head, at each row
+  count of the grid (oneDNN buckets: the runner pads a step's rows to them);
+- the paged attention entry point of every layer over the engine's KV cache, with metadata
+  built as the runner builds it: one prefill chunk of n new tokens after c cached ones, and
+  b decodes each reading c tokens (their blocks distinct while the cache has enough, so that
+  a long decode batch reads memory, not a cached block);
+The layers' operators are timed in sweeps over all layers, as a forward runs them (its
+weights and KV streamed from memory, not one layer's left in the cache), per layer.
 - the sampler (greedy rows, as calibrate's and the fidelity benchmark's requests) by rows;
 - a swap copy of a few blocks to the host pool, per token slot.
 Each is the median of a few calls after one warm-up call. Then the framework overhead: the
@@ -59,23 +60,43 @@ def rows_grid(max_rows: int) -> list[int]:
     return [*rows, top]
 
 
-def time_linears(layer, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
-    """Each linear's seconds at each row count; K from the layer's shape (a packed or
-    quantized weight does not tell it), N from what the linear returns."""
+def _linears(layer) -> dict:
+    return {"qkv": layer.self_attn.qkv, "o_proj": layer.o_proj, "gate_up": layer.mlp.gate_up,
+            "down": layer.mlp.down}
+
+
+def time_linears(layers, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
+    """Each linear's seconds a layer at each row count. Each timing is a sweep over every
+    layer's linears in forward order, each call timed, averaged over the layers: a forward
+    streams every layer's weights, where calling one linear again would find its weights
+    in the cache (for a decode, several times faster). K from the layer's shape (a packed
+    or quantized weight does not tell it), N from what the linear returns."""
     import torch
 
-    attn = layer.self_attn
-    modules = {"qkv": (attn.qkv, hidden), "o_proj": (layer.o_proj, attn.num_heads * attn.head_dim),
-               "gate_up": (layer.mlp.gate_up, hidden), "down": (layer.mlp.down, None)}
-    tables = {}
-    for name in LINEARS:
-        lin, k = modules[name]
-        k = k or tables["gate_up"]["n"] // 2  # down reads act(gate) * up
-        n = lin(torch.zeros(1, k, dtype=dtype)).shape[-1]
-        seconds = [median_seconds(lambda x=torch.randn(r, k, dtype=dtype), f=lin: f(x), repeats)
-                   for r in grid]
-        tables[name] = {"k": k, "n": n, "weight": type(lin).__name__, "seconds": seconds}
-    return tables
+    attn = layers[0].self_attn
+    first = _linears(layers[0])
+    widths = {"qkv": hidden, "o_proj": attn.num_heads * attn.head_dim, "gate_up": hidden}
+    outs = {name: first[name](torch.zeros(1, widths[name], dtype=dtype)).shape[-1]
+            for name in ("qkv", "o_proj", "gate_up")}
+    widths["down"] = outs["gate_up"] // 2  # down reads act(gate) * up
+    outs["down"] = first["down"](torch.zeros(1, widths["down"], dtype=dtype)).shape[-1]
+    modules = [_linears(layer) for layer in layers]
+    seconds: dict[str, list[float]] = {name: [] for name in LINEARS}
+    for rows in grid:
+        inputs = {name: torch.randn(rows, widths[name], dtype=dtype) for name in LINEARS}
+        sweeps = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            totals = dict.fromkeys(LINEARS, 0.0)
+            for layer in modules:
+                for name in LINEARS:
+                    t0 = time.perf_counter()
+                    layer[name](inputs[name])
+                    totals[name] += time.perf_counter() - t0
+            sweeps.append(totals)
+        for name in LINEARS:
+            seconds[name].append(statistics.median(s[name] for s in sweeps[1:]) / len(layers))
+    return {name: {"k": widths[name], "n": outs[name], "weight": type(first[name]).__name__,
+                   "seconds": seconds[name]} for name in LINEARS}
 
 
 def _metadata(runner, query_tokens: list[int], contexts: list[int], num_decodes: int):
@@ -98,34 +119,37 @@ def _metadata(runner, query_tokens: list[int], contexts: list[int], num_decodes:
                              use_kernel=runner.use_kernels)
 
 
-def time_attention(runner, layer, settings: dict, config) -> tuple[dict, dict]:
+def time_attention(runner, layers, settings: dict, config) -> tuple[dict, dict]:
     """(prefill table by query tokens x context, decode table by batch x context), at the
-    points the scheduler's limits reach."""
+    points the scheduler's limits reach: seconds a layer, each timing a sweep over every
+    layer's attention (its own KV cache, window and softcap), as a forward runs them."""
     import torch
 
     from minivllm.model.attention import paged_attention
 
-    attn = layer.self_attn
-    k_cache, v_cache = runner.k_cache[0], runner.v_cache[0]
-    call = lambda q, meta: paged_attention(q, k_cache, v_cache, meta, attn.scale,  # noqa: E731
-                                           attn.window, attn.softcap)
-    queries = lambda n: torch.randn(n, attn.num_heads, attn.head_dim,  # noqa: E731
-                                    dtype=runner.dtype)
+    attns = [layer.self_attn for layer in layers]
+    caches = [(runner.k_cache[i], runner.v_cache[i]) for i in range(len(layers))]
+
+    def sweep(q, meta):
+        for attn, (k_cache, v_cache) in zip(attns, caches, strict=True):
+            paged_attention(q, k_cache, v_cache, meta, attn.scale, attn.window, attn.softcap)
+
+    def seconds(query_tokens: list[int], contexts: list[int], num_decodes: int) -> float:
+        q = torch.randn(sum(query_tokens), attns[0].num_heads, attns[0].head_dim,
+                        dtype=runner.dtype)
+        meta = _metadata(runner, query_tokens, contexts, num_decodes)
+        return median_seconds(lambda: sweep(q, meta), settings["repeats"]) / len(layers)
+
     max_len = config.max_model_len
     contexts = [c for c in settings["contexts"] if c < max_len]
     query_tokens = [n for n in settings["query_tokens"]
                     if n <= min(max_len, config.max_num_batched_tokens)]
     batches = [b for b in settings["decode_batch"] if b <= config.max_num_seqs]
-    prefill = [[median_seconds(lambda q=queries(n), m=_metadata(runner, [n], [c], 0): call(q, m),
-                               settings["repeats"])
-                for c in contexts] for n in query_tokens]
+    prefill = [[seconds([n], [c], 0) for c in contexts] for n in query_tokens]
     decode_contexts = [max(c, 1) for c in contexts]
-    decode = [[median_seconds(lambda q=queries(b), m=_metadata(runner, [1] * b, [c - 1] * b, b):
-                              call(q, m), settings["repeats"])
-               for c in decode_contexts] for b in batches]
+    decode = [[seconds([1] * b, [c - 1] * b, b) for c in decode_contexts] for b in batches]
     return ({"query_tokens": query_tokens, "context": contexts, "seconds": prefill},
-            {"batch": batches, "context": decode_contexts,
-             "seconds": decode})
+            {"batch": batches, "context": decode_contexts, "seconds": decode})
 
 
 def time_lm_head(model, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
@@ -191,8 +215,8 @@ def calibrate_operators(model: str, *, quick: bool = False, num_threads: int | N
 
     core = make_core(model, num_threads, max_num_batched_tokens, kv_cache_dtype)
     runner, config = core.runner, core.scheduler.config
-    layer = runner.model.layers[0]
-    if not hasattr(layer.mlp, "gate_up"):
+    layers = runner.model.layers
+    if not all(hasattr(layer.mlp, "gate_up") for layer in layers):
         raise ValueError(f"{model}: a mixture-of-experts MLP; the operator cost model times "
                          "dense layers (use the profile cost model: sim calibrate without "
                          "--operators)")
@@ -200,9 +224,9 @@ def calibrate_operators(model: str, *, quick: bool = False, num_threads: int | N
     grid = rows_grid(min(config.max_num_batched_tokens, settings.get("max_rows", 1 << 30)))
     repeats, dtype = settings["repeats"], runner.dtype
     with torch.inference_mode():
-        prefill, decode = time_attention(runner, layer, settings, config)
+        prefill, decode = time_attention(runner, layers, settings, config)
         hidden = runner.model.norm.weight.shape[0]
-        tables = {"rows": grid, "linears": time_linears(layer, hidden, grid, dtype, repeats),
+        tables = {"rows": grid, "linears": time_linears(layers, hidden, grid, dtype, repeats),
                   "lm_head": time_lm_head(runner.model, hidden, grid, dtype, repeats),
                   "sampler": time_sampler(runner.sampler, grid, repeats),
                   "prefill_attention": prefill, "decode_attention": decode,
