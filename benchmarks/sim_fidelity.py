@@ -2,12 +2,14 @@
 and per request.
 
     python benchmarks/sim_fidelity.py [--model ../shared/models/stories260K] [--threads 1]
-        [--profile PATH] [--workloads seed-low seed-medium seed-high azure mooncake]
+        [--profile PATH | --operators] [--workloads seed-low seed-medium seed-high azure mooncake]
         [--policies fcfs sjf lpm]
 
 1. The process is pinned to --threads cores (sched_setaffinity) and runs that many compute
-   threads; a profile is calibrated on this machine (`minivllm sim calibrate`'s code; or
-   --profile).
+   threads; a profile is calibrated on this machine (`minivllm sim calibrate`'s code;
+   --operators: the operator cost model, `sim calibrate --operators`'s code; or --profile:
+   a JSON either wrote, its kind as it says; operator tables must come from this machine
+   at --threads threads).
 2. Each workload (seed-* at CPU scale: length scale = context / 32768; `azure` / `mooncake`:
    a window of the shared Azure code trace / Mooncake trace, rows --trace-start..
    +--trace-rows, arrivals stretched by --azure-time-scale / --mooncake-time-scale, Mooncake's
@@ -18,7 +20,8 @@ and per request.
    configuration and the profile.
 3. First, the cost model's own error on the engine's steps of that replay (each step timed,
    described as the simulator describes it, predicted by the profile): median and p90
-   absolute percentage error. Then per request (the same request in both): median and p90
+   absolute percentage error, over all steps and per step kind (decode-only, prefill-only,
+   mixed). Then per request (the same request in both): median and p90
    absolute percentage error of TTFT, TPOT and E2E; and per bucket the means, engine beside
    simulator, with the error of each bucket's mean.
 
@@ -45,8 +48,11 @@ from minivllm.bench.timing import timed
 from minivllm.bench.traces import build_trace
 from minivllm.core.step_batch import step_batch
 from minivllm.sim.calibrate import calibrate
+from minivllm.sim.operators_calibrate import calibrate_operators
+from minivllm.sim.operators_model import OperatorCostModel
 from minivllm.sim.profile import ProfileCostModel
 from minivllm.sim.simulator import Simulator
+from minivllm.sim.step_kinds import describe, relative_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure-llm-2023-code.csv"
@@ -171,10 +177,28 @@ def make_prompts(trace, vocab_size: int, seed: int) -> list[list[int]]:
     return prompts
 
 
+def load_cost_model(path: str, threads: int):
+    """A profile or operator tables, as the JSON's kind says (operator tables: refused
+    unless measured on this machine at `threads` threads)."""
+    try:
+        kind = json.loads(Path(path).read_text()).get("kind")
+    except (OSError, json.JSONDecodeError, AttributeError) as e:
+        raise SystemExit(f"--profile {path}: cannot read a cost model: {e}") from None
+    try:
+        if kind == "operators":
+            return OperatorCostModel.load(path, num_threads=threads)
+        return ProfileCostModel.load(path)
+    except ValueError as e:
+        raise SystemExit(f"--profile {path}: {e}") from None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=str(ROOT.parent / "shared" / "models" / "stories260K"))
-    p.add_argument("--profile", default=None, help="a profile JSON (default: calibrate now)")
+    p.add_argument("--profile", default=None, help="a profile or operator tables JSON "
+                   "(default: calibrate now)")
+    p.add_argument("--operators", action="store_true",
+                   help="calibrate the operator cost model now instead of a profile")
     p.add_argument("--workloads", nargs="+", default=["seed-low", "seed-medium", "seed-high",
                                                       "azure", "mooncake"])
     p.add_argument("--policies", nargs="+", default=["fcfs", "sjf", "lpm"])
@@ -195,11 +219,17 @@ def main() -> None:
     from minivllm.config import EngineConfig
     from minivllm.engine.core import EngineCore
 
+    if args.profile and args.operators:
+        raise SystemExit("give --profile or --operators, not both")
     pinning = pin_threads(args.threads)
-    profile = (ProfileCostModel.load(args.profile) if args.profile
-               else calibrate(args.model, num_threads=args.threads))
+    if args.profile:
+        profile = load_cost_model(args.profile, args.threads)
+    else:
+        profile = (calibrate_operators if args.operators else calibrate)(
+            args.model, num_threads=args.threads)
     if args.output and not args.profile:
-        profile.save(Path(args.output).with_suffix(".profile.json"))
+        kind = "operators" if args.operators else "profile"
+        profile.save(Path(args.output).with_suffix(f".{kind}.json"))
     print(f"{pinning}\n{profile.report()}")
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
@@ -224,17 +254,20 @@ def main() -> None:
             sim = Simulator(config, policy, profile).run(trace, prompts)
             simulated = summarize(sim.results, sim.stats.simulated_wall_time_s, trace.buckets)
             step_error = ape((s, profile.step_time(b)) for b, s in steps)
+            by_kind = relative_errors([(b, s, profile.step_time(b)) for b, s in steps])
             requests = per_request_errors(real_results, sim.results)
             rows = bucket_rows(real, simulated)
             doc["runs"][f"{name}/{policy}"] = {
                 "requests": len(trace.entries), "engine_s": real_s,
                 "simulated_s": sim.stats.simulated_wall_time_s, "load_before": load,
-                "step_time_error": step_error, "per_request_error": requests, "rows": rows}
+                "step_time_error": step_error, "step_time_error_by_kind": by_kind,
+                "per_request_error": requests, "rows": rows}
             print(f"\n## {trace.workload}, {policy}: {len(trace.entries)} requests, length "
                   f"scale {trace.length_scale:.4g}; engine {real_s:.1f} s, simulated "
                   f"{sim.stats.simulated_wall_time_s:.1f} s; load average before {load[0]:.2f}")
-            print(f"\nstep time (the profile on the engine's {step_error['n']} steps): median "
-                  f"error {pct(step_error['median'])}, p90 {pct(step_error['p90'])}")
+            print(f"\nstep time ({profile.name} on the engine's {step_error['n']} steps): "
+                  f"median error {pct(step_error['median'])}, p90 {pct(step_error['p90'])}; "
+                  f"median / p90 per step kind: {describe(by_kind)}")
             print("per request (median / p90 absolute error): " + ", ".join(
                 f"{k.upper()} {pct(v['median'])} / {pct(v['p90'])}" for k, v in requests.items())
                   + f" over {requests['ttft']['n']} requests\n")

@@ -7,7 +7,7 @@ own step-time model (core/step_cost.py) share this one vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from minivllm.core.scheduler_output import SchedulerOutput
 
@@ -30,6 +30,14 @@ class StepBatch:
     # LoRA: new tokens of requests that run an adapter, and the distinct adapters
     num_lora_tokens: int = 0
     num_loras: int = 0
+    # Requests whose last token is computed this step, so the LM head and the sampler run
+    # on their row: every decode, and a prefill chunk that ends its prompt (set by
+    # step_batch; 0 in a batch built from the aggregates alone).
+    num_sampled_seqs: int = 0
+    # Each prefill chunk's (new tokens, cached context), for a cost model that prices the
+    # chunks one by one (sim/operators_model.py): the aggregates above cannot tell one chunk
+    # of 200 tokens from two of 100. add() records them.
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -46,6 +54,7 @@ class StepBatch:
             self.num_prefill_tokens += num_new
             self.prefill_attention += num_new * context + num_new * (num_new + 1) // 2
             self.prefill_context += context
+            self.prefill_chunks.append((num_new, context))
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -68,6 +77,8 @@ def step_batch(out: SchedulerOutput, requests: dict, block_size: int) -> StepBat
     for req_id, n in out.num_scheduled_tokens.items():
         request = requests[req_id]
         b.add(n, request.num_computed_tokens)
+        if request.num_computed_tokens + n >= request.num_tokens:
+            b.num_sampled_seqs += 1
         if lora_id := request.core_request.lora_int_id:
             loras.add(lora_id)
             b.num_lora_tokens += n

@@ -25,6 +25,7 @@ import numpy as np
 from minivllm.core.step_batch import StepBatch, step_batch
 from minivllm.sim.profile import ProfileCostModel, features, fit
 from minivllm.sim.roofline import ModelShape
+from minivllm.sim.step_kinds import relative_errors
 
 FULL_GRID = {"prompt_len": (16, 64, 192, 448), "num_seqs": (1, 4, 16, 48), "output_len": 24}
 QUICK_GRID = {"prompt_len": (8, 40), "num_seqs": (1, 6), "output_len": 6}
@@ -69,15 +70,19 @@ def _run_point(core, prompt_len: int, num_seqs: int, output_len: int, rng, tag: 
         step += 1
 
 
-def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None,
-              max_num_batched_tokens: int | None = None,
-              kv_cache_dtype: str = "auto") -> ProfileCostModel:
+def make_core(model: str, num_threads: int | None, max_num_batched_tokens: int | None,
+              kv_cache_dtype: str):
     from minivllm.config import EngineConfig
     from minivllm.engine.core import EngineCore
 
-    core = EngineCore(EngineConfig(model=model, num_threads=num_threads, seed=0,
+    return EngineCore(EngineConfig(model=model, num_threads=num_threads, seed=0,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    kv_cache_dtype=kv_cache_dtype))
+
+
+def timed_steps(core, grid: dict) -> list[tuple[StepBatch, float]]:
+    """The engine's steps over `grid` (after a warm-up run of its first point), each
+    described as the simulator describes it, with its measured seconds."""
     sched = core.scheduler
     batches: list[StepBatch | None] = []
     schedule = sched.schedule
@@ -89,7 +94,6 @@ def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None
         return out
 
     sched.schedule = described_schedule
-    grid = QUICK_GRID if quick else FULL_GRID
     rng = np.random.default_rng(0)
     limit = sched.config.max_model_len - grid["output_len"]
     points = [(min(p, limit), n) for p, n in itertools.product(grid["prompt_len"],
@@ -100,27 +104,46 @@ def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None
     seconds.clear()
     for i, (prompt_len, num_seqs) in enumerate(points):
         _run_point(core, prompt_len, num_seqs, grid["output_len"], rng, f"p{i}", seconds)
-    timed = [(b, s) for b, s in zip(batches, seconds, strict=True) if b is not None]
+    sched.schedule = schedule
+    return [(b, s) for b, s in zip(batches, seconds, strict=True) if b is not None]
+
+
+def engine_description(core, model: str, num_threads: int | None, kv_cache_dtype: str,
+                       grid: dict) -> dict:
+    """The engine the steps were measured on, which becomes the simulator's defaults, and
+    the disk tier's rates on this machine."""
+    sched = core.scheduler
+    dtype = str(core.runner.dtype).removeprefix("torch.")
+    shape = ModelShape.from_config(core.hf_config.to_dict(), model, dtype)
+    disk_read, disk_write = measure_disk(core.runner)
+    return {"model": model, "num_kv_blocks": sched.config.num_blocks,
+            "block_size": sched.config.block_size, "max_model_len": sched.config.max_model_len,
+            "max_num_batched_tokens": sched.config.max_num_batched_tokens,
+            "kv_bytes_per_token": core.runner.block_bytes // sched.config.block_size,
+            "kv_cache_dtype": kv_cache_dtype,
+            "kv_shape": [shape.num_layers, shape.num_kv_heads, shape.head_dim,
+                         shape.dtype_bytes],
+            "disk_read_bandwidth": disk_read, "disk_write_bandwidth": disk_write,
+            "dtype": dtype, "num_threads": num_threads, "grid": grid,
+            "pads_rows": bool(core.runner.pad_rows),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None,
+              max_num_batched_tokens: int | None = None,
+              kv_cache_dtype: str = "auto") -> ProfileCostModel:
+    core = make_core(model, num_threads, max_num_batched_tokens, kv_cache_dtype)
+    grid = QUICK_GRID if quick else FULL_GRID
+    timed = timed_steps(core, grid)
     pads_rows = bool(core.runner.pad_rows)
     coefficients = fit([b for b, _ in timed], [s for _, s in timed], pads_rows)
     predicted = np.asarray([np.dot(features(b, pads_rows), [coefficients[k] for k in coefficients])
                             for b, _ in timed])
     actual = np.asarray([s for _, s in timed])
     rel = np.abs(predicted - actual) / actual
-    dtype = str(core.runner.dtype).removeprefix("torch.")
-    shape = ModelShape.from_config(core.hf_config.to_dict(), model, dtype)
-    disk_read, disk_write = measure_disk(core.runner)
-    engine = {"model": model, "num_kv_blocks": sched.config.num_blocks,
-              "block_size": sched.config.block_size, "max_model_len": sched.config.max_model_len,
-              "max_num_batched_tokens": sched.config.max_num_batched_tokens,
-              "kv_bytes_per_token": core.runner.block_bytes // sched.config.block_size,
-              "kv_cache_dtype": kv_cache_dtype,
-              "kv_shape": [shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                           shape.dtype_bytes],
-              "disk_read_bandwidth": disk_read, "disk_write_bandwidth": disk_write,
-              "dtype": dtype,
-              "num_threads": num_threads, "grid": grid, "pads_rows": pads_rows,
-              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    engine = engine_description(core, model, num_threads, kv_cache_dtype, grid)
     fit_error = {"num_steps": len(timed), "mean": float(rel.mean()),
-                 "p90": float(np.percentile(rel, 90))}
+                 "p90": float(np.percentile(rel, 90)),
+                 "by_kind": relative_errors([(b, s, float(p)) for (b, s), p
+                                             in zip(timed, predicted, strict=True)])}
     return ProfileCostModel(coefficients, engine, fit_error, f"profile:{model}")

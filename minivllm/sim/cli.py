@@ -36,9 +36,14 @@ def add_parser(subparsers) -> None:
     add_sim_args(pol, "length", skip=("scheduling_policy", "length_predictor"))
     pol.set_defaults(func=run_policies)
     plan_cli.add_parser(sub)
-    cal = sub.add_parser("calibrate", help="time the real engine's steps and fit a profile")
+    cal = sub.add_parser("calibrate", help="time the real engine's steps and fit a profile "
+                                           "(--operators: time each of its operators)")
     cal.add_argument("--model", required=True, help="model directory (or minivllm-demo)")
-    cal.add_argument("--output", default="results/sim/profile.json")
+    cal.add_argument("--operators", action="store_true",
+                     help="time each operator the engine runs and write the operator cost "
+                          "model (--cost-model operators:PATH) instead of a profile")
+    cal.add_argument("--output", default=None, help="the JSON to write (default: "
+                     "results/sim/profile.json, with --operators results/sim/operators.json)")
     cal.add_argument("--quick", action="store_true", help="a small grid (for tests)")
     cal.add_argument("--num-threads", type=int, default=None, help="torch threads")
     cal.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -146,12 +151,16 @@ def run_policies(args) -> int:
 
 
 def run_calibrate(args) -> int:
-    from minivllm.sim.calibrate import calibrate
-
-    profile = calibrate(args.model, quick=args.quick, num_threads=args.num_threads,
-                        max_num_batched_tokens=args.max_num_batched_tokens,
-                        kv_cache_dtype=args.kv_cache_dtype)
-    profile.save(args.output)
-    print(profile.report())
-    print(f"profile written to {args.output} (use --cost-model profile:{args.output})")
+    if args.operators:
+        from minivllm.sim.operators_calibrate import calibrate_operators as calibrate
+    else:
+        from minivllm.sim.calibrate import calibrate
+    kind = "operators" if args.operators else "profile"
+    output = args.output or f"results/sim/{kind}.json"
+    model = calibrate(args.model, quick=args.quick, num_threads=args.num_threads,
+                      max_num_batched_tokens=args.max_num_batched_tokens,
+                      kv_cache_dtype=args.kv_cache_dtype)
+    model.save(output)
+    print(model.report())
+    print(f"{kind} written to {output} (use --cost-model {kind}:{output})")
     return 0

@@ -32,7 +32,8 @@ DEFAULT_COST_MODEL = "roofline:rtx4090-qwen2.5-7b"
 
 def add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple = ()) -> None:
     p.add_argument("--cost-model", default=None,
-                   help=f"roofline:PRESET or profile:PATH (default: {DEFAULT_COST_MODEL})")
+                   help=f"roofline:PRESET, profile:PATH or operators:PATH (default: "
+                        f"{DEFAULT_COST_MODEL})")
     p.add_argument("--preset", default=None, help="shorthand for --cost-model roofline:PRESET "
                    "(rtx4090-qwen2.5-7b, a100-80g, h100-80g, cpu)")
     p.add_argument("--model-config", default=None,

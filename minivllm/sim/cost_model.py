@@ -5,8 +5,9 @@ SchedulerOutput the scheduler emits, before the step's tokens are counted as com
 `minivllm sim calibrate` describes the real engine's steps with the same function, so a
 fitted profile and the simulator see one vocabulary.
 
-Cost models: `roofline:PRESET` (sim/roofline.py) and `profile:PATH` (sim/profile.py). Both
-add the disk tier's transfers (`disk_time`) to what they price.
+Cost models: `roofline:PRESET` (sim/roofline.py), `profile:PATH` (sim/profile.py) and
+`operators:PATH` (sim/operators_model.py). All add the disk tier's transfers (`disk_time`) to
+what they price.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import numpy as np
 from minivllm.core.step_batch import StepBatch, padded_rows
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.kv_bytes import kv_bytes_per_token
+from minivllm.sim.step_kinds import describe
 
 FEATURES = ("step", "num_prefill_seqs", "num_prefill_tokens", "prefill_attention",
             "num_decode_seqs", "decode_context", "num_swap_tokens", "num_pad_tokens")
@@ -142,6 +143,9 @@ class ProfileCostModel(CostModel):
         err = self.fit_error
         return (f"profile of {self.engine.get('model')}: {terms} (per unit); fit over "
                 f"{err.get('num_steps')} steps: mean relative error {err.get('mean', 0):.1%}, "
-                f"p90 {err.get('p90', 0):.1%}; disk tier read "
+                f"p90 {err.get('p90', 0):.1%}"
+                + (f" (median / p90 per step kind: {describe(err['by_kind'])})"
+                   if "by_kind" in err else "")
+                + f"; disk tier read "
                 f"{self.disk_read_bandwidth / 1e9:.3g} GB/s, written "
                 f"{self.disk_write_bandwidth / 1e9:.3g} GB/s")

@@ -161,7 +161,7 @@ def test_sim_policies_cli_writes_the_bench_reports(tmp_path):
 def test_sim_rejects_a_bad_cost_model(tmp_path, capsys):
     from minivllm.cli import main
 
-    for flags, match in ((["--cost-model", "magic"], "roofline:PRESET or profile:PATH"),
+    for flags, match in ((["--cost-model", "magic"], "roofline:PRESET, profile:PATH or operators:PATH"),
                          (["--preset", "tpu"], "unknown roofline preset"),
                          (["--cost-model", f"profile:{tmp_path}/none.json"], "cannot read")):
         assert main(["sim", "serve", *flags, "--output", str(tmp_path)]) == 2

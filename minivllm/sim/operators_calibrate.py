@@ -1,0 +1,245 @@
+"""`minivllm sim calibrate --operators --model DIR`: time each operator the engine runs, with
+the engine's own modules, kernels and threads, in this process, and write the operator cost
+model's tables (sim/operators_model.py).
+
+The model is loaded through EngineCore, as `sim calibrate` does; then, on a grid:
+- the decoder layers' linears (q/k/v, o_proj, gate/up, down) and the LM head, at each row
+  count of the grid (oneDNN buckets: the runner pads a step's rows to them);
+- the paged attention entry point of every layer over the engine's KV cache, with metadata
+  built as the runner builds it: one prefill chunk of n new tokens after c cached ones, and
+  b decodes each reading c tokens (their blocks distinct while the cache has enough, so that
+  a long decode batch reads memory, not a cached block);
+The layers' operators are timed in sweeps over all layers, as a forward runs them (its
+weights and KV streamed from memory, not one layer's left in the cache), per layer.
+- the sampler (greedy rows, as calibrate's and the fidelity benchmark's requests) by rows;
+- a swap copy of a few blocks to the host pool, per token slot.
+Each is the median of a few calls after one warm-up call. Then the framework overhead: the
+real engine runs calibrate's quick grid, and what the tables do not explain of each step
+is fitted as c_step + c_seq x sequences + c_token x tokens (non-negative).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from minivllm.core.step_batch import padded_rows
+from minivllm.sim.calibrate import (
+    QUICK_GRID,
+    engine_description,
+    make_core,
+    timed_steps,
+)
+from minivllm.sim.operators_model import LINEARS, OVERHEAD_TERMS, OperatorCostModel
+from minivllm.sim.operators_model import machine_identity as cpu_identity
+from minivllm.sim.step_kinds import relative_errors
+
+FULL = {"contexts": (0, 64, 256, 1024, 4096), "query_tokens": (2, 8, 32, 128, 512, 2048),
+        "decode_batch": (1, 2, 4, 8, 16, 32, 64, 128, 256), "repeats": 7}
+QUICK = {"contexts": (0, 64, 256), "query_tokens": (2, 16, 64),
+         "decode_batch": (1, 4, 16), "repeats": 3, "max_rows": 64}
+SWAP_PROBE_BLOCKS = 8
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: allocations, oneDNN primitives, caches
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def rows_grid(max_rows: int) -> list[int]:
+    """1, 2, 4, ... up to the padded max_rows, which ends the grid (all oneDNN buckets)."""
+    top = padded_rows(max_rows)
+    rows = [r for r in (1 << i for i in range(top.bit_length())) if r < top]
+    return [*rows, top]
+
+
+def _linears(layer) -> dict:
+    return {"qkv": layer.self_attn.qkv, "o_proj": layer.o_proj, "gate_up": layer.mlp.gate_up,
+            "down": layer.mlp.down}
+
+
+def time_linears(layers, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
+    """Each linear's seconds a layer at each row count. Each timing is a sweep over every
+    layer's linears in forward order, each call timed, averaged over the layers: a forward
+    streams every layer's weights, where calling one linear again would find its weights
+    in the cache (for a decode, several times faster). K from the layer's shape (a packed
+    or quantized weight does not tell it), N from what the linear returns."""
+    import torch
+
+    attn = layers[0].self_attn
+    first = _linears(layers[0])
+    widths = {"qkv": hidden, "o_proj": attn.num_heads * attn.head_dim, "gate_up": hidden}
+    outs = {name: first[name](torch.zeros(1, widths[name], dtype=dtype)).shape[-1]
+            for name in ("qkv", "o_proj", "gate_up")}
+    widths["down"] = outs["gate_up"] // 2  # down reads act(gate) * up
+    outs["down"] = first["down"](torch.zeros(1, widths["down"], dtype=dtype)).shape[-1]
+    modules = [_linears(layer) for layer in layers]
+    seconds: dict[str, list[float]] = {name: [] for name in LINEARS}
+    for rows in grid:
+        inputs = {name: torch.randn(rows, widths[name], dtype=dtype) for name in LINEARS}
+        sweeps = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            totals = dict.fromkeys(LINEARS, 0.0)
+            for layer in modules:
+                for name in LINEARS:
+                    t0 = time.perf_counter()
+                    layer[name](inputs[name])
+                    totals[name] += time.perf_counter() - t0
+            sweeps.append(totals)
+        for name in LINEARS:
+            seconds[name].append(statistics.median(s[name] for s in sweeps[1:]) / len(layers))
+    return {name: {"k": widths[name], "n": outs[name], "weight": type(first[name]).__name__,
+                   "seconds": seconds[name]} for name in LINEARS}
+
+
+def _metadata(runner, query_tokens: list[int], contexts: list[int], num_decodes: int):
+    """AttentionMetadata of requests with these new tokens after these cached ones, each on
+    its own blocks (wrapping around the cache where it has too few)."""
+    import torch
+
+    from minivllm.model.attention import AttentionMetadata
+
+    bs = runner.block_size
+    seq_lens = [q + c for q, c in zip(query_tokens, contexts, strict=True)]
+    width = max(-(-s // bs) for s in seq_lens)
+    table = torch.arange(len(seq_lens) * width).view(len(seq_lens), width) % runner.num_blocks
+    loc = torch.tensor([0, *np.cumsum(query_tokens).tolist()])
+    slots = torch.cat([table[i, (c + torch.arange(q)) // bs] * bs + (c + torch.arange(q)) % bs
+                       for i, (q, c) in enumerate(zip(query_tokens, contexts, strict=True))])
+    return AttentionMetadata(slot_mapping=slots, block_table=table,
+                             seq_lens=torch.tensor(seq_lens), query_start_loc=loc,
+                             num_decodes=num_decodes, num_tokens=int(loc[-1]), block_size=bs,
+                             use_kernel=runner.use_kernels)
+
+
+def time_attention(runner, layers, settings: dict, config) -> tuple[dict, dict]:
+    """(prefill table by query tokens x context, decode table by batch x context), at the
+    points the scheduler's limits reach: seconds a layer, each timing a sweep over every
+    layer's attention (its own KV cache, window and softcap), as a forward runs them."""
+    import torch
+
+    from minivllm.model.attention import paged_attention
+
+    attns = [layer.self_attn for layer in layers]
+    caches = [(runner.k_cache[i], runner.v_cache[i]) for i in range(len(layers))]
+
+    def sweep(q, meta):
+        for attn, (k_cache, v_cache) in zip(attns, caches, strict=True):
+            paged_attention(q, k_cache, v_cache, meta, attn.scale, attn.window, attn.softcap)
+
+    def seconds(query_tokens: list[int], contexts: list[int], num_decodes: int) -> float:
+        q = torch.randn(sum(query_tokens), attns[0].num_heads, attns[0].head_dim,
+                        dtype=runner.dtype)
+        meta = _metadata(runner, query_tokens, contexts, num_decodes)
+        return median_seconds(lambda: sweep(q, meta), settings["repeats"]) / len(layers)
+
+    max_len = config.max_model_len
+    contexts = [c for c in settings["contexts"] if c < max_len]
+    query_tokens = [n for n in settings["query_tokens"]
+                    if n <= min(max_len, config.max_num_batched_tokens)]
+    batches = [b for b in settings["decode_batch"] if b <= config.max_num_seqs]
+    prefill = [[seconds([n], [c], 0) for c in contexts] for n in query_tokens]
+    decode_contexts = [max(c, 1) for c in contexts]
+    decode = [[seconds([1] * b, [c - 1] * b, b) for c in decode_contexts] for b in batches]
+    return ({"query_tokens": query_tokens, "context": contexts, "seconds": prefill},
+            {"batch": batches, "context": decode_contexts, "seconds": decode})
+
+
+def time_lm_head(model, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
+    import torch
+
+    seconds = [median_seconds(lambda h=torch.randn(r, hidden, dtype=dtype):
+                              model.compute_logits(h), repeats) for r in grid]
+    return {"k": hidden, "seconds": seconds}
+
+
+def time_sampler(sampler, grid: list[int], repeats: int) -> dict:
+    """Greedy rows, each a request the sampler holds for the timing."""
+    import torch
+
+    from minivllm.sampling_params import SamplingParams
+
+    ids = [f"calibrate-{i}" for i in range(max(grid))]
+    for req_id in ids:
+        sampler.add_request(req_id, SamplingParams(temperature=0), [1], [], [], 0)
+    seconds = [median_seconds(lambda r=r, x=torch.randn(r, sampler.vocab_size):
+                              sampler.sample(x, ids[:r]), repeats) for r in grid]
+    for req_id in ids:
+        sampler.remove_request(req_id)
+    return {"rows": grid, "seconds": seconds}
+
+
+def time_swap(runner, repeats: int) -> float:
+    """Seconds per token slot of a device-to-host block copy (0: no host pool)."""
+    n = min(SWAP_PROBE_BLOCKS, runner.num_swap_blocks, runner.num_blocks)
+    if not n:
+        return 0.0
+    mapping = [(i, i) for i in range(n)]
+    device, host = (runner.k_cache, runner.v_cache), (runner.k_host, runner.v_host)
+    return median_seconds(lambda: runner._copy(mapping, device, host),
+                          repeats) / (n * runner.block_size)
+
+
+def fit_overhead(model: OperatorCostModel, steps: list) -> dict[str, float]:
+    """c_step, c_seq, c_token >= 0 fitted to each step's measured - operators' seconds,
+    least squares on relative error (a term that fits negative is dropped, the fit redone)."""
+    x = np.asarray([[1.0, b.num_prefill_seqs + b.num_decode_seqs, b.num_tokens]
+                    for b, _ in steps])
+    y = np.asarray([s for _, s in steps])
+    residual = y - np.asarray([model.operators_time(b) for b, _ in steps])
+    weight = 1.0 / y
+    active = list(range(len(OVERHEAD_TERMS)))
+    while active:
+        coef, *_ = np.linalg.lstsq(x[:, active] * weight[:, None], residual * weight,
+                                   rcond=None)
+        negative = [j for j, c in zip(active, coef, strict=True) if c < 0]
+        if not negative:
+            break
+        active.remove(negative[0])
+    out = dict.fromkeys(OVERHEAD_TERMS, 0.0)
+    out.update({OVERHEAD_TERMS[j]: float(c) for j, c in zip(active, coef, strict=True)})
+    return out
+
+
+def calibrate_operators(model: str, *, quick: bool = False, num_threads: int | None = None,
+                        max_num_batched_tokens: int | None = None,
+                        kv_cache_dtype: str = "auto") -> OperatorCostModel:
+    import torch
+
+    core = make_core(model, num_threads, max_num_batched_tokens, kv_cache_dtype)
+    runner, config = core.runner, core.scheduler.config
+    layers = runner.model.layers
+    if not all(hasattr(layer.mlp, "gate_up") for layer in layers):
+        raise ValueError(f"{model}: a mixture-of-experts MLP; the operator cost model times "
+                         "dense layers (use the profile cost model: sim calibrate without "
+                         "--operators)")
+    settings = QUICK if quick else FULL
+    grid = rows_grid(min(config.max_num_batched_tokens, settings.get("max_rows", 1 << 30)))
+    repeats, dtype = settings["repeats"], runner.dtype
+    with torch.inference_mode():
+        prefill, decode = time_attention(runner, layers, settings, config)
+        hidden = runner.model.norm.weight.shape[0]
+        tables = {"rows": grid, "linears": time_linears(layers, hidden, grid, dtype, repeats),
+                  "lm_head": time_lm_head(runner.model, hidden, grid, dtype, repeats),
+                  "sampler": time_sampler(runner.sampler, grid, repeats),
+                  "prefill_attention": prefill, "decode_attention": decode,
+                  "swap_seconds_per_token": time_swap(runner, repeats)}
+    machine = {**cpu_identity(), "num_threads": torch.get_num_threads(),
+               "dtype": str(dtype).removeprefix("torch."),
+               "quantization": core.config.model_config.quantization,
+               "kv_cache_dtype": kv_cache_dtype}
+    engine = {**engine_description(core, model, num_threads, kv_cache_dtype, QUICK_GRID),
+              "num_layers": len(runner.model.layers)}
+    cost = OperatorCostModel(tables, dict.fromkeys(OVERHEAD_TERMS, 0.0), machine, engine,
+                             source=f"operators:{model}")
+    steps = timed_steps(core, QUICK_GRID)
+    cost.overhead = fit_overhead(cost, steps)
+    cost.fit_error = relative_errors([(b, s, cost.step_time(b)) for b, s in steps])
+    return cost

@@ -1,0 +1,168 @@
+"""The operator cost model (sim/operators_model.py) and its calibration
+(sim/operators_calibrate.py): interpolation, a step priced as the sum of its operators, the
+JSON round trip and the refusal of another machine, and a quick calibration on a tiny model
+that the simulator then runs with."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from minivllm.core.step_batch import StepBatch, step_batch
+from minivllm.sim.cost_model_spec import load_cost_model
+from minivllm.sim.operators_model import (
+    LINEARS,
+    OperatorCostModel,
+    interpolate,
+    interpolate_2d,
+    machine_identity,
+)
+from minivllm.sim.step_kinds import relative_errors, step_kind
+
+
+def synthetic(pads_rows: bool = False, rows=(1, 2, 4), linear=(1.0, 2.0, 4.0)) -> OperatorCostModel:
+    tables = {
+        "rows": list(rows),
+        "linears": {name: {"k": 8, "n": 8, "weight": "Linear", "seconds": list(linear)}
+                    for name in LINEARS},
+        "lm_head": {"k": 8, "seconds": [10.0, 20.0, 40.0]},
+        "sampler": {"rows": [1, 2, 4], "seconds": [1.0, 1.5, 2.5]},
+        "prefill_attention": {"query_tokens": [2, 4], "context": [0, 8],
+                              "seconds": [[1.0, 3.0], [2.0, 6.0]]},
+        "decode_attention": {"batch": [1, 2], "context": [1, 9],
+                             "seconds": [[1.0, 2.0], [3.0, 5.0]]},
+        "swap_seconds_per_token": 0.5,
+    }
+    machine = {**machine_identity(), "num_threads": 1, "dtype": "float32",
+               "quantization": None, "kv_cache_dtype": "auto"}
+    engine = {"num_layers": 2, "pads_rows": pads_rows, "num_kv_blocks": 100, "block_size": 16,
+              "max_model_len": 256, "kv_bytes_per_token": 64, "model": "synthetic"}
+    return OperatorCostModel(tables, {"step": 100.0, "seq": 10.0, "token": 1.0}, machine,
+                             engine)
+
+
+def test_interpolation_is_piecewise_linear_and_extends_the_end_segments():
+    xs, ys = [1, 2, 4], [1.0, 2.0, 6.0]
+    assert [interpolate(x, xs, ys) for x in xs] == ys
+    assert interpolate(3, xs, ys) == pytest.approx(4.0)
+    assert interpolate(8, xs, ys) == pytest.approx(14.0)  # slope 2 beyond the grid
+    assert interpolate(0, [1, 2], [1.0, 3.0]) == 0.0  # extended below 0: clamped
+    assert interpolate(5, [4], [7.0]) == 7.0
+    table = [[1.0, 3.0], [2.0, 6.0]]  # at x 2, 4 and y 0, 8
+    assert interpolate_2d(3, 4, [2, 4], [0, 8], table) == pytest.approx(3.0)
+    assert interpolate_2d(4, 8, [2, 4], [0, 8], table) == pytest.approx(6.0)
+
+
+def test_a_step_costs_the_sum_of_its_operators():
+    b = StepBatch(num_swap_tokens=16, num_sampled_seqs=2)
+    b.add(2, 4)  # a prefill chunk of 2 after 4 cached tokens (it ends its prompt)
+    b.add(1, 4)  # a decode reading 5 tokens
+    assert b.prefill_chunks == [(2, 4)]
+    cost = synthetic()
+    # per layer: four linears at 3 rows (3 each) + prefill (2, 4) 2 + decode (1, 5) 1.5
+    # LM head at 2 rows 20, sampler 1.5, swap 16 x 0.5, overhead 100 + 2 x 10 + 3 x 1
+    assert cost.step_time(b) == pytest.approx(2 * (12 + 2 + 1.5) + 20 + 1.5 + 8 + 123)
+    # Without chunk detail, the prefill tokens are spread evenly over the chunks.
+    aggregate = StepBatch(num_prefill_seqs=2, num_prefill_tokens=8, prefill_context=0)
+    assert cost.attention_time(aggregate) == pytest.approx(2 * 2.0)
+    # No sampled rows, no LM head nor sampler.
+    assert cost.sampling_time(StepBatch(num_prefill_seqs=1, num_prefill_tokens=4)) == 0
+
+
+def test_linears_are_priced_at_the_padded_rows_where_the_engine_pads():
+    rows = (16, 32, 64)
+    padded = synthetic(pads_rows=True, rows=rows, linear=rows)
+    exact = synthetic(pads_rows=False, rows=rows, linear=rows)
+    assert padded.linears_time(20) == pytest.approx(4 * 32)
+    assert exact.linears_time(20) == pytest.approx(4 * 20)
+
+
+def test_operator_tables_round_trip_and_refuse_another_machine(tmp_path):
+    path = tmp_path / "operators.json"
+    cost = synthetic()
+    cost.save(path)
+    loaded = OperatorCostModel.load(path, num_threads=1, kv_cache_dtype="auto")
+    b = StepBatch(num_decode_seqs=2, decode_context=10, num_sampled_seqs=2)
+    assert loaded.step_time(b) == pytest.approx(cost.step_time(b))
+    assert loaded.name == f"operators:{path}"
+    assert loaded.num_kv_blocks(16) == 100 and loaded.max_model_len() == 256
+    with pytest.raises(ValueError, match=r"num_threads 1 \(here 4\)"):
+        OperatorCostModel.load(path, num_threads=4)
+    with pytest.raises(ValueError, match="kv_cache_dtype 'auto'"):
+        load_cost_model(f"operators:{path}", kv_cache_dtype="int8")
+    doc = json.loads(path.read_text())
+    doc["machine"]["cpu"] = "Another CPU, family 25 (avx2)"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="cpu 'Another CPU"):
+        OperatorCostModel.load(path)
+    del doc["overhead"]["seq"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="without overhead.seq"):
+        OperatorCostModel.load(path)
+    path.write_text(json.dumps({"kind": "profile"}))
+    with pytest.raises(ValueError, match="not operator tables"):
+        OperatorCostModel.load(path)
+
+
+def test_step_batch_counts_the_sampled_rows():
+    def request(computed, total):
+        return SimpleNamespace(num_computed_tokens=computed, num_tokens=total,
+                               core_request=SimpleNamespace(lora_int_id=0))
+
+    out = SimpleNamespace(num_scheduled_tokens={"a": 8, "b": 8, "c": 1}, swap_in=[],
+                          swap_out=[])
+    # a: a middle chunk of a 32-token prompt; b: its last chunk; c: a decode
+    b = step_batch(out, {"a": request(8, 32), "b": request(24, 32), "c": request(40, 41)}, 16)
+    assert b.num_sampled_seqs == 2
+    assert b.prefill_chunks == [(8, 8), (8, 24)]
+
+
+def test_errors_are_reported_per_step_kind():
+    decode = StepBatch(num_decode_seqs=2)
+    prefill = StepBatch(num_prefill_seqs=1, num_prefill_tokens=8)
+    mixed = StepBatch(num_prefill_seqs=1, num_prefill_tokens=8, num_decode_seqs=1)
+    assert [step_kind(b) for b in (decode, prefill, mixed)] == [
+        "decode-only", "prefill-only", "mixed"]
+    errors = relative_errors([(decode, 1.0, 1.1), (decode, 1.0, 1.3), (prefill, 2.0, 1.0)])
+    assert set(errors) == {"all", "decode-only", "prefill-only"}
+    assert errors["decode-only"]["median"] == pytest.approx(0.2)
+    assert errors["prefill-only"] == {"n": 1, "median": 0.5, "p90": 0.5}
+
+
+def test_the_overhead_fit_recovers_a_known_overhead():
+    from minivllm.sim.operators_calibrate import fit_overhead
+
+    cost = synthetic()
+    true = {"step": 50.0, "seq": 4.0, "token": 0.5}
+    steps = []
+    for seqs, tokens in ((1, 1), (4, 4), (2, 40), (8, 8), (3, 100)):
+        b = StepBatch(num_prefill_seqs=1, num_prefill_tokens=tokens - seqs + 1,
+                      num_decode_seqs=seqs - 1, decode_context=5 * (seqs - 1))
+        steps.append((b, cost.operators_time(b) + true["step"] + true["seq"] * seqs
+                      + true["token"] * tokens))
+    assert fit_overhead(cost, steps) == pytest.approx(true)
+
+
+def test_calibrate_operators_writes_tables_the_simulator_runs_with(tiny_llama, tmp_path):
+    from minivllm.cli import main
+
+    path = tmp_path / "operators.json"
+    assert main(["sim", "calibrate", "--operators", "--model", str(tiny_llama), "--quick",
+                 "--num-threads", "1", "--output", str(path)]) == 0
+    cost = OperatorCostModel.load(path, num_threads=1)
+    tables = cost.tables
+    assert tables["rows"][0] == 1 and len(tables["linears"]["qkv"]["seconds"]) == len(
+        tables["rows"])
+    assert all(s > 0 for name in LINEARS for s in tables["linears"][name]["seconds"])
+    assert all(s > 0 for row in tables["decode_attention"]["seconds"] for s in row)
+    assert cost.engine["num_layers"] >= 1 and cost.machine["num_threads"] == 1
+    assert cost.fit_error["all"]["n"] > 20 and "decode-only" in cost.fit_error
+    decode = StepBatch(num_decode_seqs=4, decode_context=100, num_sampled_seqs=4)
+    assert cost.step_time(decode) > cost.operators_time(decode) > 0
+    assert main(["sim", "serve", "--cost-model", f"operators:{path}", "--workload", "seed-low",
+                 "--num-prompts", "6", "--output", str(tmp_path / "run"), "--disable-tqdm"]) == 0
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["meta"]["simulated"] == f"simulated, operators:{path}"
+    assert run["meta"]["scheduler"]["num_blocks"] == cost.engine["num_kv_blocks"]
