@@ -114,6 +114,7 @@ class DiskKVStore:
         self._prefetched: OrderedDict[bytes, bytearray] = OrderedDict()
         self._prefetch_limit = max(1, prefetch_bytes // self.block_bytes)
         self._staged: dict[bytes, bytearray] = {}  # checked payloads for this step's loads
+        self._closed = False  # (the engine's alone, as _staged)
         self.bytes_read = self.bytes_written = self.evictions = self.corrupt = 0
         self._scan()
         self._writer = BackgroundWorker("kv-disk-writer", self._write_file,
@@ -210,6 +211,8 @@ class DiskKVStore:
         order) that are here, for a later stage: up to the first that is not (the stage
         stops there too), as long as the prefetch room lasts (the oldest prefetched
         payloads, never staged, give theirs up)."""
+        if self._closed:
+            return
         chain = _Chain()
         with self._lock:
             for key in keys:
@@ -288,8 +291,10 @@ class DiskKVStore:
                 self.index[key] = size
                 self.used += size
                 self._pending[key] = payload
-            # unlocked: a full queue waits for the writer, which takes the lock
-            self._writer.submit((key, payload), wait=True)
+            if self._closed:  # a second shutdown: written here and now
+                self._write_file((key, payload))
+            else:  # unlocked: a full queue waits for the writer, which takes the lock
+                self._writer.submit((key, payload), wait=True)
 
     def _write_file(self, job: tuple[bytes, bytearray]) -> None:
         """The writer: checksum and write a block to a temporary file, then rename it into
@@ -337,7 +342,8 @@ class DiskKVStore:
 
     def close(self) -> None:
         """Finish the queued writes (a stopped engine has written everything), drop the
-        queued prefetches, and stop both threads."""
+        queued prefetches, and stop both threads; later writes are written at once."""
+        self._closed = True
         with self._lock:
             self._queued.clear()
         self._prefetcher.close()
