@@ -95,7 +95,8 @@ class DiskKVStore:
                              f"{e.strerror or e}") from None
         # Thread safety: the engine's thread (scheduler and runner) calls the public
         # methods; the writer and the prefetcher run the jobs they queue. Every field below
-        # but _staged (the engine's alone) is read and changed under _lock, and so are the
+        # but _staged and _closed (the engine's alone) is changed under _lock (the counters
+        # are read unlocked by the stats: an int a step old at worst), and so are the
         # rename that puts a written file in place and the unlink that drops a key, so a
         # drop and a write's completion cannot interleave. File reads, writes and checksums
         # run outside it. A key leaves the index only under the lock, by the engine's
@@ -114,7 +115,7 @@ class DiskKVStore:
         self._prefetched: OrderedDict[bytes, bytearray] = OrderedDict()
         self._prefetch_limit = max(1, prefetch_bytes // self.block_bytes)
         self._staged: dict[bytes, bytearray] = {}  # checked payloads for this step's loads
-        self._closed = False  # (the engine's alone, as _staged)
+        self._closed = False
         self.bytes_read = self.bytes_written = self.evictions = self.corrupt = 0
         self._scan()
         self._writer = BackgroundWorker("kv-disk-writer", self._write_file,
