@@ -5,7 +5,8 @@ Pure Python: it hands out block ids; the model side owns the tensors they index.
 
 With a disk tier (--kv-offloading-backend disk: model/kv_disk.py, attached by the engine), a
 cached block evicted here is written to disk first, and a prefix that misses memory but
-hits disk is loaded back into free blocks (load_from_disk) instead of recomputed.
+hits disk is loaded back into free blocks (load_from_disk) instead of recomputed; a
+request's disk blocks are prefetched while it waits (prefetch_from_disk).
 
 Block mappings and the order the model side applies them in (ModelRunner.copy_blocks):
 swap-outs, then copy-on-write copies (all at once: every source is read before any
@@ -201,6 +202,17 @@ class KVCacheManager:
     def disk_keys(self, request: Request) -> list[bytes]:
         """The stable keys of the request's full blocks, each computed once."""
         return extend_disk_keys(request.disk_keys, request, self.block_size)
+
+    def prefetch_from_disk(self, request: Request) -> None:
+        """A request starts waiting: the disk tier may read and check, in the background,
+        its blocks past those memory holds now (by hashes alone: a hint), so that
+        load_from_disk finds them checked when the request is admitted."""
+        if self.disk is None or request.num_computed_tokens or not self.enable_prefix_caching:
+            return
+        limit, hashes = self._max_hit_blocks(request), self.block_hashes(request)
+        start = next((i for i in range(limit) if hashes[i] not in self.cached), limit)
+        if start < limit:
+            self.disk.prefetch(self.disk_keys(request)[start:limit])
 
     def load_from_disk(self, request: Request, cached: list[int]) -> int:
         """Past its memory hits `cached`, bring the request's next blocks that the disk tier

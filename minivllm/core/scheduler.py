@@ -135,6 +135,7 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.lora.received(request)
         self.waiting.append(request)
+        self.kv.prefetch_from_disk(request)  # its disk blocks read while it waits
         self.policy.on_arrival(request, self.clock())
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:

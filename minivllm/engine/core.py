@@ -314,9 +314,11 @@ class EngineCore:
     def shutdown(self) -> None:
         """Before the engine stops: the prefix cache's blocks still in memory to the disk
         tier, if any, so that a restart finds every prefix it served (a kill -9 skips this:
-        then only the evicted blocks are there)."""
+        then only the evicted blocks are there); it returns once the tier's writer has
+        written them all."""
         if self.runner.disk is not None:
             self.runner.disk.write(self.scheduler.kv.cached_for_disk())
+            self.runner.disk.close()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups) or bool(self._failed)

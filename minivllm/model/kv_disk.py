@@ -7,28 +7,44 @@ identity under --kv-offloading-path: the model (its path, config and weight file
 and mtimes), the activation and KV dtypes, the quantization, the block size, the shapes of
 the tensors of a block and the format version. Another model, dtype or format looks in
 another folder; the header repeats the identity and the key, and a checksum covers the
-payload, so a file copied, torn or flipped is refused (and deleted), never read as KV.
-Files are written to a temporary name, then renamed into place (atomic). A restarted engine
-rebuilds its index by scanning its folder, least recently used first by mtime.
+payload (model/kv_disk_format.py), so a file copied, torn or flipped is refused (and
+deleted), never read as KV. Files are written to a temporary name, then renamed into place
+(atomic). A restarted engine rebuilds its index by scanning its folder, least recently used
+first by mtime.
+
+The I/O overlaps the steps. An evicted block's bytes are copied out of the cache at once
+(its block is reused in the same step), then checksummed and written by a writer thread
+while the forward runs; the key counts as here from the start, and a stage of it before
+its file is in place is served from the copy. The blocks of a request still waiting are
+read and checked by a prefetch thread (`prefetch`), so that the step that admits it finds
+them checked (`stage`) instead of reading them then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
-import struct
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
+from minivllm.model.background_worker import BackgroundWorker
+from minivllm.model.kv_disk_format import (
+    FORMAT_VERSION,
+    PREFETCH_BYTES,
+    WRITE_QUEUE_BYTES,
+    decode,
+    encode,
+    file_size,
+)
+
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 2: an int8 cache's keys are stored smoothed (key_smoothing.py)
-MAGIC = b"MVKVBLK1"
-_HEAD = struct.Struct("<8sI")  # magic, header length; then the JSON header, the payload
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 
 
@@ -44,14 +60,31 @@ def model_fingerprint(model_path, hf_config) -> str:
     return h.hexdigest()
 
 
+def _remove(path: Path) -> None:
+    """Delete a temporary file if it is there; one that cannot be deleted is left to the
+    next start's scan."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
+class _Chain:
+    """One prefetch call's blocks, a request's in order. The prefetcher stops reading them
+    at the first that fails its check (a stage stops there too), or once a stage takes
+    over one still queued: the stage reads the rest in order itself in the same step. So
+    a bad file is found first by whichever reads the request's blocks in order, and no
+    block past it is read."""
+    stopped = False
+
+
 class DiskKVStore:
     def __init__(self, root: str, capacity_bytes: int, identity: dict,
-                 tensors: tuple[torch.Tensor, ...]) -> None:
+                 tensors: tuple[torch.Tensor, ...], prefetch_bytes: int = PREFETCH_BYTES) -> None:
         """`identity`: what a block's bytes depend on beside its key (see the module's
         docstring); `tensors`: the cache tensors of every layer, [layers, blocks, ...] each
         (model/kv_quant.py's tensors(): a quantized cache's scales too)."""
         self.capacity = capacity_bytes
         self.tensors = tensors
+        self.block_bytes = sum(t[:, 0].numel() * t.element_size() for t in tensors)
         self.identity = {**identity, "format": FORMAT_VERSION, "block": [
             [list(t.shape[:1]) + list(t.shape[2:]), str(t.dtype)] for t in tensors]}
         digest = hashlib.blake2b(json.dumps(self.identity, sort_keys=True).encode(),
@@ -63,17 +96,41 @@ class DiskKVStore:
             raise ValueError(f"kv_offloading_path (--kv-offloading-path) {root!r}: cannot "
                              f"create {self.dir}: "
                              f"{e.strerror or e}") from None
+        # Thread safety: the engine's thread (scheduler and runner) calls the public
+        # methods; the writer and the prefetcher run the jobs they queue. Every field below
+        # but _staged and _closed (the engine's alone) is changed under _lock (the counters
+        # are read unlocked by the stats: an int a step old at worst), and so are the
+        # rename that puts a written file in place and the unlink that drops a key, so a
+        # drop and a write's completion cannot interleave. File reads, writes and checksums
+        # run outside it. A key leaves the index only under the lock, by the engine's
+        # thread (_drop), by the writer (its write failed: a pending key) or by the
+        # prefetcher (its file failed its check: a key whose prefetch is still queued), so
+        # the engine may read a key's file unlocked once it is neither.
+        self._lock = threading.Lock()
         self.index: OrderedDict[bytes, int] = OrderedDict()  # key -> file bytes, LRU first
         self.used = 0
+        self._pending: dict[bytes, bytearray] = {}  # keys being written -> their bytes
+        # Keys queued for the prefetcher -> the prefetch call's chain, their job's ticket (a
+        # stage or a drop of the key takes it back: the job's result is then dropped), and
+        # the payloads it has read and checked, oldest first; together at most
+        # _prefetch_limit blocks.
+        self._queued: dict[bytes, _Chain] = {}
+        self._prefetched: OrderedDict[bytes, bytearray] = OrderedDict()
+        self._prefetch_limit = max(1, prefetch_bytes // self.block_bytes)
         self._staged: dict[bytes, bytearray] = {}  # checked payloads for this step's loads
+        self._closed = False
         self.bytes_read = self.bytes_written = self.evictions = self.corrupt = 0
         self._scan()
+        self._writer = BackgroundWorker("kv-disk-writer", self._write_file,
+                                        max(1, WRITE_QUEUE_BYTES // self.block_bytes))
+        self._prefetcher = BackgroundWorker("kv-disk-prefetch", self._prefetch_file,
+                                            self._prefetch_limit)
 
-    # ---- the index ------------------------------------------------------------------
+    # ---- the index (under _lock) ------------------------------------------------------
 
     def _scan(self) -> None:
         """Index the files a previous run left, oldest first; leftover temporary files
-        (a write cut short) are deleted. Headers are checked when a block is loaded."""
+        (a write cut short) are deleted. Headers are checked when a block is read."""
         entries = []
         for path in self.dir.iterdir():
             if path.suffix == ".tmp":
@@ -84,10 +141,11 @@ class DiskKVStore:
                 except (ValueError, OSError):
                     continue
                 entries.append((stat.st_mtime_ns, key, stat.st_size))
-        for _, key, size in sorted(entries):
-            self.index[key] = size
-            self.used += size
-        self._evict_to(self.capacity)
+        with self._lock:
+            for _, key, size in sorted(entries):
+                self.index[key] = size
+                self.used += size
+            self._evict_to(self.capacity)
         if self.index:
             logger.info("KV disk tier %s: %d blocks (%.1f MiB) from a previous run",
                         self.dir, len(self.index), self.used / (1 << 20))
@@ -96,7 +154,12 @@ class DiskKVStore:
         return self.dir / f"{key.hex()}.kv"
 
     def _drop(self, key: bytes) -> None:
+        """Forget the key and delete its file; a write or prefetch of it still queued is
+        dropped when its turn comes."""
         self.used -= self.index.pop(key)
+        self._pending.pop(key, None)
+        self._queued.pop(key, None)
+        self._prefetched.pop(key, None)
         self._path(key).unlink(missing_ok=True)
 
     def _evict_to(self, limit: int) -> None:
@@ -104,90 +167,199 @@ class DiskKVStore:
             self._drop(next(iter(self.index)))
             self.evictions += 1
 
+    def _refuse(self, key: bytes) -> None:
+        self.corrupt += 1
+        logger.warning("KV disk tier: %s failed its check; deleted (recomputed)",
+                       self._path(key).name)
+        self._drop(key)
+
+    def _touch(self, key: bytes) -> None:
+        self.index.move_to_end(key)
+        if key not in self._pending:  # (a file still to be written gets a new mtime)
+            with contextlib.suppress(OSError):  # deleted by hand: a miss next time
+                os.utime(self._path(key))  # the LRU order a restart rebuilds
+
     # ---- what the KV manager asks ---------------------------------------------------
 
     def stage(self, key: bytes) -> bool:
-        """Whether the block is here and whole: its file is read and checked now (header,
-        length, checksum), and kept for this step's load. A bad file is deleted."""
+        """Whether the block is here and whole, its payload kept for this step's load: the
+        copy of a write still pending, a prefetched payload, or else its file read and
+        checked now (header, length, checksum). A bad file is deleted."""
         if key in self._staged:
             return True
-        if key not in self.index:
-            return False
-        payload = self._read(key)
-        if payload is None:
-            self.corrupt += 1
-            logger.warning("KV disk tier: %s failed its check; deleted (recomputed)",
-                           self._path(key).name)
-            self._drop(key)
-            return False
-        self.index.move_to_end(key)
-        os.utime(self._path(key))  # the LRU order a restart rebuilds
+        with self._lock:
+            if key not in self.index:
+                return False
+            payload = self._pending.get(key)
+            if payload is None:
+                payload = self._prefetched.pop(key, None)
+            chain = self._queued.pop(key, None)  # a prefetch to finish: read it here instead
+            if chain is not None:
+                chain.stopped = True
+            if payload is not None:
+                self._touch(key)
+                self._staged[key] = payload
+                return True
+        payload = self._read(key)  # unlocked: neither pending nor queued, only we drop it
+        with self._lock:
+            if payload is None:
+                self._refuse(key)
+                return False
+            self.bytes_read += self.index[key]
+            self._touch(key)
         self._staged[key] = payload
         return True
+
+    def prefetch(self, keys: list[bytes]) -> None:
+        """Have the prefetcher read and check the blocks of `keys` (a waiting request's, in
+        order) that are here, for a later stage: up to the first that is not (the stage
+        stops there too), as long as the prefetch room lasts (the oldest prefetched
+        payloads, never staged, give theirs up)."""
+        if self._closed:
+            return
+        chain = _Chain()
+        with self._lock:
+            for key in keys:
+                if key not in self.index:
+                    return
+                if key in self._pending or key in self._queued or key in self._staged:
+                    continue
+                if key in self._prefetched:
+                    self._prefetched.move_to_end(key)
+                    continue
+                if len(self._queued) + len(self._prefetched) >= self._prefetch_limit:
+                    if not self._prefetched:
+                        return
+                    self._prefetched.popitem(last=False)
+                self._queued[key] = chain
+                if not self._prefetcher.submit((key, chain), wait=False):
+                    del self._queued[key]
+                    return
 
     def _read(self, key: bytes) -> bytearray | None:
         try:
             data = self._path(key).read_bytes()
-            magic, header_len = _HEAD.unpack_from(data)
-            header = json.loads(data[_HEAD.size:_HEAD.size + header_len])
-        except (OSError, struct.error, ValueError):
+        except OSError:
             return None
-        payload = bytearray(data[_HEAD.size + header_len:])
-        if (magic != MAGIC or header.get("identity") != self.identity
-                or header.get("key") != key.hex() or header.get("bytes") != len(payload)
-                or header.get("blake2b") != hashlib.blake2b(payload, digest_size=16).hexdigest()):
-            return None
-        self.bytes_read += len(data)
-        return payload
+        return decode(data, self.identity, key)
+
+    def _prefetch_file(self, job: tuple[bytes, _Chain]) -> None:
+        """The prefetcher: read and check a key's file (a bad one is deleted, as in stage)."""
+        key, chain = job
+        with self._lock:
+            if self._queued.get(key) is not chain:
+                return  # staged or dropped before its turn
+            if chain.stopped:
+                del self._queued[key]
+                return
+        payload = self._read(key)
+        with self._lock:
+            if self._queued.get(key) is not chain:
+                return  # staged (and read there) or dropped meanwhile
+            del self._queued[key]
+            if payload is None:
+                self._refuse(key)
+                chain.stopped = True
+                return
+            self.bytes_read += self.index[key]
+            self._prefetched[key] = payload
 
     def clear(self) -> int:
         """Delete every block file and the index (POST /reset_prefix_cache?reset_external=
-        true); how many blocks were deleted. The counters stay: they are cumulative."""
-        num = len(self.index)
-        for key in list(self.index):
-            self._drop(key)
+        true); how many blocks were deleted. The counters stay: they are cumulative. Writes
+        and prefetches still queued are dropped when their turn comes (_drop)."""
+        with self._lock:
+            num = len(self.index)
+            for key in list(self.index):
+                self._drop(key)
         self._staged.clear()
         return num
 
     # ---- what the runner does -------------------------------------------------------
 
+    def _views(self, payload: bytearray):
+        """Each cache tensor with a block of it ([layers, ...], its dtype) over the payload."""
+        offset = 0
+        for t in self.tensors:
+            block = t[:, 0]
+            size = block.numel() * block.element_size()
+            yield t, torch.frombuffer(payload, dtype=torch.uint8, count=size,
+                                      offset=offset).view(t.dtype).view(block.shape)
+            offset += size
+
     def write(self, blocks: list[tuple[int, bytes]]) -> None:
-        """Write evicted blocks (block id, key) not here yet, before they are reused."""
+        """Evicted blocks (block id, key) not here yet: their bytes copied out now, before
+        their blocks are reused, and their files written by the writer thread (the step
+        waits only when its queue is full)."""
         for block_id, key in blocks:
-            if key in self.index:
-                self.index.move_to_end(key)
-                continue
-            payload = b"".join(t[:, block_id].contiguous().view(torch.uint8).cpu().numpy()
-                               .tobytes() for t in self.tensors)
-            header = json.dumps({"identity": self.identity, "key": key.hex(),
-                                 "bytes": len(payload),
-                                 "blake2b": hashlib.blake2b(payload, digest_size=16)
-                                 .hexdigest()}).encode()
-            data = _HEAD.pack(MAGIC, len(header)) + header + payload
-            if len(data) > self.capacity:
-                continue  # the tier is too small to hold a block
-            self._evict_to(self.capacity - len(data))
-            path, tmp = self._path(key), self.dir / f"{key.hex()}.{os.getpid()}.tmp"
-            try:
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
-            except OSError as e:  # a full or failing disk costs recomputes, not the engine
-                logger.warning("KV disk tier: cannot write %s: %s", path, e)
-                tmp.unlink(missing_ok=True)
-                continue
-            self.index[key] = len(data)
-            self.used += len(data)
+            with self._lock:
+                if key in self.index:
+                    self.index.move_to_end(key)
+                    continue
+                size = file_size(self.identity, key, self.block_bytes)
+                if size > self.capacity:
+                    continue  # the tier is too small to hold a block
+                self._evict_to(self.capacity - size)
+                payload = bytearray(self.block_bytes)
+                for t, view in self._views(payload):
+                    view.copy_(t[:, block_id])
+                self.index[key] = size
+                self.used += size
+                self._pending[key] = payload
+            if self._closed:  # a second shutdown: written here and now
+                self._write_file((key, payload))
+            else:  # unlocked: a full queue waits for the writer, which takes the lock
+                self._writer.submit((key, payload), wait=True)
+
+    def _write_file(self, job: tuple[bytes, bytearray]) -> None:
+        """The writer: checksum and write a block to a temporary file, then rename it into
+        place -- unless its key was dropped meanwhile. A failing disk (full, read-only)
+        costs the block, recomputed when next asked for, never the engine."""
+        key, payload = job
+        data = encode(self.identity, key, payload)
+        path, tmp = self._path(key), self.dir / f"{key.hex()}.{os.getpid()}.tmp"
+        error = None
+        try:
+            tmp.write_bytes(data)
+        except OSError as e:
+            error = e
+        with self._lock:
+            if self._pending.get(key) is not payload:
+                _remove(tmp)  # dropped: its file must not appear
+                return
+            del self._pending[key]
+            if error is None:
+                try:
+                    os.replace(tmp, path)
+                except OSError as e:
+                    error = e
+            if error is not None:
+                logger.warning("KV disk tier: cannot write %s: %s", path, error)
+                self.used -= self.index.pop(key)
+                _remove(tmp)
+                return
             self.bytes_written += len(data)
 
     def load(self, blocks: list[tuple[bytes, int]]) -> None:
         """Fill blocks (key, block id) from their staged payloads, then drop the rest (a
         load dropped because its block was evicted again in the step)."""
         for key, block_id in blocks:
-            payload, offset = self._staged.pop(key), 0
-            for t in self.tensors:
-                dst = t[:, block_id]
-                size = dst.numel() * dst.element_size()
-                src = torch.frombuffer(payload, dtype=torch.uint8, count=size, offset=offset)
-                dst.copy_(src.view(t.dtype).view(dst.shape))
-                offset += size
+            for t, view in self._views(self._staged.pop(key)):
+                t[:, block_id].copy_(view)
         self._staged.clear()
+
+    # ---- background I/O ---------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Wait until the writes and prefetches queued so far are done (tests, benchmarks)."""
+        self._writer.drain()
+        self._prefetcher.drain()
+
+    def close(self) -> None:
+        """Finish the queued writes (a stopped engine has written everything), drop the
+        queued prefetches, and stop both threads; later writes are written at once."""
+        self._closed = True
+        with self._lock:
+            self._queued.clear()
+        self._prefetcher.close()
+        self._writer.close()

@@ -16,7 +16,8 @@ the replica verifies them as the runner does: the stand-in's tokens, while they 
 drafts, then one more. The cost model prices a verification as the k + 1 rows it computes.
 
 With a disk tier (the scheduler's kv.disk, sim/disk_tier.py), the replica moves each step's
-blocks as the runner does, writes then loads, and the cost model prices what moved.
+blocks as the runner does, writes then loads, and the cost model prices what the step waits
+for: reads not prefetched before it, writes past the writer's queue.
 """
 
 from __future__ import annotations
@@ -90,14 +91,17 @@ class SimReplica:
         scheduled = self.engine_step.schedule()
         out, requests = scheduled.scheduler_output, self.scheduler.requests
         disk, block_size = self.scheduler.kv.disk, self.scheduler.config.block_size
-        written = disk.write(out.disk_writes) if disk is not None else 0
+        stall_tokens = read = 0  # what the step waits for the tier (disk_tier.py)
         if disk is not None:
-            disk.load(out.disk_loads)
+            written = disk.write(out.disk_writes)
+            read = disk.load(out.disk_loads)
+            stall = disk.write_stall_bytes(written, now, self.cost_model.disk_write_bandwidth)
+            stall_tokens = round(stall / disk.block_bytes * block_size)
         if out.num_scheduled_tokens:
             self.step, self.started = scheduled, now
             batch = step_batch(out, requests, block_size)
-            batch.num_disk_write_tokens = written * block_size
-            batch.num_disk_load_tokens = len(out.disk_loads) * block_size
+            batch.num_disk_write_tokens = stall_tokens
+            batch.num_disk_load_tokens = read * block_size
             seconds = self.cost_model.step_time(batch)
             self.busy_until = now + seconds
             self.scheduler.record_step_time(seconds)

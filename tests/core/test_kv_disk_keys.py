@@ -43,9 +43,13 @@ def test_keys_differ_by_salt_adapter_and_tokens():
 class FakeStore:
     def __init__(self, held=()) -> None:
         self.held = set(held)
+        self.prefetched: list[list[bytes]] = []
 
     def stage(self, key: bytes) -> bool:
         return key in self.held
+
+    def prefetch(self, keys: list[bytes]) -> None:
+        self.prefetched.append(keys)
 
 
 def test_evicted_blocks_are_written_and_disk_hits_loaded():
@@ -81,3 +85,16 @@ def test_a_block_still_to_load_is_neither_written_nor_swapped_out():
     compute(kv, request("b", list(range(50, 63))), 13)  # evicts the two loaded blocks
     writes, loads = kv.take_disk_transfers()
     assert writes == [] and loads == []  # the loads dropped; the bytes are on disk already
+
+
+def test_a_waiting_request_has_its_blocks_past_memory_prefetched():
+    kv = KVCacheManager(num_blocks=4, block_size=4)
+    kv.disk = FakeStore()
+    first = request("a", PROMPT[:5])
+    compute(kv, first, 5)  # PROMPT's first block, cached in memory
+    kv.free(first)
+    waiting = request("b", PROMPT)
+    kv.prefetch_from_disk(waiting)
+    assert kv.disk.prefetched == [kv.disk_keys(waiting)[1:2]]  # a hit leaves one token
+    kv.prefetch_from_disk(request("c", PROMPT[:5]))  # all in memory: nothing to ask
+    assert len(kv.disk.prefetched) == 1

@@ -1,13 +1,15 @@
 """The prefix cache's disk tier (--kv-offloading-backend disk) end to end on the tiny llama:
 blocks evicted from memory are written, loaded back instead of recomputed (greedy output as
 a cold engine's), found again by a restarted engine, refused when damaged or another
-model's / dtype's / salt's, and bounded by --kv-offloading-size (LRU)."""
+model's / dtype's / salt's, and bounded by --kv-offloading-size (LRU). A waiting request's
+blocks are read by the prefetcher; a stopping engine waits for the writer."""
 
 from __future__ import annotations
 
 import gc
 import itertools
 import shutil
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +22,7 @@ from minivllm.engine.messages import EngineCoreShutdown, make_core_request
 from minivllm.engine.stat_loggers import PrometheusStatLogger
 from minivllm.engine.stats import IterationStats
 from minivllm.lora.request import LoRARequest
+from minivllm.model import kv_disk
 from tests.lora_utils import make_adapter
 from tests.model_factory import save_tiny_model
 
@@ -35,16 +38,25 @@ def engine(model, path=None, **kwargs) -> LLM:
     return LLM(str(model), num_kv_blocks=12, block_size=BLOCK, **disk, **kwargs)
 
 
-def generate(llm: LLM, tokens: list[int], salt: str | None = None,
-             lora: LoRARequest | None = None) -> list[int]:
-    """Greedy tokens for one prompt, with a cache_salt (the offline LLM takes none)."""
+def submit(llm: LLM, tokens: list[int], salt: str | None = None,
+           lora: LoRARequest | None = None) -> None:
+    """Add a greedy request for one prompt, with a cache_salt (the offline LLM takes none)."""
     params = SamplingParams(temperature=0, max_tokens=6)
     request_id = f"r{next(_ids)}"
-    engine = llm.llm_engine
-    engine.add_request(request_id, make_core_request(request_id, tokens, params,
-                                                     cache_salt=salt, lora_request=lora),
-                       params)
-    out = None
+    llm.llm_engine.add_request(request_id, make_core_request(
+        request_id, tokens, params, cache_salt=salt, lora_request=lora), params)
+
+
+def generate(llm: LLM, tokens: list[int], salt: str | None = None,
+             lora: LoRARequest | None = None) -> list[int]:
+    """Greedy tokens for one prompt (run alone: the engine steps until it is done)."""
+    submit(llm, tokens, salt, lora)
+    return finish(llm)
+
+
+def finish(llm: LLM) -> list[int]:
+    """Step the engine until its requests are done; the last one's tokens."""
+    engine, out = llm.llm_engine, None
     while engine.has_unfinished_requests():
         for output in engine.step():
             if output.finished:
@@ -63,6 +75,12 @@ def files(path: Path) -> list[Path]:
     return sorted(path.glob("*/*.kv"))
 
 
+def settled(llm: LLM) -> LLM:
+    """The engine once its disk tier's queued writes and prefetches are done."""
+    llm.llm_engine.runner.disk.drain()
+    return llm
+
+
 @pytest.fixture(scope="module")
 def cold(tiny_llama) -> list[int]:
     """PROMPT's greedy output from an engine without a disk tier."""
@@ -72,7 +90,7 @@ def cold(tiny_llama) -> list[int]:
 def test_evicted_prefix_is_loaded_not_recomputed(tiny_llama, tmp_path, cold):
     llm = engine(tiny_llama, tmp_path)
     assert evict_prompt(llm) == cold
-    before = llm.stats()
+    before = settled(llm).stats()
     assert before.kv_disk_bytes_written > 0 and files(tmp_path)
     assert generate(llm, PROMPT) == cold
     after = llm.stats()
@@ -118,6 +136,43 @@ def test_a_stopped_engine_writes_the_prefixes_still_in_memory(tiny_llama, tmp_pa
     assert files(tmp_path)
     restarted = engine(tiny_llama, tmp_path)
     assert generate(restarted, PROMPT) == cold
+    assert restarted.stats().kv_disk_hits == HIT_TOKENS
+
+
+def test_a_stopping_engine_waits_for_its_writer(tiny_llama, tmp_path, cold, monkeypatch):
+    """The writer is slowed down: the files are all there once the engine's shutdown
+    returns all the same."""
+    encode = kv_disk.encode
+
+    def slow(*args):
+        threading.Event().wait(0.05)
+        return encode(*args)
+
+    monkeypatch.setattr(kv_disk, "encode", slow)
+    llm = engine(tiny_llama, tmp_path)
+    generate(llm, PROMPT)
+    llm.llm_engine.core.shutdown()
+    assert len(files(tmp_path)) == 7  # PROMPT's 24 tokens and 4 of its output: 7 blocks
+
+
+def test_a_waiting_requests_blocks_are_read_by_the_prefetcher(tiny_llama, tmp_path, cold,
+                                                              monkeypatch):
+    """Added, not yet scheduled: the prefetcher reads and checks its disk blocks; the step
+    that admits it loads them without reading them again."""
+    evict_prompt(engine(tiny_llama, tmp_path))
+    restarted = engine(tiny_llama, tmp_path)
+    readers, decode = [], kv_disk.decode
+
+    def counted(*args):
+        readers.append(threading.current_thread().name)
+        return decode(*args)
+
+    monkeypatch.setattr(kv_disk, "decode", counted)
+    submit(restarted, PROMPT)
+    settled(restarted)
+    assert readers == ["kv-disk-prefetch"] * (HIT_TOKENS // BLOCK)
+    assert finish(restarted) == cold
+    assert readers == ["kv-disk-prefetch"] * (HIT_TOKENS // BLOCK)
     assert restarted.stats().kv_disk_hits == HIT_TOKENS
 
 
@@ -211,6 +266,7 @@ def test_size_bound_evicts_least_recently_written(tiny_llama, tmp_path, cold):
     # so written, tail first (the tail of a prefix is evicted before its head): the last 3
     # written, its head, stay
     evict_prompt(llm)
+    settled(llm)
     assert len(files(tmp_path)) == 3 and llm.stats().kv_disk_evictions == 4
     before = llm.stats()
     assert generate(llm, PROMPT) == cold
