@@ -9,7 +9,7 @@ fraction of the peak of the arithmetic it runs on, for each kernel the engine us
 - fp32: oneDNN's packed linear (`--dtype float32`), against the fp32 FMA peak;
 - bf16 stored (bf16_gemm.c: `--dtype bfloat16` without AVX512-BF16), fp32 arithmetic:
   against the fp32 FMA peak;
-- int8 (int8_gemm.c: `--quantization int8`, groups of 32 / 16): against the int8 peak of
+- int8 (int8_gemm.c: `--quantization int8`, groups of 32): against the int8 peak of
   its instructions (VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddubsw mix);
 - GGUF blocks (gguf_repacked.c), Qwen2.5-Coder-0.5B's real Q4_K_M tensors (Q5_0, Q8_0,
   Q6_K): against the same int8 peak.

@@ -7,7 +7,7 @@ milliseconds per call of the fp32 oneDNN linear the engine uses (packed weights)
 Linear with bf16 weights and input (oneDNN's packed bf16 where the CPU has bf16 hardware,
 else F.linear: what dtype=bfloat16 runs without AMX), on a CPU with AMX minivllm's bf16
 linear on AMX tiles (what dtype=bfloat16 runs there, fp32 in and out), minivllm's
-W8A8 kernel (int8_gemm.c, activations quantized inside the call, per group of 16; VNNI
+W8A8 kernel (int8_gemm.c, activations quantized inside the call, per group of 32; VNNI
 where the library was built for it), torch._int_mm (with per-token quantization in torch
 ops), torch._weight_int8pack_mm (weight-only int8), fbgemm's
 quantized.linear_dynamic and oneDNN's qlinear_pointwise (u8 activations, zero point 128),
@@ -50,7 +50,7 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, K] -> (int8 [T, K], fp32 scales [T]): one symmetric scale per row, what torch's
-    int8 GEMMs take (minivllm's kernel scales each group of 16 values of a row)."""
+    int8 GEMMs take (minivllm's kernel scales each group of 32 values of a row)."""
     scales = x.abs().amax(dim=1).clamp_min(1e-12) / 127
     return torch.round(x / scales[:, None]).to(torch.int8), scales
 

