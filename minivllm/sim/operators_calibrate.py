@@ -34,6 +34,7 @@ from minivllm.sim.calibrate import (
 )
 from minivllm.sim.operators_model import LINEARS, OVERHEAD_TERMS, OperatorCostModel
 from minivllm.sim.operators_model import machine_identity as cpu_identity
+from minivllm.sim.profile import nonnegative_fit
 from minivllm.sim.step_kinds import relative_errors
 
 FULL = {"contexts": (0, 64, 256, 1024, 4096), "query_tokens": (2, 8, 32, 128, 512, 2048),
@@ -188,24 +189,13 @@ def time_swap(runner, repeats: int) -> float:
 
 
 def fit_overhead(model: OperatorCostModel, steps: list) -> dict[str, float]:
-    """c_step, c_seq, c_token >= 0 fitted to each step's measured - operators' seconds,
-    least squares on relative error (a term that fits negative is dropped, the fit redone)."""
+    """c_step, c_seq, c_token >= 0 fitted to each step's measured - operators' seconds
+    (profile.nonnegative_fit: relative error, a negative term dropped)."""
     x = np.asarray([[1.0, b.num_prefill_seqs + b.num_decode_seqs, b.num_tokens]
                     for b, _ in steps])
     y = np.asarray([s for _, s in steps])
     residual = y - np.asarray([model.operators_time(b) for b, _ in steps])
-    weight = 1.0 / y
-    active = list(range(len(OVERHEAD_TERMS)))
-    while active:
-        coef, *_ = np.linalg.lstsq(x[:, active] * weight[:, None], residual * weight,
-                                   rcond=None)
-        negative = [j for j, c in zip(active, coef, strict=True) if c < 0]
-        if not negative:
-            break
-        active.remove(negative[0])
-    out = dict.fromkeys(OVERHEAD_TERMS, 0.0)
-    out.update({OVERHEAD_TERMS[j]: float(c) for j, c in zip(active, coef, strict=True)})
-    return out
+    return nonnegative_fit(x, residual, y, OVERHEAD_TERMS)
 
 
 def calibrate_operators(model: str, *, quick: bool = False, num_threads: int | None = None,

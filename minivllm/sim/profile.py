@@ -44,24 +44,34 @@ def features(b: StepBatch, pads_rows: bool = False) -> list[float]:
             b.num_decode_seqs, b.decode_context, b.num_swap_tokens, pad]
 
 
-def fit(batches: list[StepBatch], seconds: list[float],
-        pads_rows: bool = False) -> dict[str, float]:
-    """Non-negative least squares on relative error, by dropping negative terms."""
-    x = np.asarray([features(b, pads_rows) for b in batches], dtype=float)
-    y = np.asarray(seconds, dtype=float)
-    if len(y) < len(FEATURES):
-        raise ValueError(f"need at least {len(FEATURES)} timed steps to fit, got {len(y)}")
-    weight = 1.0 / y  # relative error
+def nonnegative_fit(x: np.ndarray, target: np.ndarray, seconds: np.ndarray,
+                    names: tuple[str, ...]) -> dict[str, float]:
+    """Coefficients >= 0, one per column of x (named), for x @ c ~= target, least squares on
+    the error relative to each step's measured seconds (a 5 ms step counts as much as a
+    500 ms one); a term that fits negative is dropped and the fit redone, as are columns
+    that are zero throughout."""
+    weight = 1.0 / seconds
     active = [j for j in range(x.shape[1]) if np.any(x[:, j])]
-    while True:
-        coef, *_ = np.linalg.lstsq(x[:, active] * weight[:, None], y * weight, rcond=None)
+    coef = np.zeros(0)
+    while active:
+        coef, *_ = np.linalg.lstsq(x[:, active] * weight[:, None], target * weight, rcond=None)
         negative = [j for j, c in zip(active, coef, strict=True) if c < 0]
         if not negative:
             break
         active.remove(negative[0])
-    out = dict.fromkeys(FEATURES, 0.0)
-    out.update({FEATURES[j]: float(c) for j, c in zip(active, coef, strict=True)})
+    out = dict.fromkeys(names, 0.0)
+    out.update({names[j]: float(c) for j, c in zip(active, coef, strict=True)})
     return out
+
+
+def fit(batches: list[StepBatch], seconds: list[float],
+        pads_rows: bool = False) -> dict[str, float]:
+    """The profile's coefficients: nonnegative_fit of the step times on their features."""
+    x = np.asarray([features(b, pads_rows) for b in batches], dtype=float)
+    y = np.asarray(seconds, dtype=float)
+    if len(y) < len(FEATURES):
+        raise ValueError(f"need at least {len(FEATURES)} timed steps to fit, got {len(y)}")
+    return nonnegative_fit(x, y, y, FEATURES)
 
 
 @dataclass
