@@ -59,3 +59,17 @@ class CostModel(ABC):
     def describe(self) -> dict:
         """What a report records about the model."""
         return {"name": self.name}
+
+
+class MeasuredEngine(CostModel):
+    """A cost model measured on a real engine (profile, operators): what that engine had
+    (`engine`: max_model_len, ...) becomes the simulator's defaults."""
+
+    engine: dict
+
+    def num_swap_blocks(self, block_size: int, swap_space_gib: float) -> int | None:
+        per_token = self.kv_bytes_per_token
+        return int(swap_space_gib * (1 << 30) // (per_token * block_size)) if per_token else None
+
+    def max_model_len(self) -> int | None:
+        return self.engine.get("max_model_len")

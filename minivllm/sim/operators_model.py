@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from minivllm.core.step_batch import StepBatch, padded_rows
-from minivllm.sim.cost_model import CostModel
+from minivllm.sim.cost_model import MeasuredEngine
 
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
 OVERHEAD_TERMS = ("step", "seq", "token")
@@ -61,7 +61,7 @@ def machine_identity() -> dict:
 
 
 @dataclass
-class OperatorCostModel(CostModel):
+class OperatorCostModel(MeasuredEngine):
     tables: dict  # rows, linears, lm_head, sampler, prefill_attention, decode_attention
     overhead: dict[str, float]  # OVERHEAD_TERMS -> seconds per unit
     machine: dict  # cpu, isa_level, num_threads, dtype, quantization, kv_cache_dtype
@@ -139,13 +139,6 @@ class OperatorCostModel(CostModel):
     def num_kv_blocks(self, block_size: int) -> int | None:
         total = self.engine.get("num_kv_blocks", 0) * self.engine.get("block_size", 0)
         return total // block_size or None
-
-    def num_swap_blocks(self, block_size: int, swap_space_gib: float) -> int | None:
-        per_token = self.kv_bytes_per_token
-        return int(swap_space_gib * (1 << 30) // (per_token * block_size)) if per_token else None
-
-    def max_model_len(self) -> int | None:
-        return self.engine.get("max_model_len")
 
     def describe(self) -> dict:
         return {"name": self.name, "machine": self.machine, "engine": self.engine,

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from minivllm.core.step_batch import StepBatch, padded_rows
-from minivllm.sim.cost_model import CostModel
+from minivllm.sim.cost_model import MeasuredEngine
 from minivllm.sim.kv_bytes import kv_bytes_per_token
 from minivllm.sim.step_kinds import describe
 
@@ -75,7 +75,7 @@ def fit(batches: list[StepBatch], seconds: list[float],
 
 
 @dataclass
-class ProfileCostModel(CostModel):
+class ProfileCostModel(MeasuredEngine):
     coefficients: dict[str, float]
     engine: dict  # num_kv_blocks, block_size, max_model_len, kv_bytes_per_token, model, ...
     fit_error: dict = field(default_factory=dict)  # mean / p90 relative error on the steps
@@ -111,13 +111,6 @@ class ProfileCostModel(CostModel):
         if measured:
             return int(total * measured // (self.kv_bytes_per_token * block_size)) or None
         return total // block_size or None
-
-    def num_swap_blocks(self, block_size: int, swap_space_gib: float) -> int | None:
-        per_token = self.kv_bytes_per_token
-        return int(swap_space_gib * (1 << 30) // (per_token * block_size)) if per_token else None
-
-    def max_model_len(self) -> int | None:
-        return self.engine.get("max_model_len")
 
     def describe(self) -> dict:
         return {"name": self.name, "coefficients": self.coefficients, "engine": self.engine,
