@@ -145,7 +145,11 @@ def hover(driver, request_id: str) -> None:
         try:
             row = driver.find_element(By.CSS_SELECTOR,
                                       f'g.request[data-request-id="{request_id}"]')
-            ActionChains(driver).move_to_element(row.find_element(By.TAG_NAME, "rect")).perform()
+            bar = row.find_element(By.TAG_NAME, "rect")
+            # the timeline is the page's last panel: a late request's bar can be below the
+            # window, where the mouse cannot go
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", bar)
+            ActionChains(driver).move_to_element(bar).perform()
             return
         except StaleElementReferenceException:
             continue
