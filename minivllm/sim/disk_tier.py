@@ -74,7 +74,8 @@ class SimDiskTier:
                 self.index.move_to_end(key)
                 continue
             while self.used + self.block_bytes > self.capacity:
-                self.index.popitem(last=False)
+                evicted, _ = self.index.popitem(last=False)
+                self._prefetched.pop(evicted, None)  # (a long trace's marks stay bounded)
                 self.evictions += 1
             self.index[key] = None
             self.bytes_written += self.block_bytes
