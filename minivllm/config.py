@@ -11,6 +11,7 @@ it (ENGINE_ARGS), and config.max_num_seqs reads config.scheduler_config.max_num_
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -70,8 +71,18 @@ class ModelConfig:
     # resolved by runner_type.
     runner: str = "auto"
     convert: str = "auto"
+    # measure: where a linear can run more than one way (oneDNN or torch's fp32, AMX / oneDNN
+    # / panel bf16), time them per row count at load and run the fastest, the times kept per
+    # machine (model/kernels/linear_choice.py) | default: the first way, unmeasured | auto:
+    # measure, unless the environment's MINIVLLM_KERNEL_CHOICE says default (the tests').
+    kernel_choice: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kernel_choice == "auto":
+            self.kernel_choice = os.environ.get("MINIVLLM_KERNEL_CHOICE", "measure")
+        if self.kernel_choice not in ("measure", "default"):
+            raise _bad(self, "kernel_choice", "(--kernel-choice, or MINIVLLM_KERNEL_CHOICE) "
+                                              "must be auto, measure or default")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "fp32"):
             raise _bad(self, "dtype", "must be one of auto, float32, bfloat16, float16")
         self._resolve_quantization()

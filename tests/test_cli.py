@@ -58,6 +58,7 @@ ENGINE_FLAGS = {
     "--num-threads": (None, int), "--generation-config": ("auto", str),
     "--override-generation-config": (None, "json"),
     "--pooler-config": (None, "json"), "--runner": ("auto", str), "--convert": ("auto", str),
+    "--kernel-choice": ("auto", str),
 }
 
 

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from minivllm.bench.timing import timed
+from minivllm.bench.timing import call_seconds, timed
 
 PEAK_C = r"""
 #include <immintrin.h>
@@ -122,3 +122,18 @@ def measure_peaks(threads: int, iters: int = 20_000_000) -> dict[str, float]:
             fn(iters // 10)  # warm up (and let the clock settle)
             results[name] = ops * iters * threads / timed(fn, iters)[1] / 1e9
     return results
+
+
+def memory_bandwidth(threads: int, mib: int = 512) -> float:
+    """Bytes/s of a large copy on `threads` threads (read + write counted), the best of 5."""
+    import torch  # only here: the peaks above need none
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.ones(mib << 18)  # mib MiB of float32
+        dst = torch.empty_like(src)
+        seconds = min(call_seconds(lambda: dst.copy_(src), repeats=5))
+    finally:
+        torch.set_num_threads(saved)
+    return 2 * src.numel() * 4 / seconds

@@ -1,5 +1,6 @@
 """`minivllm check-kernels MODEL`: run a model once through the kernels and once through
-torch, and print the largest difference per decoder layer and of the logits.
+torch, and print the largest difference per decoder layer and of the logits. With --gemm,
+the speed of its linears instead (cli_check_gemm.py).
 
 Both builds take the same weights, loaded once; "torch" is what MINIVLLM_DISABLE_KERNELS=1
 gives (no C kernels, no oneDNN linears). The prompt runs as a serving step would: a prefill
@@ -19,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+
+from minivllm.entrypoints.cli_check_gemm import DEFAULT_ROWS, run_gemm
 
 # Relative tolerance per dtype: fp32 sums in another order, ~1e-5 of the values here; a
 # bf16 / fp16 result rounds to 3 significant digits, and the paths round at other places.
@@ -179,6 +182,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--chunk-size", type=int, default=0,
                         help="prefill the prompt in chunks of this many tokens (default: "
                              "the whole prompt in one step)")
+    parser.add_argument("--gemm", action="store_true",
+                        help="instead: time each of the model's linear shapes every way this "
+                             "CPU runs it, per row count (GFLOP/s, the way --kernel-choice "
+                             "measure runs, its fraction of the roof)")
+    parser.add_argument("--rows", type=int, nargs="+", default=list(DEFAULT_ROWS),
+                        help="with --gemm: the row counts (default: %(default)s)")
+    parser.add_argument("--quantization", choices=["none", "int8"], default="none",
+                        help="with --gemm: int8 times the W8A8 linears")
     parser.add_argument("--rtol", type=float, default=None,
                         help="tolerance relative to the largest value (default: 1e-4 for "
                              "float32, 3e-2 for bfloat16, 1e-2 for float16)")
@@ -197,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"C kernels: {cpu.isa_summary()}")  # MINIVLLM_ISA=<level> checks another level
     path = resolve_model_path(args.model)
     hf_config = AutoConfig.from_pretrained(path)
+    if args.gemm:
+        return run_gemm(args, hf_config)
     ids = args.prompt_token_ids or AutoTokenizer.from_pretrained(path)(args.prompt).input_ids
     if not ids:
         raise SystemExit("the prompt has no tokens")

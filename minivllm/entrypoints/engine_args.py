@@ -20,6 +20,10 @@ _HELP = {
                     "--dtype (a .gguf file's blocks dequantized at load) | int8: W8A8 linear "
                     "layers, quantized at load (dtype auto or float32) | gguf: a .gguf file's "
                     "linear weights and embeddings run as stored",
+    "kernel_choice": "measure: time each linear's ways (oneDNN or torch fp32, AMX / oneDNN "
+                     "/ panel bf16) per row count at load and run the fastest, the times kept "
+                     "per machine | default: the first way, unmeasured | auto (default): "
+                     "measure, unless MINIVLLM_KERNEL_CHOICE=default",
     "num_kv_blocks": "number of KV blocks (overrides --kv-cache-space)",
     "kv_cache_space": "GiB of memory for the KV cache; unset: 4 GiB, but no more than "
                       "--max-num-seqs requests of --max-model-len tokens can fill",

@@ -25,6 +25,7 @@ from minivllm.model.draft_model import DraftModel
 from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.isa import native_bf16
+from minivllm.model.kernels.linear_choice import ChoiceTable, KernelChoice, default_table_path
 from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.kv_disk import DiskKVStore, model_fingerprint
 from minivllm.model.loader import (
@@ -103,7 +104,12 @@ class ModelRunner:
         # A quantized cache (kv_quant.py) stores kv_format.storage bytes and fp32 scales;
         # an int8 one its keys smoothed (key_smoothing.py).
         self.kv_format = kv_quant.FORMATS.get(cache_config.kv_cache_dtype)
+        self.kernel_choice = _kernel_choice(config, self.device)
         self.model = self._load_model(model_path, hf_config, quantization, cpu_bf16)
+        # oneDNN linears run at a few row counts (linear.py): pad the batch to one once per
+        # step, so that no layer pads (and copies) its input again.
+        self.pad_rows = any(getattr(lin, "onednn", False)
+                            for lin in (self.model.lm_head, self.model.layers[0].self_attn.qkv))
         self.block_size = config.scheduler_config.block_size
         self.kv_dtype = (self.kv_format.dtype if self.kv_format
                          else dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16)
@@ -145,9 +151,6 @@ class ModelRunner:
         self.lora = LoRAManager(self.model, hf_config, lora.max_lora_rank, lora.max_cpu_loras,
                                 self.dtype, self.device) if lora.enable_lora else None
         self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
-        # oneDNN linears run at a few row counts (linear.py): pad the batch to one once per
-        # step, so that no layer pads (and copies) its input again.
-        self.pad_rows = getattr(self.model.lm_head, "onednn", False)
         self.sampler = Sampler(hf_config.vocab_size, self.device, model_config.seed,
                                use_kernel=cpu.available(self.device, torch.float32),
                                structured=structured)
@@ -164,8 +167,8 @@ class ModelRunner:
                        path, keep_gguf_blocks=quantization == "gguf").items()}
         return build_model(hf_config, weights, quantization,
                            linear_weights="bf16" if cpu_bf16 else None,
-                           smooth_keys=bool(self.kv_format and self.kv_format.smooth_keys)
-                           ).to(self.device)
+                           smooth_keys=bool(self.kv_format and self.kv_format.smooth_keys),
+                           kernel_choice=self.kernel_choice).to(self.device)
 
     def _block_shape(self, hf_config) -> tuple[int, ...]:
         """One KV block of one of K and V: [layers, block_size, kv_heads, head_dim]."""
@@ -376,3 +379,15 @@ def _bf16_linears() -> str:
         return ("stored in bf16, fp32 arithmetic (no AVX512-BF16: half fp32's bytes per "
                 "token, no rounding but the weights'), the LM head too")
     return "emulated: this CPU has no AVX512-BF16 and no AVX2 kernels; float32 is faster here"
+
+
+def _kernel_choice(config: EngineConfig, device: torch.device) -> KernelChoice | None:
+    """--kernel-choice measure on the CPU: the linears' ways timed for the rows a step can
+    bring (the LM head's: the sampled rows, speculation's drafts among them)."""
+    if config.model_config.kernel_choice != "measure" or device.type != "cpu":
+        return None
+    scheduler = config.scheduler_config
+    spec = scheduler.speculative_config
+    drafts = spec["num_speculative_tokens"] if spec else 0
+    return KernelChoice(scheduler.max_num_batched_tokens, scheduler.max_num_seqs * (1 + drafts),
+                        ChoiceTable(default_table_path()))

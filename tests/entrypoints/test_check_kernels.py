@@ -97,3 +97,39 @@ def test_refuses_without_kernels(tiny_model_dirs, capsys, monkeypatch):
     monkeypatch.setenv("MINIVLLM_DISABLE_KERNELS", "1")
     assert main(["check-kernels", str(tiny_model_dirs["llama"]), *PROMPT]) == 2
     assert "MINIVLLM_DISABLE_KERNELS is set" in capsys.readouterr().err
+
+
+def test_gemm_table_names_the_faster_way_and_its_roof():
+    """A fake timer (torch twice as fast at one row): the chosen way, its GFLOP/s and the
+    roof, memory-bound at one row and compute-bound at many."""
+    from types import SimpleNamespace
+
+    from minivllm.entrypoints.cli_check_gemm import gemm_table, model_shapes
+
+    cfg = SimpleNamespace(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=96, vocab_size=200)
+    assert [(s.name, s.n, s.k) for s in model_shapes(cfg)] == [
+        ("qkv", 128, 64), ("o", 64, 64), ("gate_up", 192, 64), ("down", 64, 96),
+        ("lm_head", 200, 64)]
+
+    def timer(ways, k, rows):
+        return {name: (1e-6 if (name == "torch") == (rows == 1) else 2e-6) for name in ways}
+    peaks = {"fp32": 100.0, "int8_avx2": 300.0}
+    lines = gemm_table(cfg, "float32", (1, 512), peaks, bandwidth=10e9, timer=timer)
+    o_rows = [line for line in lines if line.startswith("| o |")]
+    if "oneDNN" not in lines[2]:
+        pytest.skip("one fp32 way here (no oneDNN)")
+    # one row: 2 * 64 * 64 operations in 1 us = 8.2 GFLOP/s; the memory roof is 10 GB/s
+    # times 8192 operations per 16,384 + 512 bytes moved = 4.8 GFLOP/s
+    assert o_rows[0] == ("| o | 64 x 64 | 1 | oneDNN 4.1, torch 8.2 | torch | 4.8 (memory) "
+                         "| 169% |")
+    assert o_rows[1].startswith("| o | 64 x 64 | 512 | oneDNN 4194.3, torch 2097.2 | oneDNN "
+                                "| 100.0 (compute) |")
+
+
+@needs_kernels
+def test_check_kernels_gemm_prints_the_table(tiny_llama, capsys):
+    assert main(["check-kernels", str(tiny_llama), "--gemm", "--rows", "1", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "measured peaks: fp32 FMA" in out and "| lm_head |" in out
+    assert out.count("| qkv |") == 2

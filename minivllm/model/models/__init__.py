@@ -58,15 +58,16 @@ def check_config(name: str, arch: Arch, cfg) -> None:
 
 
 def build_model(cfg, weights: dict[str, torch.Tensor], quantization: str | None = None,
-                linear_weights: str | None = None, smooth_keys: bool = False
-                ) -> torch.nn.Module:
+                linear_weights: str | None = None, smooth_keys: bool = False,
+                kernel_choice=None) -> torch.nn.Module:
     architectures = getattr(cfg, "architectures", None) or []
     for name in architectures:
         if name in ARCHITECTURES:
             cfg.head_dim = head_dim(cfg)
             check_config(name, ARCHITECTURES[name], cfg)
             return CausalLM(cfg, ARCHITECTURES[name], weights, quantization=quantization,
-                            linear_weights=linear_weights, smooth_keys=smooth_keys)
+                            linear_weights=linear_weights, smooth_keys=smooth_keys,
+                            kernel_choice=kernel_choice)
     raise ValueError(
         f"unsupported architecture {architectures}; supported: {', '.join(ARCHITECTURES)}"
     )

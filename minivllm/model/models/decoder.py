@@ -29,6 +29,7 @@ from torch import nn
 from minivllm.model import kernels, key_smoothing
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.kernels import cpu
+from minivllm.model.kernels.linear_choice import KernelChoice
 from minivllm.model.kernels.linear_gguf import BlockWeight, cat_rows
 from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm, bf16_logits_stay_fp32, linear
 from minivllm.model.models.moe import EXPERT_NAMES, SparseMoeBlock
@@ -69,13 +70,15 @@ class Weights:
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, arch: Arch, w: Weights, index: int, fast: bool, fused: bool,
-                 linear_weights: str | None, smooth_keys: bool = False) -> None:
+                 linear_weights: str | None, smooth_keys: bool = False,
+                 kernel_choice: KernelChoice | None = None) -> None:
         super().__init__()
         eps = cfg.rms_norm_eps
         qk_scale = _qk_scales(cfg, arch, w) if smooth_keys else None
         norm = lambda name: RMSNorm(w(name) + 1 if arch.gemma else w(name), eps,  # noqa: E731
                                     fused)
-        lin = lambda weight, bias=None: linear(weight, bias, fast, linear_weights)  # noqa: E731
+        lin = lambda weight, bias=None: linear(weight, bias, fast, linear_weights,  # noqa: E731
+                                               kernel_choice)
         attn = "self_attn."
         if (qkv := w.maybe(attn + "qkv_proj.weight")) is None:  # Phi-3 ships it fused
             qkv = cat_rows([w(attn + f"{p}_proj.weight") for p in "qkv"])
@@ -166,12 +169,14 @@ def _is_sparse(cfg, index: int) -> bool:
 class CausalLM(nn.Module):
     def __init__(self, cfg, arch: Arch, weights: dict[str, torch.Tensor],
                  fast: bool | None = None, quantization: str | None = None,
-                 linear_weights: str | None = None, smooth_keys: bool = False) -> None:
+                 linear_weights: str | None = None, smooth_keys: bool = False,
+                 kernel_choice: KernelChoice | None = None) -> None:
         """fast=False keeps every op on plain torch (the reference for tests). Weights must
         already be on the target device: oneDNN reorders them here, int8 quantizes them.
         linear_weights="bf16": fp32 weights everywhere but in the linears, which hold bf16
         (the CPU's bf16: model/runner.py). smooth_keys: the KV cache is int8, so the keys
-        are stored smoothed (key_smoothing.py)."""
+        are stored smoothed (key_smoothing.py). kernel_choice: the linears that can run
+        more than one way run the fastest measured (linear_choice.py); None: the default."""
         super().__init__()
         fast = kernels.enabled() if fast is None else fast
         embed = weights.pop("model.embed_tokens.weight")
@@ -189,7 +194,8 @@ class CausalLM(nn.Module):
         linear_weights = "int8" if quantization == "int8" else linear_weights
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, arch, Weights(weights, f"model.layers.{i}."), i, fast, self.fused,
-                         linear_weights, smooth_keys) for i in range(cfg.num_hidden_layers))
+                         linear_weights, smooth_keys, kernel_choice)
+            for i in range(cfg.num_hidden_layers))
         norm = weights.pop("model.norm.weight")
         self.norm = RMSNorm(norm + 1 if arch.gemma else norm, cfg.rms_norm_eps, self.fused)
         lm_head = weights.pop("lm_head.weight", None)
@@ -203,7 +209,7 @@ class CausalLM(nn.Module):
         if linear_weights == "bf16" and not (isinstance(lm_head, torch.Tensor)
                                              and bf16_logits_stay_fp32(lm_head, fast)):
             head_weights = None
-        self.lm_head = linear(lm_head, None, fast, head_weights)
+        self.lm_head = linear(lm_head, None, fast, head_weights, kernel_choice, head=True)
         # A tensor nothing here reads is a part of the model we do not implement (Qwen2-MoE's
         # shared expert, a bias we do not add...): refuse it rather than run without it.
         unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]

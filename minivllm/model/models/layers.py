@@ -5,6 +5,8 @@ else, and with fast=False, they are the plain torch ops."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,7 @@ from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.kernels.linear import Linear, onednn_usable
 from minivllm.model.kernels.linear_amx import AmxBf16Linear
 from minivllm.model.kernels.linear_bf16 import Bf16Linear
+from minivllm.model.kernels.linear_choice import ChosenLinear, KernelChoice
 from minivllm.model.kernels.linear_gguf import BlockRows, BlockWeight, GGUFLinear
 from minivllm.model.kernels.linear_int8 import Int8Linear
 from minivllm.model.rope import apply_rope
@@ -49,30 +52,55 @@ AnyLinear = Linear | Int8Linear | GGUFLinear | AmxBf16Linear | Bf16Linear
 
 
 def linear(weight: torch.Tensor | BlockWeight | BlockRows, bias: torch.Tensor | None,
-           fast: bool, weights: str | None) -> AnyLinear:
+           fast: bool, weights: str | None, choice: KernelChoice | None = None,
+           head: bool = False) -> AnyLinear | ChosenLinear:
     """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
     weights, fp32 activations: the CPU's bf16, see CausalLM): on AMX tiles where the CPU has
     them (linear_amx.py), oneDNN's native bf16 products where it has AVX512-BF16, and
     elsewhere bf16-stored weights with fp32 arithmetic (linear_bf16.py). A GGUF file's
-    blocks (quantization="gguf") run as stored (linear_gguf.py)."""
+    blocks (quantization="gguf") run as stored (linear_gguf.py). Where more than one way
+    runs here, `choice` picks per row count by measuring them (linear_choice.py; the first
+    way listed is the default without it). head: the LM head, whose output must not be
+    rounded to bf16, and whose rows are the step's sampled ones."""
     if isinstance(weight, BlockWeight | BlockRows):
         return GGUFLinear(weight, bias, use_kernel=fast)
     if weights == "int8":
         return Int8Linear(weight, bias, use_kernel=fast)
+    ways = linear_ways(weight, bias, fast, weights, head)
+    if choice is None:
+        return next(iter(ways.values()))()
+    return choice.choose(ways, *weight.shape, bias is not None,
+                         choice.max_sampled_rows if head else None)
+
+
+def linear_ways(weight: torch.Tensor, bias: torch.Tensor | None, fast: bool,
+                weights: str | None, head: bool = False) -> dict[str, Callable[[], AnyLinear]]:
+    """name -> a builder, for each way a float weight can run here (the default first)."""
     if weights == "bf16":
-        kind = _bf16_kind(weight, fast)
-        if kind == "amx":
-            return AmxBf16Linear(weight, bias)
-        if kind == "fp32 arithmetic":
-            return Bf16Linear(weight, bias)
-        return Linear(weight.to(torch.bfloat16), bias, fast)
-    return Linear(weight, bias, fast)
+        ways = {}
+        if linear_amx.usable(weight, fast):
+            ways["AMX bf16"] = lambda: AmxBf16Linear(weight, bias)
+        # oneDNN's bf16 rounds its output to bf16: never the LM head's (bf16_logits_stay_fp32)
+        if _native_onednn_bf16(weight, fast) and not (head and ways):
+            ways["oneDNN bf16"] = lambda: Linear(weight.to(torch.bfloat16), bias)
+        if linear_bf16.usable(weight, fast):
+            ways["bf16 panels"] = lambda: Bf16Linear(weight, bias)
+        return ways or {"bf16": lambda: Linear(weight.to(torch.bfloat16), bias, fast)}
+    ways = {}
+    if fast and onednn_usable(weight):
+        ways["oneDNN"] = lambda: Linear(weight, bias)
+    ways["torch"] = lambda: Linear(weight, bias, False)
+    return ways
+
+
+def _native_onednn_bf16(weight: torch.Tensor, fast: bool) -> bool:
+    return fast and onednn_usable(weight[:0].bfloat16()) and native_bf16()
 
 
 def _bf16_kind(weight: torch.Tensor, fast: bool) -> str:
     if linear_amx.usable(weight, fast):
         return "amx"
-    native = fast and onednn_usable(weight[:0].bfloat16()) and native_bf16()
+    native = _native_onednn_bf16(weight, fast)
     return "fp32 arithmetic" if not native and linear_bf16.usable(weight, fast) else "rounded"
 
 
