@@ -91,11 +91,13 @@ def _run(fn, x, packed, scales, bias, residual, n, threads):
 
 
 @pytest.mark.parametrize("rows, n, k", [(1, 960, 576), (9, 576, 1536), (100, 3072, 576),
-                                        (8, 49152, 576), (13, 37, 100), (3, 5, 7)])
+                                        (8, 49152, 576), (13, 37, 100), (3, 5, 7),
+                                        (11, 48, 64), (7, 80, 32)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_variant_matches_torch_reference(variant, rows, n, k, threads):
     """SmolLM2's shapes (qkv, down, gate_up, the LM head) and odd tiny ones, every tile tail
-    (1..8 rows), one and two threads; bias and residual."""
+    (1..8 rows: AVX-512's tiles of 6, AVX2's of 3, the generic 4), an odd panel count (the
+    AVX-512 tiles take two panels side by side), one and two threads; bias and residual."""
     gen = torch.Generator().manual_seed(rows * n + k)
     weight = torch.randn(n, k, generator=gen) * 0.05
     x = torch.randn(rows, k, generator=gen)

@@ -144,39 +144,54 @@ static inline int32_t load_quad(const int8_t *p) {
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #include <immintrin.h>
-#define MR 8 /* rows per tile: 8 int32 + 8 fp32 accumulators of 16 columns, 1 weight vector */
+/* A tile is MR rows x NP panels (16 columns each): 12 int32 + 12 fp32 accumulators, per 4 k
+ * two weight vectors and MR broadcasts of x for 2 * MR vpdpbusd (8 loads per 12, where one
+ * panel of 8 rows took 9 per 8), and each group's rescaling (convert, scale product, FMA)
+ * amortised over twice the columns. */
+#define MR 6
+#define NP 2
 
 /* out[r][j] = sum_g sx[r][g] * sw[j][g] * dot_g for `rows` (1..MR) rows starting at xq
- * and the NC columns of one panel (its scales at ws). Inlined per row count. */
+ * and the NC columns of each of `panels` (1..NP) panels at w[i] (scales at ws[i]). Inlined
+ * per row and panel count. */
 static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
                                                        const float *gs, const int32_t *goff,
-                                                       int groups, const uint8_t *w,
-                                                       const float *ws, int rows,
-                                                       float out[MR][NC]) {
-    __m512 facc[MR];
-    for (int r = 0; r < rows; r++) facc[r] = _mm512_setzero_ps();
+                                                       int groups, const uint8_t *const *w,
+                                                       const float *const *ws, int rows,
+                                                       int panels, float out[MR][NP * NC]) {
+    __m512 facc[MR][NP];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < panels; h++) facc[r][h] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        __m512i acc[MR]; /* from -128 * sum(xq): the dots come out exact, no subtraction */
-        for (int r = 0; r < rows; r++) acc[r] = _mm512_set1_epi32(goff[r * groups + g]);
+        __m512i acc[MR][NP]; /* from -128 * sum(xq): the dots come out exact, no subtraction */
+        for (int r = 0; r < rows; r++)
+            for (int h = 0; h < panels; h++) acc[r][h] = _mm512_set1_epi32(goff[r * groups + g]);
         for (int q = 0; q < GROUP / 4; q++) {
-            const __m512i wv = _mm512_loadu_si512(w + ((int64_t)g * GROUP / 4 + q) * 64);
-            for (int r = 0; r < rows; r++)
-                acc[r] = _mm512_dpbusd_epi32(
-                    acc[r], wv, _mm512_set1_epi32(load_quad(xq + r * kp + g * GROUP + q * 4)));
+            __m512i wv[NP];
+            for (int h = 0; h < panels; h++)
+                wv[h] = _mm512_loadu_si512(w[h] + ((int64_t)g * GROUP / 4 + q) * 64);
+            for (int r = 0; r < rows; r++) {
+                const __m512i xv = _mm512_set1_epi32(load_quad(xq + r * kp + g * GROUP + q * 4));
+                for (int h = 0; h < panels; h++)
+                    acc[r][h] = _mm512_dpbusd_epi32(acc[r][h], wv[h], xv);
+            }
         }
-        const __m512 sw = _mm512_loadu_ps(ws + g * NC);
-        for (int r = 0; r < rows; r++) {
-            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]),
-                                      _mm512_mul_ps(sw, _mm512_set1_ps(gs[r * groups + g])),
-                                      facc[r]);
+        for (int h = 0; h < panels; h++) {
+            const __m512 sw = _mm512_loadu_ps(ws[h] + g * NC);
+            for (int r = 0; r < rows; r++)
+                facc[r][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][h]),
+                                             _mm512_mul_ps(sw, _mm512_set1_ps(gs[r * groups + g])),
+                                             facc[r][h]);
         }
     }
-    for (int r = 0; r < rows; r++) _mm512_storeu_ps(out[r], facc[r]);
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < panels; h++) _mm512_storeu_ps(out[r] + h * NC, facc[r][h]);
 }
 
 #elif defined(__AVX2__)
 #include <immintrin.h>
 #define MR 3 /* rows per tile: 6 int32 + 6 fp32 accumulators of 8 columns, 2 weight vectors */
+#define NP 1
 
 #if defined(__AVXVNNI__)
 /* acc += (w + 128) . x per 4 bytes, exact in int32. */
@@ -196,9 +211,12 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
 
 static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t kp,
                                                        const float *gs, const int32_t *goff,
-                                                       int groups, const uint8_t *w,
-                                                       const float *ws, int rows,
-                                                       float out[MR][NC]) {
+                                                       int groups, const uint8_t *const *wp,
+                                                       const float *const *wsp, int rows,
+                                                       int panels, float out[MR][NP * NC]) {
+    const uint8_t *w = wp[0]; /* one panel a tile */
+    const float *ws = wsp[0];
+    (void)panels;
     __m256 facc[MR][2];
     for (int r = 0; r < rows; r++) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
@@ -231,9 +249,14 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xq, int64_t
 
 #else /* another architecture, or x86 below AVX2: the same sums, one product at a time */
 #define MR 4
+#define NP 1
 
 static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *goff,
-                 int groups, const uint8_t *w, const float *ws, int rows, float out[MR][NC]) {
+                 int groups, const uint8_t *const *wp, const float *const *wsp, int rows,
+                 int panels, float out[MR][NP * NC]) {
+    const uint8_t *w = wp[0];
+    const float *ws = wsp[0];
+    (void)panels;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < NC; j++) out[r][j] = 0.f;
     for (int g = 0; g < groups; g++)
@@ -261,25 +284,37 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
     const int groups = kp / GROUP;
     quantize_rows(x, ldx, scratch, gscales, gsums, rows, k, kp, num_threads);
     const int panels = (n + NC - 1) / NC;
+    const int tiles = (panels + NP - 1) / NP; /* NP panels side by side */
     const int64_t panel_bytes = (int64_t)kp * NC;
-    /* Each thread takes a contiguous share of the panels for a block of rows; a panel
-     * (NC x K bytes) stays in L1/L2 while the block's rows pass over it. */
+    /* Each thread takes a contiguous share of the tiles' panels for a block of rows; the
+     * panels (NP x NC x K bytes) stay in L1/L2 while the block's rows pass over them. */
 #pragma omp parallel num_threads(num_threads) if (rows * (int64_t)n * kp > 1 << 18)
     for (int64_t first = 0; first < rows; first += ROW_BLOCK) {
         const int64_t end = rows < first + ROW_BLOCK ? rows : first + ROW_BLOCK;
 #pragma omp for schedule(static) nowait
-        for (int p = 0; p < panels; p++) {
+        for (int t = 0; t < tiles; t++) {
+            const int p = t * NP, tile_panels = panels - p < NP ? panels - p : NP;
+            const uint8_t *wp[NP];
+            const float *ws[NP];
+            for (int h = 0; h < tile_panels; h++) {
+                wp[h] = w + (p + h) * panel_bytes;
+                ws[h] = w_scales + (int64_t)(p + h) * (kp / WGROUP) * NC;
+            }
             for (int64_t r = first; r < end; r += MR) {
-                float dots[MR][NC];
+                float dots[MR][NP * NC];
                 const int tile_rows = end - r < MR ? (int)(end - r) : MR;
                 const int8_t *xr = scratch + r * kp;
                 const float *gs = gscales + r * groups;
                 const int32_t *goff = gsums + r * groups;
-                const uint8_t *wp = w + p * panel_bytes;
-                const float *ws = w_scales + (int64_t)p * (kp / WGROUP) * NC;
-                switch (tile_rows) { /* one inlined copy per row count */
-#define TILE(ROWS) \
-    case ROWS: tile(xr, kp, gs, goff, groups, wp, ws, ROWS, dots); break;
+                /* one inlined copy per row count (and, with NP = 2, per panel count) */
+#define TILE(ROWS)                                                                   \
+    case ROWS:                                                                       \
+        if (NP > 1 && tile_panels == NP)                                             \
+            tile(xr, kp, gs, goff, groups, wp, ws, ROWS, NP, dots);                  \
+        else                                                                         \
+            tile(xr, kp, gs, goff, groups, wp, ws, ROWS, 1, dots);                   \
+        break;
+                switch (tile_rows) {
                     TILE(1)
 #if MR > 1
                     TILE(2)
@@ -291,12 +326,15 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
                     TILE(4)
 #endif
 #if MR > 4
-                    TILE(5) TILE(6) TILE(7) TILE(8)
+                    TILE(5)
+#endif
+#if MR > 5
+                    TILE(6)
 #endif
 #undef TILE
                 }
                 for (int i = 0; i < tile_rows; i++)
-                    for (int j = 0; j < NC && p * NC + j < n; j++) {
+                    for (int j = 0; j < tile_panels * NC && p * NC + j < n; j++) {
                         const int col = p * NC + j;
                         float v = dots[i][j];
                         if (bias) v += bias[col];
