@@ -136,11 +136,13 @@ class KVCacheManager:
         # A block still registered under the hash it had when its tokens were checked holds
         # the same tokens (only eviction changes them, and it unregisters the block), so a
         # request that waits re-checks token by token only what is new since its last lookup
-        # -- or everything, once an eviction touched its hits.
+        # -- or, once an eviction touched its hits, what follows the first one it took.
         verified = self._verified_hits.setdefault(request.request_id, [])
-        if (self._verified_at.get(request.request_id) != self._num_evictions
-                and verified != [cached.get(h) for h in hashes[:len(verified)]]):
-            verified.clear()
+        if self._verified_at.get(request.request_id) != self._num_evictions:
+            registered = [cached.get(h) for h in hashes[:len(verified)]]
+            if registered != verified:  # keep those before the first one no longer there
+                del verified[next(i for i, (old, now) in enumerate(zip(verified, registered))
+                                  if old != now):]
         self._verified_at[request.request_id] = self._num_evictions
         for index in range(len(verified), self._max_hit_blocks(request)):
             block_id = cached.get(hashes[index])
@@ -314,7 +316,8 @@ class KVCacheManager:
         """Of the prefix hits, those in the free queue: they leave it when touched."""
         hits, evictions, moved, num = self._reclaimed
         if evictions != self._num_evictions or moved != self._num_hits_moved or hits != cached_blocks:
-            num = sum(1 for b in cached_blocks if self.blocks[b].ref_cnt == 0)
+            blocks = self.blocks  # (a list's count: a waiting head's hits run to thousands)
+            num = [blocks[b].ref_cnt for b in cached_blocks].count(0)
             self._reclaimed = (list(cached_blocks), self._num_evictions, self._num_hits_moved, num)
         return num
 

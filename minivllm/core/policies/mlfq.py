@@ -16,7 +16,6 @@ Aging keeps it starvation-free: every `aging_s` seconds since arrival lift a req
 from __future__ import annotations
 
 import math
-from weakref import WeakKeyDictionary
 
 from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.request import Request
@@ -34,7 +33,9 @@ class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
         self.validate_options(mlfq_base_quantum=mlfq_base_quantum)
         self.base_quantum = mlfq_base_quantum
         # request -> [level, its service when it entered that level, its prefill iterations]
-        self._levels: WeakKeyDictionary[Request, list[int]] = WeakKeyDictionary()
+        # (a plain dict, emptied by on_removed: sort_key reads it for every queued request
+        # at every step, and a WeakKeyDictionary's lookups cost several times more)
+        self._levels: dict[Request, list[int]] = {}
 
     @classmethod
     def validate_options(cls, mlfq_base_quantum: int = 4) -> None:
@@ -78,3 +79,6 @@ class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
 
     def outranks(self, candidate: Request, running: Request, now: float) -> bool:
         return self.effective_level(candidate, now) < self.effective_level(running, now)
+
+    def on_removed(self, request: Request) -> None:
+        self._levels.pop(request, None)

@@ -5,6 +5,7 @@ from the policy's predictor (--length-predictor)."""
 
 from __future__ import annotations
 
+from minivllm.core.length_predictor import LengthPredictor
 from minivllm.core.policies.base import SchedulingPolicy
 from minivllm.core.request import Request
 
@@ -12,12 +13,30 @@ from minivllm.core.request import Request
 class ShortestJobFirstPolicy(SchedulingPolicy):
     name = "sjf"
 
+    def __init__(self, aging_s: float = 10.0, predictor: LengthPredictor | None = None) -> None:
+        super().__init__(aging_s, predictor)
+        # sort_key runs for every queued request at every step: each one's prediction is
+        # kept, with what it depends on (see predicted_output), until that changes.
+        self._predictions: dict[Request, tuple[tuple[int, bool], float]] = {}
+        self._num_finished = 0  # requests the predictor has learned from
+
+    def predicted_output(self, request: Request) -> float:
+        """The predictor's answer for the request. It changes only when the predictor learns
+        from a finished request, or when the request's prompt hidden state arrives (the
+        probe's input); asking again in between changes nothing (the probe refits at the
+        first ask after it learned, which a finish makes a fresh ask either way)."""
+        stamp = (self._num_finished, request.prompt_hidden is None)
+        kept = self._predictions.get(request)
+        if kept is None or kept[0] != stamp:
+            kept = self._predictions[request] = (stamp, self.predictor.predict(request))
+        return kept[1]
+
     def remaining_work(self, request: Request) -> int:
         computed = request.num_computed_tokens
         if computed < request.num_prompt_tokens:  # else no prompt is left: skip the probe
             computed = max(computed, self.cached_tokens(request))
         prompt_left = max(0, request.num_prompt_tokens - computed)
-        output_left = max(1, self.predictor.predict(request) - request.num_output_tokens)
+        output_left = max(1, self.predicted_output(request) - request.num_output_tokens)
         return prompt_left + output_left
 
     def sort_key(self, request: Request, now: float) -> tuple:
@@ -26,3 +45,10 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
 
     def unranked(self, requests: list[Request], now: float) -> bool:
         return self.predictor.unasked(requests)  # the rest of sort_key only reads
+
+    def on_finished(self, request: Request) -> None:
+        super().on_finished(request)
+        self._num_finished += 1
+
+    def on_removed(self, request: Request) -> None:
+        self._predictions.pop(request, None)
