@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import numpy as np
@@ -32,13 +33,16 @@ from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.traces import build_trace
 from minivllm.sim.plan import SLO, max_rate
 from minivllm.sim.plan_cli import at_rate, probe_figures, table
+from minivllm.sim.step_kinds import describe, relative_errors
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", required=True)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--profile", default=None, help="operator tables JSON (default: calibrate)")
+    p.add_argument("--profile", default=None, help="operator tables JSON (default: calibrate "
+                   "now, saved to --save-profile)")
+    p.add_argument("--save-profile", default="results/sim/plan_check.operators.json")
     p.add_argument("--workload", default="random")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
@@ -62,6 +66,9 @@ def main() -> None:
     print(f"CPU: {cpu_description()}; {pinning}; started {when_and_load()}")
     cost = (OperatorCostModel.load(args.profile, num_threads=args.threads) if args.profile
             else calibrate_operators(args.model, num_threads=args.threads))
+    if not args.profile:
+        cost.save(args.save_profile)
+    print(cost.report())
     core = EngineCore(EngineConfig(model=args.model, seed=0, num_threads=args.threads,
                                    scheduling_policy=args.policy))
     config = core.scheduler.config
@@ -88,12 +95,16 @@ def main() -> None:
     for factor in args.factors:
         rate = answer * factor
         load = os.getloadavg()[0]
-        results, seconds, _ = replay_engine(core, at_rate(trace, rate, 1.0, args.seed), prompts)
+        results, seconds, steps = replay_engine(core, at_rate(trace, rate, 1.0, args.seed),
+                                                prompts)
         probe = probe_figures(results, slo, rate, 1, seconds, trace.buckets)
         real.append((factor, probe))
+        by_kind = relative_errors([(b, s, cost.step_time(b)) for b, s in steps])
         print(f"[engine] {factor:g}x = {rate:.4g} req/s: SLO {'met' if probe.met else 'missed'}"
               f" (TTFT p99 {probe.ttft_p99_ms:.0f} ms, TPOT p50 {probe.tpot_p50_ms:.1f} ms; "
-              f"load before {load:.2f})", flush=True)
+              f"load before {load:.2f}); the cost model on its {len(steps)} steps: predicted / "
+              f"measured median {statistics.median(cost.step_time(b) / s for b, s in steps):.2f}"
+              f", median / p90 error: {describe(by_kind)}", flush=True)
     print("\nthe real engine:\n" + table([p for _, p in real]))
     missed = [f for f, p in real if not p.met]
     met_below = all(p.met for f, p in real if f <= 0.9)

@@ -14,8 +14,9 @@ weights and KV streamed from memory, not one layer's left in the cache), per lay
 - the sampler (greedy rows, as calibrate's and the fidelity benchmark's requests) by rows;
 - a swap copy of a few blocks to the host pool, per token slot.
 Each is the median of a few calls after one warm-up call. Then the framework overhead: the
-real engine runs calibrate's quick grid, and what the tables do not explain of each step
-is fitted as c_step + c_seq x sequences + c_token x tokens (non-negative).
+real engine runs a grid of batches (OVERHEAD_GRID), and what the tables do not explain of
+each step is fitted as c_step + c_decode x decodes + c_prefill x prefill chunks + c_token x
+prefill tokens (non-negative).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ from minivllm.sim.step_kinds import relative_errors
 
 FULL = {"contexts": (0, 64, 256, 1024, 4096), "query_tokens": (2, 8, 32, 128, 512, 2048),
         "decode_batch": (1, 2, 4, 8, 16, 32, 64, 128, 256), "repeats": 7}
+# The real steps the overhead is fitted on (QUICK_GRID's with --quick): decode batches and
+# prefills of several sizes, so that no term stands in for another.
+OVERHEAD_GRID = {"prompt_len": (8, 40, 128), "num_seqs": (1, 6, 16), "output_len": 8}
 QUICK = {"contexts": (0, 64, 256), "query_tokens": (2, 16, 64),
          "decode_batch": (1, 4, 16), "repeats": 3, "max_rows": 64}
 SWAP_PROBE_BLOCKS = 8
@@ -189,9 +193,9 @@ def time_swap(runner, repeats: int) -> float:
 
 
 def fit_overhead(model: OperatorCostModel, steps: list) -> dict[str, float]:
-    """c_step, c_seq, c_token >= 0 fitted to each step's measured - operators' seconds
+    """OVERHEAD_TERMS' seconds (>= 0) fitted to each step's measured - operators' seconds
     (profile.nonnegative_fit: relative error, a negative term dropped)."""
-    x = np.asarray([[1.0, b.num_prefill_seqs + b.num_decode_seqs, b.num_tokens]
+    x = np.asarray([[1.0, b.num_decode_seqs, b.num_prefill_seqs, b.num_prefill_tokens]
                     for b, _ in steps])
     y = np.asarray([s for _, s in steps])
     residual = y - np.asarray([model.operators_time(b) for b, _ in steps])
@@ -229,7 +233,7 @@ def calibrate_operators(model: str, *, quick: bool = False, num_threads: int | N
               "num_layers": len(runner.model.layers)}
     cost = OperatorCostModel(tables, dict.fromkeys(OVERHEAD_TERMS, 0.0), machine, engine,
                              source=f"operators:{model}")
-    steps = timed_steps(core, QUICK_GRID)
+    steps = timed_steps(core, QUICK_GRID if quick else OVERHEAD_GRID)
     cost.overhead = fit_overhead(cost, steps)
     cost.fit_error = relative_errors([(b, s, cost.step_time(b)) for b, s in steps])
     return cost

@@ -39,8 +39,8 @@ def synthetic(pads_rows: bool = False, rows=(1, 2, 4), linear=(1.0, 2.0, 4.0)) -
                "quantization": None, "kv_cache_dtype": "auto"}
     engine = {"num_layers": 2, "pads_rows": pads_rows, "num_kv_blocks": 100, "block_size": 16,
               "max_model_len": 256, "kv_bytes_per_token": 64, "model": "synthetic"}
-    return OperatorCostModel(tables, {"step": 100.0, "seq": 10.0, "token": 1.0}, machine,
-                             engine)
+    return OperatorCostModel(tables, {"step": 100.0, "decode_seq": 10.0, "prefill_seq": 20.0,
+                                      "prefill_token": 1.0}, machine, engine)
 
 
 def test_interpolation_is_piecewise_linear_and_extends_the_end_segments():
@@ -62,8 +62,9 @@ def test_a_step_costs_the_sum_of_its_operators():
     assert b.prefill_chunks == [(2, 4)]
     cost = synthetic()
     # per layer: four linears at 3 rows (3 each) + prefill (2, 4) 2 + decode (1, 5) 1.5
-    # LM head at 2 rows 20, sampler 1.5, swap 16 x 0.5, overhead 100 + 2 x 10 + 3 x 1
-    assert cost.step_time(b) == pytest.approx(2 * (12 + 2 + 1.5) + 20 + 1.5 + 8 + 123)
+    # LM head at 2 rows 20, sampler 1.5, swap 16 x 0.5, overhead 100 + a decode 10 + a
+    # prefill chunk 20 + its 2 tokens x 1
+    assert cost.step_time(b) == pytest.approx(2 * (12 + 2 + 1.5) + 20 + 1.5 + 8 + 132)
     # Without chunk detail, the prefill tokens are spread evenly over the chunks.
     aggregate = StepBatch(num_prefill_seqs=2, num_prefill_tokens=8, prefill_context=0)
     assert cost.attention_time(aggregate) == pytest.approx(2 * 2.0)
@@ -97,9 +98,9 @@ def test_operator_tables_round_trip_and_refuse_another_machine(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="cpu 'Another CPU"):
         OperatorCostModel.load(path)
-    del doc["overhead"]["seq"]
+    del doc["overhead"]["decode_seq"]
     path.write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="without overhead.seq"):
+    with pytest.raises(ValueError, match="without overhead.decode_seq"):
         OperatorCostModel.load(path)
     path.write_text(json.dumps({"kind": "profile"}))
     with pytest.raises(ValueError, match="not operator tables"):
@@ -135,13 +136,14 @@ def test_the_overhead_fit_recovers_a_known_overhead():
     from minivllm.sim.operators_calibrate import fit_overhead
 
     cost = synthetic()
-    true = {"step": 50.0, "seq": 4.0, "token": 0.5}
+    true = {"step": 50.0, "decode_seq": 4.0, "prefill_seq": 6.0, "prefill_token": 0.5}
     steps = []
-    for seqs, tokens in ((1, 1), (4, 4), (2, 40), (8, 8), (3, 100)):
-        b = StepBatch(num_prefill_seqs=1, num_prefill_tokens=tokens - seqs + 1,
-                      num_decode_seqs=seqs - 1, decode_context=5 * (seqs - 1))
-        steps.append((b, cost.operators_time(b) + true["step"] + true["seq"] * seqs
-                      + true["token"] * tokens))
+    for prefills, tokens, decodes in ((0, 0, 1), (0, 0, 4), (1, 40, 1), (1, 8, 7), (2, 100, 1),
+                                      (2, 30, 5)):
+        b = StepBatch(num_prefill_seqs=prefills, num_prefill_tokens=tokens,
+                      num_decode_seqs=decodes, decode_context=5 * decodes)
+        steps.append((b, cost.operators_time(b) + true["step"] + true["decode_seq"] * decodes
+                      + true["prefill_seq"] * prefills + true["prefill_token"] * tokens))
     assert fit_overhead(cost, steps) == pytest.approx(true)
 
 
