@@ -12,8 +12,10 @@ the real engine at rates around its answer.
    simulator, given the engine's exact scheduler configuration: the highest rate that meets
    the SLOs.
 3. The same requests, sent at each factor times that rate (the same seeded arrivals, scaled),
-   replayed in real time through the real EngineCore (bench/engine_replay.py), judged by the
-   same figures: where the engine first misses the SLOs.
+   replayed in real time through the real EngineCore (bench/engine_replay.py; after a
+   warm-up, the prefix cache emptied before each rate: the prompts repeat), judged by the
+   same figures: where the engine first misses the SLOs. Each replay's steps also give the
+   cost model's step-time error (predicted / measured).
 
 The issue's target: the plan's answer within 10% of the rate at which the real engine first
 misses the SLO (met at 0.9x, missed by 1.1x). Prints date, load and threads.
@@ -25,6 +27,7 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -92,8 +95,11 @@ def main() -> None:
     print(table(probes))
     print(f"sim plan: {answer:.4g} req/s ({cost.name}, policy {args.policy})\n")
     real = []
+    warmup = replace(trace, entries=trace.entries[:8])  # the engine's first steps are slower
+    replay_engine(core, at_rate(warmup, answer, 1.0, args.seed), prompts[:8])
     for factor in args.factors:
         rate = answer * factor
+        core.reset_prefix_cache()  # every rate from the same cold cache, as each simulation
         load = os.getloadavg()[0]
         results, seconds, steps = replay_engine(core, at_rate(trace, rate, 1.0, args.seed),
                                                 prompts)
