@@ -11,10 +11,8 @@ import pytest
 from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.length_predictor import LENGTH_PREDICTORS
 from minivllm.core.policies.sjf import ShortestJobFirstPolicy
-from minivllm.core.scheduler_config import SchedulerConfig
-from minivllm.sim.simulator import Simulator
-from tests.core.test_unranked_waiting import OPTIONS, TRACES
-from tests.sim.test_sim import FakeCost
+from tests.core.test_unranked_waiting import TRACES
+from tests.core.test_unranked_waiting import simulate as run
 
 CASES = ([("sjf", predictor) for predictor in sorted(LENGTH_PREDICTORS)]
          + [(policy, "mean") for policy in ("fcfs", "priority", "mlfq", "residual_sjf",
@@ -32,19 +30,6 @@ def plain_path(monkeypatch) -> None:
     monkeypatch.setattr(KVCacheManager, "find_cached_blocks", from_scratch)
     monkeypatch.setattr(ShortestJobFirstPolicy, "predicted_output",
                         lambda policy, request: policy.predictor.predict(request))
-
-
-def run(policy: str, predictor: str, active: bool, trace_name: str) -> tuple:
-    config = SchedulerConfig(num_blocks=48, block_size=4, max_num_batched_tokens=16,
-                             max_model_len=128, max_num_seqs=6, active_preemption=active,
-                             min_run_quantum=2, num_swap_blocks=16)
-    options = {"mlfq_base_quantum": 1} if policy == "mlfq" else OPTIONS.get(policy, {})
-    result = Simulator(config, policy, FakeCost(), send_priority=policy == "priority",
-                       length_predictor=predictor, record_decisions=True,
-                       policy_options=options).run(TRACES[trace_name]())
-    requests = [(r.ttft, r.e2e, tuple(r.itl), r.output_tokens, r.success, r.error,
-                 r.predicted_output_tokens, r.queue_s) for r in result.results]
-    return result.decisions, requests, result.stats.as_dict()
 
 
 @pytest.mark.parametrize("trace_name", sorted(TRACES))

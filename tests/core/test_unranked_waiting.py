@@ -47,7 +47,9 @@ TRACES = {"seed-high": lambda: seed_trace("high", seed=5, length_scale=1 / 256,
           "shared-prefix": shared_prefix_trace}
 
 
-def run(policy: str, predictor: str, active: bool, trace_name: str, made: list) -> tuple:
+def simulate(policy: str, predictor: str, active: bool, trace_name: str) -> tuple:
+    """(the scheduler's decisions, each request's figures, the run's stats) of a small,
+    saturated simulated replica (tests/core/test_ranking_memos.py runs it too)."""
     config = SchedulerConfig(num_blocks=48, block_size=4, max_num_batched_tokens=16,
                              max_model_len=128, max_num_seqs=6, active_preemption=active,
                              min_run_quantum=2, num_swap_blocks=16)
@@ -57,9 +59,15 @@ def run(policy: str, predictor: str, active: bool, trace_name: str, made: list) 
                        policy_options=options).run(TRACES[trace_name]())
     requests = [(r.ttft, r.e2e, tuple(r.itl), r.output_tokens, r.success, r.error,
                  r.predicted_output_tokens, r.queue_s) for r in result.results]
+    return result.decisions, requests, result.stats.as_dict()
+
+
+def run(policy: str, predictor: str, active: bool, trace_name: str, made: list) -> tuple:
+    """simulate's, and the steps the schedulers in `made` left the queue unranked."""
+    decisions, requests, stats = simulate(policy, predictor, active, trace_name)
     unranked = sum(s.num_unranked_steps for s in made)
     made.clear()
-    return result.decisions, requests, result.stats.as_dict(), unranked
+    return decisions, requests, stats, unranked
 
 
 @pytest.mark.parametrize("trace_name", sorted(TRACES))
