@@ -137,10 +137,21 @@ def test_fp32_ways_agree_and_time_ways_measures_each():
     assert set(times) == {"oneDNN", "torch"} and all(0 < t < 1 for t in times.values())
 
 
-def test_bf16_ways_on_this_cpu_are_the_unrounded_ones_for_the_head():
+def test_bf16_ways_keep_oneDNNs_rounded_output_off_the_lm_head(monkeypatch):
+    """On a CPU with AMX, AVX512-BF16 and the panels (the usability checks faked: the ways
+    are only listed, not built): every way for a layer, AMX first (the default); for the LM
+    head, whose logits must stay fp32, not oneDNN's bf16, which rounds its output."""
+    from minivllm.model.models import layers
+
+    monkeypatch.setattr(layers.linear_amx, "usable", lambda weight, fast: fast)
+    monkeypatch.setattr(layers, "_native_onednn_bf16", lambda weight, fast: fast)
+    monkeypatch.setattr(layers.linear_bf16, "usable", lambda weight, fast: fast)
     weight = torch.randn(32, 64)
-    ways = linear_ways(weight, None, True, "bf16", head=True)
-    assert "oneDNN bf16" not in ways or "AMX bf16" not in ways  # rounded: never beside AMX
+    assert list(linear_ways(weight, None, True, "bf16")) == [
+        "AMX bf16", "oneDNN bf16", "bf16 panels"]
+    assert list(linear_ways(weight, None, True, "bf16", head=True)) == [
+        "AMX bf16", "bf16 panels"]
+    assert list(linear_ways(weight, None, False, "bf16")) == ["bf16"]  # no kernels: torch
 
 
 @needs_onednn
