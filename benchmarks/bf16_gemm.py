@@ -1,4 +1,4 @@
-"""bf16-stored weights with fp32 arithmetic (bf16_gemm.c) against oneDNN's fp32 linear, at
+"""bf16-stored weights with fp32 arithmetic (panel_gemm.c) against oneDNN's fp32 linear, at
 Qwen2.5-Coder-0.5B's and SmolLM2-135M's shapes.
 
     python benchmarks/bf16_gemm.py [--rows 1 8 128] [--threads 2]
@@ -21,7 +21,7 @@ from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.timing import call_seconds
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear import Linear
-from minivllm.model.kernels.linear_bf16 import Bf16Linear
+from minivllm.model.kernels.linear_panels import PanelLinear
 
 SHAPES = {"qwen qkv": (1152, 896), "qwen gate_up": (9728, 896), "qwen down": (896, 4864),
           "qwen lm_head": (151936, 896), "smollm2 gate_up": (3072, 576),
@@ -40,8 +40,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if not cpu.bf16_panel_width():
-        raise SystemExit("bf16_gemm.c does not run here (no C kernels at AVX2 or above)")
+    if not cpu.panel_width():
+        raise SystemExit("panel_gemm.c does not run here (no C kernels at AVX2 or above)")
     print(f"# {cpu_description()}; kernels {cpu._library().isa_summary}; "
           f"{args.threads} threads; {when_and_load()}")
     print(f"# copy bandwidth (read + write): {copy_bandwidth() / 1e9:.1f} GB/s")
@@ -50,7 +50,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, (n, k) in SHAPES.items():
         weight = torch.randn(n, k)
-        engines = {"bf16": Bf16Linear(weight), "fp32": Linear(weight)}
+        engines = {"bf16": PanelLinear(weight), "fp32": Linear(weight)}
         for rows in args.rows:
             x = torch.randn(rows, k)
             ms = {e: 1e3 * statistics.median(call_seconds(lambda f=f, x=x: f(x), repeats=5,

@@ -7,7 +7,7 @@ runs them) and each row count: GFLOP/s (a multiply-add counted as two operations
 fraction of the peak of the arithmetic it runs on, for each kernel the engine uses there:
 
 - fp32: oneDNN's packed linear (`--dtype float32`), against the fp32 FMA peak;
-- bf16 stored (bf16_gemm.c: `--dtype bfloat16` without AVX512-BF16), fp32 arithmetic:
+- bf16 stored (panel_gemm.c: `--dtype bfloat16` without AVX512-BF16), fp32 arithmetic:
   against the fp32 FMA peak;
 - int8 (int8_gemm.c: `--quantization int8`, groups of 32): against the int8 peak of
   its instructions (VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddubsw mix);
@@ -31,9 +31,9 @@ from minivllm.bench.peaks import measure_peaks
 from minivllm.bench.timing import call_seconds
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear import Linear
-from minivllm.model.kernels.linear_bf16 import Bf16Linear
 from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear, cat_rows
 from minivllm.model.kernels.linear_int8 import Int8Linear
+from minivllm.model.kernels.linear_panels import PanelLinear
 
 # (out, in) of the engine's fused linears
 SHAPES = {"smollm2": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576),
@@ -92,7 +92,7 @@ def main() -> None:
         for name, (n, k) in shapes.items():
             weight = torch.randn(n, k) * 0.05
             kernels = {"fp32 oneDNN": (Linear(weight), peaks["fp32"]),
-                       "bf16 stored": (Bf16Linear(weight), peaks["fp32"]),
+                       "bf16 stored": (PanelLinear(weight), peaks["fp32"]),
                        "int8": (Int8Linear(weight), int8_peak)}
             if model == "qwen" and name in gguf:
                 layer, types = gguf[name]

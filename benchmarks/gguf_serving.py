@@ -91,7 +91,7 @@ ENGINES = {
     "minivllm": lambda *a: minivllm_command(*a),  # a GGUF file's blocks, as stored
     "minivllm-fp32": lambda *a: minivllm_command(*a, "--quantization", "none"),
     # every weight dequantized and stored in bf16: on a CPU without AVX512-BF16, fp32
-    # arithmetic on the bf16 values (bf16_gemm.c), as a bf16 checkpoint runs there
+    # arithmetic on the bf16 values (panel_gemm.c), as a bf16 checkpoint runs there
     "minivllm-bf16": lambda *a: minivllm_command(*a, "--quantization", "none", "--dtype",
                                                  "bfloat16"),
     "llama-server": llama_server_command,

@@ -54,7 +54,7 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device | None = None) -> 
     except on the CPU (`device`), where a float32 checkpoint stays float32 (exact, the
     reference) and any other (bf16, fp16, or none named: a GGUF file) runs in bfloat16 where
     the CPU has native bf16 dot products (AVX512-BF16, AMX-BF16). Without them a bf16
-    checkpoint keeps its bf16 weights where the CPU has AVX2 (bf16_gemm.c: fp32 arithmetic
+    checkpoint keeps its bf16 weights where the CPU has AVX2 (panel_gemm.c: fp32 arithmetic
     on the stored values, exact, half fp32's bytes) and the rest runs in float32."""
     if dtype != "auto":
         return _DTYPES[dtype]

@@ -375,7 +375,7 @@ def _bf16_linears() -> str:
         return "AMX-BF16 tiles, the LM head too, fp32 logits"
     if torch.ops.mkldnn._is_mkldnn_bf16_supported() and native_bf16():
         return "oneDNN, native bf16 dot products; the LM head fp32"
-    if kernels.enabled() and cpu.bf16_panel_width():
+    if kernels.enabled() and cpu.panel_width():
         return ("stored in bf16, fp32 arithmetic (no AVX512-BF16: half fp32's bytes per "
                 "token, no rounding but the weights'), the LM head too")
     return "emulated: this CPU has no AVX512-BF16 and no AVX2 kernels; float32 is faster here"

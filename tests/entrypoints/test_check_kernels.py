@@ -100,8 +100,9 @@ def test_refuses_without_kernels(tiny_model_dirs, capsys, monkeypatch):
 
 
 def test_gemm_table_names_the_faster_way_and_its_roof():
-    """A fake timer (torch twice as fast at one row): the chosen way, its GFLOP/s and the
-    roof, memory-bound at one row and compute-bound at many."""
+    """A fake timer (torch twice as fast as oneDNN at one row, oneDNN twice torch at 512,
+    the fp32 panels, where they run, slower): the chosen way, its GFLOP/s and the roof,
+    memory-bound at one row and compute-bound at many."""
     from types import SimpleNamespace
 
     from minivllm.entrypoints.cli_check_gemm import gemm_table, model_shapes
@@ -113,7 +114,9 @@ def test_gemm_table_names_the_faster_way_and_its_roof():
         ("lm_head", 200, 64)]
 
     def timer(ways, k, rows):
-        return {name: (1e-6 if (name == "torch") == (rows == 1) else 2e-6) for name in ways}
+        fast = "torch" if rows == 1 else "oneDNN"
+        return {name: 1e-6 if name == fast else 2e-6 if name != "fp32 panels" else 4e-6
+                for name in ways}
     peaks = {"fp32": 100.0, "int8_avx2": 300.0}
     lines = gemm_table(cfg, "float32", (1, 512), peaks, bandwidth=10e9, timer=timer)
     o_rows = [line for line in lines if line.startswith("| o |")]
@@ -121,10 +124,11 @@ def test_gemm_table_names_the_faster_way_and_its_roof():
         pytest.skip("one fp32 way here (no oneDNN)")
     # one row: 2 * 64 * 64 operations in 1 us = 8.2 GFLOP/s; the memory roof is 10 GB/s
     # times 8192 operations per 16,384 + 512 bytes moved = 4.8 GFLOP/s
-    assert o_rows[0] == ("| o | 64 x 64 | 1 | oneDNN 4.1, torch 8.2 | torch | 4.8 (memory) "
-                         "| 169% |")
-    assert o_rows[1].startswith("| o | 64 x 64 | 512 | oneDNN 4194.3, torch 2097.2 | oneDNN "
-                                "| 100.0 (compute) |")
+    panels = (", fp32 panels 2.0", ", fp32 panels 1048.6") if cpu.panel_width() else ("", "")
+    assert o_rows[0] == (f"| o | 64 x 64 | 1 | oneDNN 4.1, torch 8.2{panels[0]} | torch | "
+                         "4.8 (memory) | 169% |")
+    assert o_rows[1].startswith(f"| o | 64 x 64 | 512 | oneDNN 4194.3, torch 2097.2{panels[1]} "
+                                "| oneDNN | 100.0 (compute) |")
 
 
 @needs_kernels

@@ -3,7 +3,7 @@ C kernels run as in fp32). The mixed linear of oneDNN / F.linear against its def
 rounded to bf16, the product accumulated in fp32 and rounded to bf16, bias and residual
 added in fp32); an engine with dtype="bfloat16" holds the linears this CPU runs best — AMX
 tiles, oneDNN's native bf16 (the LM head fp32) or, without AVX512-BF16, bf16-stored weights
-with fp32 arithmetic (bf16_gemm.c, test_bf16_gemm.py; the LM head bf16 too) — and a bf16 KV
+with fp32 arithmetic (panel_gemm.c, test_panel_gemm.py; the LM head bf16 too) — and a bf16 KV
 cache, runs the kernels, and decodes the same greedy tokens with the kernels on and off;
 dtype="auto" picks bf16 where it pays."""
 
@@ -18,7 +18,7 @@ from minivllm.model.kernels import cpu
 from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.kernels.linear import Linear
 from minivllm.model.kernels.linear_amx import AmxBf16Linear
-from minivllm.model.kernels.linear_bf16 import Bf16Linear
+from minivllm.model.kernels.linear_panels import PanelLinear
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
@@ -61,9 +61,9 @@ def test_a_bf16_engine_holds_bf16_linears_and_kv_with_fp32_activations(bf16_runs
     if cpu.amx():  # bf16 weights packed as AMX tiles, the LM head too (fp32 logits)
         assert isinstance(head, AmxBf16Linear) and isinstance(gate_up, AmxBf16Linear)
         assert head.packed.dtype == gate_up.packed.dtype == torch.bfloat16
-    elif not native_bf16() and cpu.bf16_panel_width():
+    elif not native_bf16() and cpu.panel_width():
         # no AVX512-BF16: stored in bf16, fp32 arithmetic, the LM head too (fp32 logits)
-        assert isinstance(head, Bf16Linear) and isinstance(gate_up, Bf16Linear)
+        assert isinstance(head, PanelLinear) and isinstance(gate_up, PanelLinear)
         assert head.packed.dtype == gate_up.packed.dtype == torch.bfloat16
     else:  # fp32 LM head: logits rounded to bf16 tie (SmolLM2's first answer token flipped)
         assert runner.model.lm_head.weight.dtype == torch.float32
@@ -99,7 +99,7 @@ def test_dtype_auto_on_the_cpu(checkpoint, flags, expected, monkeypatch):
     monkeypatch.delenv("MINIVLLM_DISABLE_KERNELS", raising=False)
     config = SimpleNamespace(dtype=checkpoint)
     assert loader.resolve_dtype("auto", config, torch.device("cpu")) == expected
-    if "avx512_bf16" not in flags and "amx_bf16" not in flags:  # no bf16_gemm.c: emulated
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:  # no panel_gemm.c: emulated
         monkeypatch.setenv("MINIVLLM_DISABLE_KERNELS", "1")
         assert loader.resolve_dtype("auto", config, torch.device("cpu")) == torch.float32
         monkeypatch.delenv("MINIVLLM_DISABLE_KERNELS")

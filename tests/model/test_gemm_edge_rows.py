@@ -10,29 +10,30 @@ import pytest
 import torch
 
 from minivllm.model.kernels.gguf_blocks import Q4_K, Q5_0, Q6_K, Q8_0, TYPE_NAMES
-from minivllm.model.kernels.linear_bf16 import reference_linear
 from minivllm.model.kernels.linear_gguf import emulate_kernel
 from minivllm.model.kernels.linear_int8 import Int8Linear
+from minivllm.model.kernels.linear_panels import reference_linear
 from tests.kernel_marks import needs_kernels
 from tests.lora import test_lora_layers as lora
-from tests.model.test_bf16_gemm import bf16_layer
 from tests.model.test_gguf_kernel import block_weight
 from tests.model.test_gguf_repacked import repacked_layer
+from tests.model.test_panel_gemm import panel_layer
 from tests.model.test_quantization import _case, kernel_reference
 
 pytestmark = needs_kernels
 ROWS = [1, 15, 17, 513]
 
 
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("n, k", [(1152, 896), (37, 33)])  # Qwen2.5-0.5B's qkv; odd
 @pytest.mark.parametrize("rows", ROWS)
-def test_bf16_weights(rows, n, k):
+def test_panel_weights(rows, n, k, stored):
     gen = torch.Generator().manual_seed(rows + n)
     weight, x = torch.randn(n, k, generator=gen), torch.randn(rows, k, generator=gen)
-    layer = bf16_layer(weight)
-    if layer is None:  # below AVX2 (bf16_layer checked that the kernel refuses)
+    layer = panel_layer(weight, stored=stored)
+    if layer is None:  # below AVX2 (panel_layer checked that the kernel refuses)
         return
-    torch.testing.assert_close(layer(x), reference_linear(x, weight), rtol=1e-5,
+    torch.testing.assert_close(layer(x), reference_linear(x, weight, stored), rtol=1e-5,
                                atol=2e-5 * k ** 0.5)
 
 

@@ -279,7 +279,7 @@ KERNEL_TESTS = [
     "tests/model/test_gguf_kernel.py",
     "tests/model/test_gguf_dequant.py",
     "tests/model/test_gguf_repacked.py",
-    "tests/model/test_bf16_gemm.py",
+    "tests/model/test_panel_gemm.py",
     "tests/model/test_gemm_edge_rows.py",
     "tests/model/test_attention.py::test_mixed_batch_fast_path_matches_reference",
     "tests/model/test_sampler.py::test_uniforms_match_between_c_and_python",

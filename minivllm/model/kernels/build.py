@@ -27,7 +27,7 @@ from minivllm.model.kernels import header, isa
 logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ["paged_decode_attention.c", "paged_prefill_attention.c", "ops.c", "sampler.c",
-           "int8_gemm.c", "bf16_gemm.c", "amx_gemm.c", "amx_attention.c", "gguf_gemm.c",
+           "int8_gemm.c", "panel_gemm.c", "amx_gemm.c", "amx_attention.c", "gguf_gemm.c",
            "gguf_repack.c", "gguf_repacked.c", "gguf_dequant.c", "lora_sgmv.c", "isa_info.c"]
 # included by sources, part of the cache key
 INTERNAL_HEADERS = ["amx_tiles.h", "attention_plan.h", "gguf_activations.h", "gguf_repacked.h",

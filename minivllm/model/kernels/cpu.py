@@ -1,5 +1,5 @@
 """The C kernels (paged_decode_attention.c, paged_prefill_attention.c, amx_attention.c, ops.c,
-sampler.c, int8_gemm.c, gguf_gemm.c, gguf_repacked.c, gguf_dequant.c, amx_gemm.c) behind
+sampler.c, int8_gemm.c, panel_gemm.c, gguf_gemm.c, gguf_repacked.c, gguf_dequant.c, amx_gemm.c) behind
 torch-facing wrappers: built and loaded by build.py on first use, for this CPU's ISA level
 (isa.py), called with keyword arguments named as in kernels.h. Without a compiler, or when
 the build or the load fails, `available()` is False and the callers keep their pure-torch
@@ -279,22 +279,24 @@ def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     return ops.y
 
 
-def bf16_panel_width() -> int:
-    """The columns of bf16_gemm.c's panels (linear_bf16.pack_weight), or 0 where it does not
-    run (no kernels, or a library below AVX2)."""
+def panel_width() -> int:
+    """The columns of panel_gemm.c's panels (linear_panels.pack_weight), or 0 where it does
+    not run (no kernels, or a library below AVX2)."""
     lib = _library()
-    return lib.bf16_panel_width() if lib is not None else 0
+    return lib.panel_width() if lib is not None else 0
 
 
-def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """x [T, K] fp32 (rows may be strided) times bf16 weights packed by
-    linear_bf16.pack_weight, fp32 arithmetic -> fp32 [T, out_features]; bias [N] and
-    residual [T, N] (fp32) added in the same pass. See bf16_gemm.c; only where
-    bf16_panel_width()."""
+def panel_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                 residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [T, K] fp32 (rows may be strided) times weights packed by linear_panels.pack_weight
+    (bf16 or fp32, the packed tensor's dtype), fp32 arithmetic -> fp32 [T, out_features];
+    bias [N] and residual [T, N] (fp32) added in the same pass. See panel_gemm.c; only
+    where panel_width()."""
     ops = LinearOperands(x, bias, residual, out_features)
-    if _library().bf16_linear_f32(**ops.args, w=packed.data_ptr()) != 0:
-        raise RuntimeError("bf16_linear: this library has no bf16 kernel (below AVX2)")
+    kernel = (_library().bf16_linear_f32 if packed.dtype == torch.bfloat16
+              else _library().f32_panel_linear_f32)
+    if kernel(**ops.args, w=packed.data_ptr()) != 0:
+        raise RuntimeError("panel_linear: this library has no panel kernel (below AVX2)")
     return ops.y
 
 

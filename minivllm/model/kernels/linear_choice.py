@@ -3,7 +3,7 @@
 Some weights can run more than one way, each computing the same product up to the order
 of its sums (or, for bf16, where x is rounded): fp32 through oneDNN's packed linear or
 torch's F.linear (MKL); bf16 weights on AMX tiles, through oneDNN's native bf16 or
-bf16_gemm.c's panels. Which is faster depends on the CPU, the shape and the rows: on an AMX
+panel_gemm.c's panels. Which is faster depends on the CPU, the shape and the rows: on an AMX
 Xeon oneDNN's bf16 linear ran 300-910 GFLOP/s where the tile kernel ran ~300 in the loop.
 
 So at load, for each (ways, N, K) and each power-of-two row count up to the step's largest

@@ -203,7 +203,7 @@ class CausalLM(nn.Module):
             lm_head = self.embed  # a tied head (GGUF blocks too: then a block linear)
         # bf16's LM head keeps fp32 weights where the bf16 product rounds its output to bf16
         # (oneDNN's): that tied SmolLM2's top logits ("The" and "L" after "What is the
-        # capital of France?": argmax flipped). On AMX tiles and in bf16_gemm.c's fp32
+        # capital of France?": argmax flipped). On AMX tiles and in panel_gemm.c's fp32
         # arithmetic the logits stay fp32.
         head_weights = linear_weights
         if linear_weights == "bf16" and not (isinstance(lm_head, torch.Tensor)

@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.model.attention import AttentionMetadata, paged_attention, write_kv
-from minivllm.model.kernels import cpu, linear_amx, linear_bf16
+from minivllm.model.kernels import cpu, linear_amx, linear_panels
 from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.kernels.linear import Linear, onednn_usable
 from minivllm.model.kernels.linear_amx import AmxBf16Linear
-from minivllm.model.kernels.linear_bf16 import Bf16Linear
 from minivllm.model.kernels.linear_choice import ChosenLinear, KernelChoice
 from minivllm.model.kernels.linear_gguf import BlockRows, BlockWeight, GGUFLinear
 from minivllm.model.kernels.linear_int8 import Int8Linear
+from minivllm.model.kernels.linear_panels import PanelLinear
 from minivllm.model.rope import apply_rope
 
 # hidden_act / hidden_activation -> the function (transformers' names)
@@ -48,7 +48,7 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-AnyLinear = Linear | Int8Linear | GGUFLinear | AmxBf16Linear | Bf16Linear
+AnyLinear = Linear | Int8Linear | GGUFLinear | AmxBf16Linear | PanelLinear
 
 
 def linear(weight: torch.Tensor | BlockWeight | BlockRows, bias: torch.Tensor | None,
@@ -57,7 +57,7 @@ def linear(weight: torch.Tensor | BlockWeight | BlockRows, bias: torch.Tensor | 
     """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
     weights, fp32 activations: the CPU's bf16, see CausalLM): on AMX tiles where the CPU has
     them (linear_amx.py), oneDNN's native bf16 products where it has AVX512-BF16, and
-    elsewhere bf16-stored weights with fp32 arithmetic (linear_bf16.py). A GGUF file's
+    elsewhere bf16-stored weights with fp32 arithmetic (linear_panels.py). A GGUF file's
     blocks (quantization="gguf") run as stored (linear_gguf.py). Where more than one way
     runs here, `choice` picks per row count by measuring them (linear_choice.py; the first
     way listed is the default without it). head: the LM head, whose output must not be
@@ -83,13 +83,15 @@ def linear_ways(weight: torch.Tensor, bias: torch.Tensor | None, fast: bool,
         # oneDNN's bf16 rounds its output to bf16: never the LM head's (bf16_logits_stay_fp32)
         if _native_onednn_bf16(weight, fast) and not (head and ways):
             ways["oneDNN bf16"] = lambda: Linear(weight.to(torch.bfloat16), bias)
-        if linear_bf16.usable(weight, fast):
-            ways["bf16 panels"] = lambda: Bf16Linear(weight, bias)
+        if linear_panels.usable(weight, fast):
+            ways["bf16 panels"] = lambda: PanelLinear(weight, bias)
         return ways or {"bf16": lambda: Linear(weight.to(torch.bfloat16), bias, fast)}
     ways = {}
     if fast and onednn_usable(weight):
         ways["oneDNN"] = lambda: Linear(weight, bias)
     ways["torch"] = lambda: Linear(weight, bias, False)
+    if weight.dtype == torch.float32 and linear_panels.usable(weight, fast):
+        ways["fp32 panels"] = lambda: PanelLinear(weight, bias, torch.float32)
     return ways
 
 
@@ -101,12 +103,12 @@ def _bf16_kind(weight: torch.Tensor, fast: bool) -> str:
     if linear_amx.usable(weight, fast):
         return "amx"
     native = _native_onednn_bf16(weight, fast)
-    return "fp32 arithmetic" if not native and linear_bf16.usable(weight, fast) else "rounded"
+    return "fp32 arithmetic" if not native and linear_panels.usable(weight, fast) else "rounded"
 
 
 def bf16_logits_stay_fp32(weight: torch.Tensor, fast: bool) -> bool:
     """Whether linear(weight, ..., "bf16") returns its products unrounded (AMX tiles,
-    bf16_gemm.c), not rounded to bf16 (oneDNN's bf16 and F.linear's)."""
+    panel_gemm.c), not rounded to bf16 (oneDNN's bf16 and F.linear's)."""
     return _bf16_kind(weight, fast) != "rounded"
 
 

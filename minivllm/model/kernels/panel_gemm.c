@@ -1,14 +1,23 @@
-/* The linear layer over bf16-stored weights with fp32 arithmetic, for CPUs without bf16 dot
- * products (AVX2, AVX-512F without AVX512-BF16; linear_bf16.py). A decode step streams every
- * weight from DRAM, so a bf16 checkpoint read as bf16 costs half the bytes of fp32; x stays
- * fp32 and every product is exact (a bf16 value is an fp32 value with 16 zero low bits), so
- * the result is fp32's on the bf16 weights, only the summation order differing.
+/* The linear layer over weights packed once at load into panels of output columns, fp32
+ * arithmetic (linear_panels.py): fp32 x times weights stored as fp32 or bf16. One tile loop
+ * and one driver for both; a weight type only says how a panel's k-th PANEL values become
+ * two fp32 vectors (panel_operands).
  *
- * Layout (bf16_pack): panels of PANEL = 2 x VEC output columns, k-major: for each k, PANEL
- * bf16 values in VEC 32-bit words, word j holding column j in its low half and column
- * j + VEC in its high half. One vector load then gives both halves of the panel as fp32 with
- * one shift (column j: the low half moved up) and one and (column j + VEC: the low half
- * cleared), no shuffles.
+ * - bf16-stored weights (CPUs without bf16 dot products: AVX2, AVX-512F without
+ *   AVX512-BF16): a decode step streams every weight from DRAM, so a bf16 checkpoint read
+ *   as bf16 costs half fp32's bytes; every product is exact (a bf16 value is an fp32 value
+ *   with 16 zero low bits), so the result is fp32's on the bf16 weights.
+ * - fp32 weights: the rows of a decode step (1-64) against oneDNN's and MKL's fp32 linears,
+ *   which on SmolLM2's shapes ran 75-80 GFLOP/s at 8 rows on an AVX-512 Xeon where these
+ *   tiles ran ~200: each weight vector is loaded once per tile of rows and feeds every row
+ *   of it. The engine measures which is faster per shape and row count (linear_choice.py).
+ *
+ * Layout (linear_panels.pack_weight): panels of PANEL = 2 x VEC output columns, k-major.
+ * fp32: for each k, the panel's PANEL values in column order (two vector loads). bf16: for
+ * each k, PANEL bf16 values in VEC 32-bit words, word j holding column j in its low half and
+ * column j + VEC in its high half: one vector load then gives both halves of the panel as
+ * fp32 with one shift (column j: the low half moved up) and one and (column j + VEC: the low
+ * half cleared), no shuffles.
  *
  * Every output is its k terms accumulated in k order by one FMA chain whatever the number of
  * rows or how they are tiled: a row's result does not depend on the batch it runs in. */
@@ -19,12 +28,13 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define VEC 16
-#define MAX_ROWS 8 /* rows of x per tile: 16 accumulators */
+#define MAX_ROWS 12 /* rows of x per tile: 24 accumulators */
 typedef __m512 vf;
 typedef __m512i vi;
 #define load_words(p) _mm512_loadu_si512((const void *)(p))
 #define low_cols(w) _mm512_castsi512_ps(_mm512_slli_epi32(w, 16))
 #define high_cols(w) _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(-65536)))
+#define loadu _mm512_loadu_ps
 #define fmadd _mm512_fmadd_ps
 #define set1 _mm512_set1_ps
 #define zero _mm512_setzero_ps
@@ -38,6 +48,7 @@ typedef __m256i vi;
 #define load_words(p) _mm256_loadu_si256((const __m256i *)(p))
 #define low_cols(w) _mm256_castsi256_ps(_mm256_slli_epi32(w, 16))
 #define high_cols(w) _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(-65536)))
+#define loadu _mm256_loadu_ps
 #define fmadd _mm256_fmadd_ps
 #define set1 _mm256_set1_ps
 #define zero _mm256_setzero_ps
@@ -47,18 +58,37 @@ typedef __m256i vi;
 #ifdef VEC
 #define PANEL (2 * VEC)
 #define CHUNK 64 /* rows of x per task, so a long prompt's rows stay in L2 */
-#define PREFETCH 1024 /* values (2 KiB) ahead in the panel's stream */
+#define PREFETCH 2048 /* bytes ahead in the panel's stream */
+
+enum { STORED_F32, STORED_BF16 };
+
+/* The panel's values at k (from `p`, which points at them) as two fp32 vectors: columns
+ * 0..VEC-1 and VEC..PANEL-1. Returns the bytes the k step spans. */
+static inline __attribute__((always_inline)) int panel_operands(const void *p, int stored,
+                                                                vf *lo, vf *hi) {
+    if (stored == STORED_F32) {
+        *lo = loadu((const float *)p);
+        *hi = loadu((const float *)p + VEC);
+        return PANEL * 4;
+    }
+    const vi w = load_words(p);
+    *lo = low_cols(w);
+    *hi = high_cols(w);
+    return PANEL * 2;
+}
 
 /* y's rows (nr of them), columns c0.. (cols of them) = x's rows times the panel p. */
 static inline __attribute__((always_inline)) void tile(
-    const float *x, int64_t ldx, const uint16_t *p, int k, int nr, const float *bias,
+    const float *x, int64_t ldx, const char *p, int stored, int k, int nr, const float *bias,
     const float *residual, int64_t ldr, float *y, int64_t n, int cols) {
     vf acc[MAX_ROWS][2];
     for (int i = 0; i < nr; i++) acc[i][0] = acc[i][1] = zero();
-    for (int kk = 0; kk < k; kk++, p += PANEL) {
-        _mm_prefetch((const char *)(p + PREFETCH), _MM_HINT_T0);
-        const vi w = load_words(p);
-        const vf lo = low_cols(w), hi = high_cols(w);
+    for (int kk = 0; kk < k; kk++) {
+        /* a cache line ahead per 64 bytes the step reads: one for bf16, two for fp32 */
+        _mm_prefetch(p + PREFETCH, _MM_HINT_T0);
+        if (stored == STORED_F32) _mm_prefetch(p + PREFETCH + 64, _MM_HINT_T0);
+        vf lo, hi;
+        p += panel_operands(p, stored, &lo, &hi);
         for (int i = 0; i < nr; i++) {
             const vf xv = set1(x[i * ldx + kk]);
             acc[i][0] = fmadd(lo, xv, acc[i][0]);
@@ -79,11 +109,14 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
-static void bf16_linear(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
-                        const float *residual, int64_t ldr, float *y, int64_t rows, int k,
-                        int n, int num_threads) {
+/* One task per (chunk of CHUNK rows, panel); `stored` a constant in each inlined copy. */
+static inline __attribute__((always_inline)) void panel_linear(
+    const float *x, int64_t ldx, const void *w, int stored, const float *bias,
+    const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
+    int num_threads) {
     const int64_t npanels = (n + PANEL - 1) / PANEL;
     const int64_t chunks = (rows + CHUNK - 1) / CHUNK;
+    const int64_t panel_bytes = (int64_t)PANEL * k * (stored == STORED_F32 ? 4 : 2);
 #pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
     if (rows * (int64_t)n * k > 1 << 18)
     for (int64_t ch = 0; ch < chunks; ch++) {
@@ -91,7 +124,7 @@ static void bf16_linear(const float *x, int64_t ldx, const uint16_t *w, const fl
             const int64_t c0 = pi * PANEL;
             const int64_t end = rows < (ch + 1) * CHUNK ? rows : (ch + 1) * CHUNK;
             const int cols = n - c0 < PANEL ? (int)(n - c0) : PANEL;
-            const uint16_t *panel = w + pi * PANEL * (int64_t)k;
+            const char *panel = (const char *)w + pi * panel_bytes;
             for (int64_t r = ch * CHUNK; r < end; r += MAX_ROWS) {
                 const int nr = end - r < MAX_ROWS ? (int)(end - r) : MAX_ROWS;
                 const float *xr = x + r * ldx;
@@ -100,10 +133,10 @@ static void bf16_linear(const float *x, int64_t ldx, const uint16_t *w, const fl
                 float *out = y + r * (int64_t)n + c0;
                 switch (nr) { /* one inlined copy per row count */
 #define TILE(NR) \
-    case NR: tile(xr, ldx, panel, k, NR, b, res, ldr, out, n, cols); break;
+    case NR: tile(xr, ldx, panel, stored, k, NR, b, res, ldr, out, n, cols); break;
                     TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
 #if MAX_ROWS > 6
-                    TILE(7) TILE(8)
+                    TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #endif
 #undef TILE
                 }
@@ -113,7 +146,7 @@ static void bf16_linear(const float *x, int64_t ldx, const uint16_t *w, const fl
 }
 #endif
 
-int bf16_panel_width(void) {
+int panel_width(void) {
 #ifdef VEC
     return PANEL;
 #else
@@ -125,7 +158,20 @@ int bf16_linear_f32(const float *x, int64_t ldx, const uint16_t *w, const float 
                     const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
                     int num_threads) {
 #ifdef VEC
-    bf16_linear(x, ldx, w, bias, residual, ldr, y, rows, k, n, num_threads);
+    panel_linear(x, ldx, w, STORED_BF16, bias, residual, ldr, y, rows, k, n, num_threads);
+    return 0;
+#else
+    (void)x, (void)ldx, (void)w, (void)bias, (void)residual, (void)ldr, (void)y, (void)rows;
+    (void)k, (void)n, (void)num_threads;
+    return -1;
+#endif
+}
+
+int f32_panel_linear_f32(const float *x, int64_t ldx, const float *w, const float *bias,
+                         const float *residual, int64_t ldr, float *y, int64_t rows, int k,
+                         int n, int num_threads) {
+#ifdef VEC
+    panel_linear(x, ldx, w, STORED_F32, bias, residual, ldr, y, rows, k, n, num_threads);
     return 0;
 #else
     (void)x, (void)ldx, (void)w, (void)bias, (void)residual, (void)ldr, (void)y, (void)rows;
