@@ -63,7 +63,7 @@ def test_a_rows_result_does_not_depend_on_its_batch_or_threads(n, k, stored):
     if layer is None:
         return
     alone = torch.cat([layer(x[i:i + 1], residual=residual[i:i + 1]) for i in range(70)])
-    for rows in (3, 8, 9, 13, 64, 70):  # tiles of 6 / 12 rows, tasks of 64
+    for rows in (3, 8, 9, 13, 64, 70):  # tiles of 6 / 12 rows
         batch = layer(x[:rows], residual=residual[:rows])
         assert torch.equal(batch, alone[:rows]), rows
     threads = torch.get_num_threads()

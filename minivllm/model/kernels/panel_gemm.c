@@ -7,10 +7,12 @@
  *   AVX512-BF16): a decode step streams every weight from DRAM, so a bf16 checkpoint read
  *   as bf16 costs half fp32's bytes; every product is exact (a bf16 value is an fp32 value
  *   with 16 zero low bits), so the result is fp32's on the bf16 weights.
- * - fp32 weights: the rows of a decode step (1-64) against oneDNN's and MKL's fp32 linears,
- *   which on SmolLM2's shapes ran 75-80 GFLOP/s at 8 rows on an AVX-512 Xeon where these
- *   tiles ran ~200: each weight vector is loaded once per tile of rows and feeds every row
- *   of it. The engine measures which is faster per shape and row count (linear_choice.py).
+ * - fp32 weights: the few rows of a decode step, where oneDNN's and MKL's fp32 linears run
+ *   far below the memory's bandwidth: SmolLM2's 30 layers of linears (weights streamed
+ *   from memory, AVX-512 Xeon, 2 threads) at 8 rows took 21 ms here against oneDNN's 28
+ *   and MKL's 37; at 32 rows 37 against 46 and 49. Each weight vector loaded feeds every
+ *   row of a tile. The engine measures which is faster per shape and row count
+ *   (linear_choice.py); from ~128 rows all three are within noise.
  *
  * Layout (linear_panels.pack_weight): panels of PANEL = 2 x VEC output columns, k-major.
  * fp32: for each k, the panel's PANEL values in column order (two vector loads). bf16: for
@@ -57,7 +59,7 @@ typedef __m256i vi;
 
 #ifdef VEC
 #define PANEL (2 * VEC)
-#define CHUNK 64 /* rows of x per task, so a long prompt's rows stay in L2 */
+#define CHUNK_BYTES (512 * 1024) /* of x per task at most: a long prompt's rows stay in L2 */
 #define PREFETCH 2048 /* bytes ahead in the panel's stream */
 
 enum { STORED_F32, STORED_BF16 };
@@ -109,23 +111,29 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
-/* One task per (chunk of CHUNK rows, panel); `stored` a constant in each inlined copy. */
+/* One task per (chunk of rows, panel); `stored` a constant in each inlined copy. */
 static inline __attribute__((always_inline)) void panel_linear(
     const float *x, int64_t ldx, const void *w, int stored, const float *bias,
     const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
     int num_threads) {
     const int64_t npanels = (n + PANEL - 1) / PANEL;
-    const int64_t chunks = (rows + CHUNK - 1) / CHUNK;
+    /* rows per task: as many as keep their x in L2 (a panel streamed once from memory for
+     * them all), in chunks of even size (whole tiles) */
+    const int64_t max_chunk = CHUNK_BYTES / ((int64_t)k * 4) > MAX_ROWS
+                                  ? CHUNK_BYTES / ((int64_t)k * 4) : MAX_ROWS;
+    const int64_t chunks = (rows + max_chunk - 1) / max_chunk;
+    const int64_t per_tiles = (rows + chunks - 1) / chunks + MAX_ROWS - 1;
+    const int64_t chunk_rows = per_tiles - per_tiles % MAX_ROWS;
     const int64_t panel_bytes = (int64_t)PANEL * k * (stored == STORED_F32 ? 4 : 2);
 #pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
     if (rows * (int64_t)n * k > 1 << 18)
     for (int64_t ch = 0; ch < chunks; ch++) {
         for (int64_t pi = 0; pi < npanels; pi++) {
             const int64_t c0 = pi * PANEL;
-            const int64_t end = rows < (ch + 1) * CHUNK ? rows : (ch + 1) * CHUNK;
+            const int64_t end = rows < (ch + 1) * chunk_rows ? rows : (ch + 1) * chunk_rows;
             const int cols = n - c0 < PANEL ? (int)(n - c0) : PANEL;
             const char *panel = (const char *)w + pi * panel_bytes;
-            for (int64_t r = ch * CHUNK; r < end; r += MAX_ROWS) {
+            for (int64_t r = ch * chunk_rows; r < end; r += MAX_ROWS) {
                 const int nr = end - r < MAX_ROWS ? (int)(end - r) : MAX_ROWS;
                 const float *xr = x + r * ldx;
                 const float *b = bias ? bias + c0 : 0;
