@@ -56,7 +56,7 @@ def test_header_declares_every_kernel_as_its_source_defines_it():
             "int8_linear_amx_f32", "gguf_linear_amx_f32", "bf16_linear_amx_f32",
             "gguf_repacked_supported", "gguf_repacked_bytes", "gguf_repack",
             "gguf_repacked_linear_f32", "paged_prefill_attention_amx", "panel_width",
-            "bf16_linear_f32", "f32_panel_linear_f32", "lora_sgmv_f32",
+            "panel_linear_f32", "lora_sgmv_f32",
             "kernels_isa_features"} == set(prototypes)
     assert [name for _, name in prototypes["rms_norm_f32"].params] == [
         "x", "weight", "out", "rows", "cols", "eps", "num_threads"]

@@ -279,6 +279,10 @@ def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     return ops.y
 
 
+# kernels.h's PANEL_STORED_* codes
+_PANEL_STORED = {torch.float32: 0, torch.bfloat16: 1}
+
+
 def panel_width() -> int:
     """The columns of panel_gemm.c's panels (linear_panels.pack_weight), or 0 where it does
     not run (no kernels, or a library below AVX2)."""
@@ -293,9 +297,8 @@ def panel_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
     bias [N] and residual [T, N] (fp32) added in the same pass. See panel_gemm.c; only
     where panel_width()."""
     ops = LinearOperands(x, bias, residual, out_features)
-    kernel = (_library().bf16_linear_f32 if packed.dtype == torch.bfloat16
-              else _library().f32_panel_linear_f32)
-    if kernel(**ops.args, w=packed.data_ptr()) != 0:
+    stored = _PANEL_STORED[packed.dtype]
+    if _library().panel_linear_f32(**ops.args, w=packed.data_ptr(), stored=stored) != 0:
         raise RuntimeError("panel_linear: this library has no panel kernel (below AVX2)")
     return ops.y
 

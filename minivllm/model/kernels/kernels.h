@@ -106,16 +106,15 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtyp
                     float *xs, int32_t *xsums, int64_t rows, int k, int n, int num_threads);
 
 /* panel_gemm.c: x (fp32) times weights packed by linear_panels.pack_weight into panels of
- * panel_width() columns, stored as bf16 (bf16_linear_f32) or fp32 (f32_panel_linear_f32),
- * fp32 arithmetic (AVX2 and AVX-512 libraries; panel_width() is 0 in one without them, and
- * both return -1 there) */
+ * panel_width() columns, stored as fp32 or bf16 (`stored`), fp32 arithmetic (AVX2 and
+ * AVX-512 libraries; panel_width() is 0 in one without them, and panel_linear_f32 returns
+ * -1 there, or for another `stored`) */
+#define PANEL_STORED_F32 0
+#define PANEL_STORED_BF16 1
 int panel_width(void);
-int bf16_linear_f32(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
-                    const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
-                    int num_threads);
-int f32_panel_linear_f32(const float *x, int64_t ldx, const float *w, const float *bias,
-                         const float *residual, int64_t ldr, float *y, int64_t rows, int k,
-                         int n, int num_threads);
+int panel_linear_f32(const float *x, int64_t ldx, const void *w, int stored, const float *bias,
+                     const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
+                     int num_threads);
 
 /* gguf_repack.c, gguf_repacked.c: gguf_gemm.c's product over weights repacked at load
  * into panels of 16 columns (gguf_repacked.h; AVX-512 VNNI and AVX2 libraries:

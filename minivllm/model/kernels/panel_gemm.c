@@ -62,13 +62,11 @@ typedef __m256i vi;
 #define CHUNK_BYTES (512 * 1024) /* of x per task at most: a long prompt's rows stay in L2 */
 #define PREFETCH 2048 /* bytes ahead in the panel's stream */
 
-enum { STORED_F32, STORED_BF16 };
-
 /* The panel's values at k (from `p`, which points at them) as two fp32 vectors: columns
  * 0..VEC-1 and VEC..PANEL-1. Returns the bytes the k step spans. */
 static inline __attribute__((always_inline)) int panel_operands(const void *p, int stored,
                                                                 vf *lo, vf *hi) {
-    if (stored == STORED_F32) {
+    if (stored == PANEL_STORED_F32) {
         *lo = loadu((const float *)p);
         *hi = loadu((const float *)p + VEC);
         return PANEL * 4;
@@ -88,7 +86,7 @@ static inline __attribute__((always_inline)) void tile(
     for (int kk = 0; kk < k; kk++) {
         /* a cache line ahead per 64 bytes the step reads: one for bf16, two for fp32 */
         _mm_prefetch(p + PREFETCH, _MM_HINT_T0);
-        if (stored == STORED_F32) _mm_prefetch(p + PREFETCH + 64, _MM_HINT_T0);
+        if (stored == PANEL_STORED_F32) _mm_prefetch(p + PREFETCH + 64, _MM_HINT_T0);
         vf lo, hi;
         p += panel_operands(p, stored, &lo, &hi);
         for (int i = 0; i < nr; i++) {
@@ -124,7 +122,7 @@ static inline __attribute__((always_inline)) void panel_linear(
     const int64_t chunks = (rows + max_chunk - 1) / max_chunk;
     const int64_t per_tiles = (rows + chunks - 1) / chunks + MAX_ROWS - 1;
     const int64_t chunk_rows = per_tiles - per_tiles % MAX_ROWS;
-    const int64_t panel_bytes = (int64_t)PANEL * k * (stored == STORED_F32 ? 4 : 2);
+    const int64_t panel_bytes = (int64_t)PANEL * k * (stored == PANEL_STORED_F32 ? 4 : 2);
 #pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
     if (rows * (int64_t)n * k > 1 << 18)
     for (int64_t ch = 0; ch < chunks; ch++) {
@@ -162,28 +160,22 @@ int panel_width(void) {
 #endif
 }
 
-int bf16_linear_f32(const float *x, int64_t ldx, const uint16_t *w, const float *bias,
-                    const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
-                    int num_threads) {
+int panel_linear_f32(const float *x, int64_t ldx, const void *w, int stored, const float *bias,
+                     const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
+                     int num_threads) {
 #ifdef VEC
-    panel_linear(x, ldx, w, STORED_BF16, bias, residual, ldr, y, rows, k, n, num_threads);
+    if (stored == PANEL_STORED_F32)
+        panel_linear(x, ldx, w, PANEL_STORED_F32, bias, residual, ldr, y, rows, k, n,
+                     num_threads);
+    else if (stored == PANEL_STORED_BF16)
+        panel_linear(x, ldx, w, PANEL_STORED_BF16, bias, residual, ldr, y, rows, k, n,
+                     num_threads);
+    else
+        return -1;
     return 0;
 #else
-    (void)x, (void)ldx, (void)w, (void)bias, (void)residual, (void)ldr, (void)y, (void)rows;
-    (void)k, (void)n, (void)num_threads;
-    return -1;
-#endif
-}
-
-int f32_panel_linear_f32(const float *x, int64_t ldx, const float *w, const float *bias,
-                         const float *residual, int64_t ldr, float *y, int64_t rows, int k,
-                         int n, int num_threads) {
-#ifdef VEC
-    panel_linear(x, ldx, w, STORED_F32, bias, residual, ldr, y, rows, k, n, num_threads);
-    return 0;
-#else
-    (void)x, (void)ldx, (void)w, (void)bias, (void)residual, (void)ldr, (void)y, (void)rows;
-    (void)k, (void)n, (void)num_threads;
+    (void)x, (void)ldx, (void)w, (void)stored, (void)bias, (void)residual, (void)ldr, (void)y;
+    (void)rows, (void)k, (void)n, (void)num_threads;
     return -1;
 #endif
 }
