@@ -4,6 +4,7 @@ with cc -march=native, a multiply-add counted as two operations. What the GEMM b
 state their fraction of (benchmarks/gemm_roof.py, benchmarks/int8_gemm.py).
 
 - fp32 FMA on the widest vectors the CPU has (zmm with AVX-512, else ymm);
+- bf16 dot products: vdpbf16ps on zmm (AVX512-BF16), 2 multiply-adds a lane;
 - int8 VNNI: vpdpbusd (zmm with AVX512-VNNI, ymm with AVX-VNNI), 4 multiply-adds a lane;
 - int8 AVX2: vpmaddubsw + vpmaddwd + vpaddd, the AVX2 kernels' mix for the same work.
 """
@@ -67,6 +68,26 @@ int avx2_int8_peak(int64_t iters) {
     }
     return total;
 }
+#if defined(__AVX512BF16__)
+int bf16_lanes(void) { return 16; }
+float bf16_peak(int64_t iters) {
+    float total = 0.f;
+#pragma omp parallel reduction(+ : total)
+    {
+        __m512 acc[10];
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(0x3f803f80), x = w; /* 1.0 pairs */
+        for (int i = 0; i < 10; i++) acc[i] = _mm512_set1_ps((float)i);
+        for (int64_t it = 0; it < iters; it++)
+#pragma GCC unroll 10
+            for (int i = 0; i < 10; i++) acc[i] = _mm512_dpbf16_ps(acc[i], w, x);
+        for (int i = 0; i < 10; i++) total += _mm512_cvtss_f32(acc[i]);
+    }
+    return total;
+}
+#else
+int bf16_lanes(void) { return 0; }
+float bf16_peak(int64_t iters) { return (float)iters; }
+#endif
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 #if defined(__AVX512VNNI__)
 #define IVEC __m512i
@@ -102,7 +123,8 @@ int vnni_peak(int64_t iters) { return (int)iters; }
 
 
 def measure_peaks(threads: int, iters: int = 20_000_000) -> dict[str, float]:
-    """{"fp32": GFLOP/s, "int8_avx2": GOP/s, "int8_vnni": GOP/s (absent without VNNI)}."""
+    """{"fp32": GFLOP/s, "int8_avx2": GOP/s, "int8_vnni": GOP/s (absent without VNNI),
+    "bf16": GFLOP/s of bf16 dot products (absent without AVX512-BF16)}."""
     with tempfile.TemporaryDirectory() as tmp:
         src, lib = Path(tmp) / "peak.c", Path(tmp) / "peak.so"
         src.write_text(PEAK_C)
@@ -110,13 +132,15 @@ def measure_peaks(threads: int, iters: int = 20_000_000) -> dict[str, float]:
                         str(src), "-o", str(lib)], check=True)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         peak = ctypes.CDLL(str(lib))
-        for fn in (peak.fma_peak, peak.avx2_int8_peak, peak.vnni_peak):
+        for fn in (peak.fma_peak, peak.avx2_int8_peak, peak.vnni_peak, peak.bf16_peak):
             fn.argtypes = [ctypes.c_int64]
-        peak.fma_peak.restype = ctypes.c_float
+        peak.fma_peak.restype = peak.bf16_peak.restype = ctypes.c_float
         runs = {"fp32": (peak.fma_peak, 10 * peak.fma_lanes() * 2),
                 "int8_avx2": (peak.avx2_int8_peak, 10 * 32 * 2)}
         if peak.vnni_lanes():
             runs["int8_vnni"] = (peak.vnni_peak, 10 * peak.vnni_lanes() * 4 * 2)
+        if peak.bf16_lanes():
+            runs["bf16"] = (peak.bf16_peak, 10 * peak.bf16_lanes() * 2 * 2)
         results = {}
         for name, (fn, ops) in runs.items():
             fn(iters // 10)  # warm up (and let the clock settle)

@@ -45,8 +45,10 @@ def way_peak(way: str, peaks: dict[str, float]) -> float | None:
     none is measured."""
     if way == "int8":
         return 1e9 * peaks.get("int8_vnni", peaks["int8_avx2"])
-    if way in ("oneDNN", "torch", "bf16 panels"):
+    if way in ("oneDNN", "torch", "bf16 panels", "fp32 panels"):
         return 1e9 * peaks["fp32"]
+    if way in ("oneDNN bf16", "bf16 dot panels") and "bf16" in peaks:
+        return 1e9 * peaks["bf16"]
     return None
 
 
@@ -104,7 +106,8 @@ def run_gemm(args, hf_config) -> int:
                else "bf16" if args.dtype == "bfloat16" else "float32")
     peaks, bandwidth = measure_peaks(threads), memory_bandwidth(threads)
     print(f"CPU: {cpu_description()}; {threads} threads; {weights} weights")
-    print(f"measured peaks: fp32 FMA {peaks['fp32']:.0f} GFLOP/s, int8 "
+    bf16 = f"bf16 dot {peaks['bf16']:.0f} GFLOP/s, " if "bf16" in peaks else ""
+    print(f"measured peaks: fp32 FMA {peaks['fp32']:.0f} GFLOP/s, {bf16}int8 "
           f"{peaks.get('int8_vnni', peaks['int8_avx2']):.0f} GOP/s; memory (copy) "
           f"{bandwidth / 1e9:.1f} GB/s")
     for line in gemm_table(hf_config, weights, tuple(args.rows), peaks, bandwidth):

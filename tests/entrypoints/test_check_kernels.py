@@ -131,6 +131,17 @@ def test_gemm_table_names_the_faster_way_and_its_roof():
                                 "| oneDNN | 100.0 (compute) |")
 
 
+def test_each_way_is_held_to_the_peak_of_the_instructions_it_runs():
+    from minivllm.entrypoints.cli_check_gemm import way_peak
+
+    peaks = {"fp32": 100.0, "int8_avx2": 300.0, "int8_vnni": 400.0, "bf16": 200.0}
+    assert way_peak("fp32 panels", peaks) == way_peak("bf16 panels", peaks) == 100e9
+    assert way_peak("bf16 dot panels", peaks) == way_peak("oneDNN bf16", peaks) == 200e9
+    assert way_peak("int8", peaks) == 400e9
+    del peaks["bf16"]  # a CPU without AVX512-BF16: no bf16 peak measured, the memory roof
+    assert way_peak("bf16 dot panels", peaks) is None
+
+
 @needs_kernels
 def test_check_kernels_gemm_prints_the_table(tiny_llama, capsys):
     assert main(["check-kernels", str(tiny_llama), "--gemm", "--rows", "1", "8"]) == 0

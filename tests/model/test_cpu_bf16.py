@@ -65,6 +65,11 @@ def test_a_bf16_engine_holds_bf16_linears_and_kv_with_fp32_activations(bf16_runs
         # no AVX512-BF16: stored in bf16, fp32 arithmetic, the LM head too (fp32 logits)
         assert isinstance(head, PanelLinear) and isinstance(gate_up, PanelLinear)
         assert head.packed.dtype == gate_up.packed.dtype == torch.bfloat16
+    elif cpu.panel_bf16_dot():
+        # AVX512-BF16: oneDNN's bf16 products, and the LM head on panel_gemm.c's bf16 dot
+        # products, whose logits are not rounded to bf16
+        assert isinstance(head, PanelLinear) and head.stored == "bf16 pairs"
+        assert runner.model.layers[0].mlp.gate_up.weight.dtype == torch.bfloat16
     else:  # fp32 LM head: logits rounded to bf16 tie (SmolLM2's first answer token flipped)
         assert runner.model.lm_head.weight.dtype == torch.float32
         assert runner.model.layers[0].mlp.gate_up.weight.dtype == torch.bfloat16

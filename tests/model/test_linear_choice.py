@@ -141,18 +141,29 @@ def test_fp32_ways_agree_and_time_ways_measures_each():
 def test_bf16_ways_keep_oneDNNs_rounded_output_off_the_lm_head(monkeypatch):
     """On a CPU with AMX, AVX512-BF16 and the panels (the usability checks faked: the ways
     are only listed, not built): every way for a layer, AMX first (the default); for the LM
-    head, whose logits must stay fp32, not oneDNN's bf16, which rounds its output."""
+    head, whose logits must stay fp32, not oneDNN's bf16, which rounds its output. Without
+    AMX the bf16 dot panels keep the head in bf16, fp32 logits; without them it is fp32."""
     from minivllm.model.models import layers
 
-    monkeypatch.setattr(layers.linear_amx, "usable", lambda weight, fast: fast)
+    amx, pairs = [True], [True]
+    monkeypatch.setattr(layers.linear_amx, "usable", lambda weight, fast: fast and amx[0])
     monkeypatch.setattr(layers, "_native_onednn_bf16", lambda weight, fast: fast)
-    monkeypatch.setattr(layers.linear_panels, "usable", lambda weight, fast: fast)
+    monkeypatch.setattr(layers.linear_panels, "usable", lambda weight, fast, stored="bf16":
+                        fast and (stored != "bf16 pairs" or pairs[0]))
     weight = torch.randn(32, 64)
     assert list(linear_ways(weight, None, True, "bf16")) == [
-        "AMX bf16", "oneDNN bf16", "bf16 panels"]
+        "AMX bf16", "oneDNN bf16", "bf16 dot panels", "bf16 panels"]
     assert list(linear_ways(weight, None, True, "bf16", head=True)) == [
-        "AMX bf16", "bf16 panels"]
+        "AMX bf16", "bf16 dot panels", "bf16 panels"]
     assert list(linear_ways(weight, None, False, "bf16")) == ["bf16"]  # no kernels: torch
+    amx[0] = False
+    assert list(linear_ways(weight, None, True, "bf16")) == [
+        "oneDNN bf16", "bf16 dot panels", "bf16 panels"]
+    assert list(linear_ways(weight, None, True, "bf16", head=True)) == [
+        "bf16 dot panels", "bf16 panels"]
+    assert layers.bf16_logits_stay_fp32(weight, True)
+    pairs[0] = False
+    assert not layers.bf16_logits_stay_fp32(weight, True)  # CausalLM's head stays fp32
 
 
 @needs_onednn

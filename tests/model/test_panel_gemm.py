@@ -1,6 +1,8 @@
-"""Weights packed into panels, fp32 arithmetic (panel_gemm.c, linear_panels.py; AVX-512 and
-AVX2 variants, test_kernel_isa.py runs this file at every level), stored as bf16 or fp32:
-fp32 x times the weights as stored, in fp32, at every row count — a decode row, a verify
+"""Weights packed into panels (panel_gemm.c, linear_panels.py; AVX-512 and AVX2 variants,
+test_kernel_isa.py runs this file at every level), stored as bf16 or fp32 (fp32
+arithmetic) or as bf16 pairs (bf16 dot products, AVX512-BF16 only; elsewhere the kernel
+must refuse them): x (rounded to bf16 for the pairs) times the weights as stored, in fp32,
+at every row count — a decode row, a verify
 step's, a prompt's, across the kernel's tiles and tasks of 64 rows — on tiny shapes, column
 counts off the panel, K of any size, and SmolLM2's and Qwen2.5-0.5B's shapes; a row's result
 bit for bit the same alone or in any batch and at any thread count; bf16's bytes half
@@ -16,17 +18,18 @@ from minivllm.model.kernels.linear_panels import PanelLinear, pack_weight, refer
 from tests.kernel_marks import needs_kernels
 
 pytestmark = needs_kernels
-STORED = [torch.bfloat16, torch.float32]
+STORED = ["bf16", "fp32", "bf16 pairs"]
 
 
-def panel_layer(weight, bias=None, stored=torch.bfloat16) -> PanelLinear | None:
-    """The layer over `weight`, or None below AVX2 (no kernel: panel_linear refuses).
-    Asked at each test, not skipped: test_kernel_isa.py runs this file under every
-    level's library, each level all tests."""
-    if not cpu.panel_width():
-        with pytest.raises(RuntimeError, match="below AVX2"):
-            cpu.panel_linear(torch.zeros(1, 32), torch.zeros(32, 32, dtype=stored),
-                             None, None, 32)
+def panel_layer(weight, bias=None, stored="bf16") -> PanelLinear | None:
+    """The layer over `weight`, or None where the library has no kernel for `stored` (below
+    AVX2; the pairs below AVX512-BF16): panel_linear must refuse them there. Asked at each
+    test, not skipped: test_kernel_isa.py runs this file under every level's library, each
+    level all tests."""
+    if not cpu.panel_width() or (stored == "bf16 pairs" and not cpu.panel_bf16_dot()):
+        with pytest.raises(RuntimeError, match=f"no panel kernel for {stored} weights"):
+            cpu.panel_linear(torch.zeros(1, 32), torch.zeros(32, 32, dtype=torch.bfloat16),
+                             stored, None, None, 32)
         return None
     return PanelLinear(weight, bias, stored)
 
@@ -97,14 +100,35 @@ def test_bf16_weights_are_stored_in_half_fp32s_bytes():
     assert layer.packed.numel() == 1152 * 896  # 1152 is a whole number of panels
     # column c, k lives in panel c // P at word c % (P/2), half c // (P/2) % 2
     panel = cpu.panel_width()
-    packed = pack_weight(weight, panel, torch.bfloat16)
+    packed = pack_weight(weight, panel, "bf16")
     c, k = panel + panel // 2 + 3, 17
     assert packed[1, k, 3, 1] == weight[c, k].bfloat16()
 
 
+def test_bf16_pairs_hold_a_columns_two_ks_in_one_word_k_padded_to_even():
+    weight = torch.randn(37, 33)
+    packed = pack_weight(weight, 32, "bf16 pairs")
+    assert packed.shape == (2, 17, 32, 2) and packed.dtype == torch.bfloat16
+    assert packed[1, 8, 4, 1] == weight[36, 17].bfloat16()  # column 32 + 4, k 2 * 8 + 1
+    assert packed[0, 16, 3, 0] == weight[3, 32].bfloat16()  # the last k ...
+    assert packed[0, 16, 3, 1] == 0  # ... and its zero pair
+    assert torch.equal(packed[1, :, 5:].float(), torch.zeros(17, 27, 2))  # padding columns
+
+
+def test_bf16_pairs_round_x_to_bf16_so_its_low_bits_do_not_count():
+    weight = torch.randn(48, 64)
+    layer = panel_layer(weight, stored="bf16 pairs")
+    if layer is None:
+        return
+    x = torch.randn(3, 64).bfloat16().float()
+    nudged = x + x.abs() * 2.0 ** -12  # below half a bf16 ulp: rounds back to x
+    assert torch.equal(layer(nudged), layer(x))
+    assert not torch.equal(panel_layer(weight, stored="bf16")(nudged), panel_layer(weight)(x))
+
+
 def test_fp32_weights_are_stored_exactly_a_panels_columns_contiguous_per_k():
     weight = torch.randn(37, 96)
-    packed = pack_weight(weight, 16, torch.float32)
+    packed = pack_weight(weight, 16, "fp32")
     assert packed.shape == (3, 96, 16) and packed.dtype == torch.float32
     assert torch.equal(packed[1, 17, 5], weight[21, 17])  # column 16 + 5, k 17
     assert torch.equal(packed[2, :, 5:], torch.zeros(96, 11))  # the padding columns

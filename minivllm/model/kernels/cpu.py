@@ -279,8 +279,9 @@ def bf16_linear_amx(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     return ops.y
 
 
-# kernels.h's PANEL_STORED_* codes
-_PANEL_STORED = {torch.float32: 0, torch.bfloat16: 1}
+# kernels.h's PANEL_STORED_* codes: fp32 and bf16 weights (fp32 arithmetic), bf16 pairs (bf16
+# dot products)
+PANEL_STORED = {"fp32": 0, "bf16": 1, "bf16 pairs": 2}
 
 
 def panel_width() -> int:
@@ -290,16 +291,27 @@ def panel_width() -> int:
     return lib.panel_width() if lib is not None else 0
 
 
-def panel_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+def panel_bf16_dot() -> bool:
+    """Whether panel_gemm.c runs bf16 dot products here (the "bf16 pairs" layout: a library
+    at AVX512-BF16 or above)."""
+    lib = _library()
+    return lib is not None and bool(lib.panel_bf16_dot())
+
+
+def panel_linear(x: torch.Tensor, packed: torch.Tensor, stored: str, bias: torch.Tensor | None,
                  residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [T, K] fp32 (rows may be strided) times weights packed by linear_panels.pack_weight
-    (bf16 or fp32, the packed tensor's dtype), fp32 arithmetic -> fp32 [T, out_features];
-    bias [N] and residual [T, N] (fp32) added in the same pass. See panel_gemm.c; only
-    where panel_width()."""
+    as `stored` (PANEL_STORED's names) -> fp32 [T, out_features]; bias [N] and residual
+    [T, N] (fp32) added in the same pass. See panel_gemm.c; only where panel_width() (and
+    for "bf16 pairs" panel_bf16_dot())."""
     ops = LinearOperands(x, bias, residual, out_features)
-    stored = _PANEL_STORED[packed.dtype]
-    if _library().panel_linear_f32(**ops.args, w=packed.data_ptr(), stored=stored) != 0:
-        raise RuntimeError("panel_linear: this library has no panel kernel (below AVX2)")
+    status = _library().panel_linear_f32(**ops.args, w=packed.data_ptr(),
+                                         stored=PANEL_STORED[stored])
+    if status == -2:
+        raise MemoryError("panel_linear: no memory for x in bf16")
+    if status != 0:
+        raise RuntimeError(f"panel_linear: this library has no panel kernel for {stored} "
+                           "weights")
     return ops.y
 
 

@@ -111,7 +111,9 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtyp
  * -1 there, or for another `stored`) */
 #define PANEL_STORED_F32 0
 #define PANEL_STORED_BF16 1
+#define PANEL_STORED_BF16_PAIRS 2 /* bf16 dot products: AVX512-BF16 only (panel_bf16_dot) */
 int panel_width(void);
+int panel_bf16_dot(void);
 int panel_linear_f32(const float *x, int64_t ldx, const void *w, int stored, const float *bias,
                      const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
                      int num_threads);

@@ -22,8 +22,18 @@
  * half cleared), no shuffles.
  *
  * Every output is its k terms accumulated in k order by one FMA chain whatever the number of
- * rows or how they are tiled: a row's result does not depend on the batch it runs in. */
+ * rows or how they are tiled: a row's result does not depend on the batch it runs in.
+ *
+ * bf16 dot products (PANEL_STORED_BF16_PAIRS, AVX512-BF16 libraries only: Zen 4/5, Cooper
+ * Lake and later Xeons): bf16 weights times x rounded to bf16 (to nearest even, once per
+ * call), each pair of products added into fp32 by vdpbf16ps: twice the multiply-adds of an
+ * fp32 FMA per instruction, and unlike oneDNN's bf16 linear the output is not rounded to
+ * bf16 (so the LM head can run this way, its logits fp32) and bias and residual ride along.
+ * Layout: for each pair of k (K padded to even with zeros), the panel's PANEL columns in
+ * order, word j holding column j's weights at k (low half) and k + 1 (high half): two
+ * vector loads give the operands of 2 x VEC outputs. */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kernels.h"
 
@@ -109,7 +119,57 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
-/* One task per (chunk of rows, panel); `stored` a constant in each inlined copy. */
+#ifdef __AVX512BF16__
+/* x's rows (fp32, ldx apart) rounded to bf16 into xb (kp per row; K's odd tail padded with
+ * a zero). */
+static void rows_to_bf16(const float *x, int64_t ldx, uint16_t *xb, int64_t rows, int k,
+                         int kp, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (rows * (int64_t)k > 1 << 16)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int c = 0; c < kp; c += 16) {
+            const __mmask16 m = c + 16 <= k ? 0xffff : c < k ? (__mmask16)((1u << (k - c)) - 1) : 0;
+            const __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + r * ldx + c));
+            const __mmask16 keep = c + 16 <= kp ? 0xffff : (__mmask16)((1u << (kp - c)) - 1);
+            _mm256_mask_storeu_epi16(xb + r * kp + c, keep, (__m256i)b);
+        }
+    }
+}
+
+/* tile() for PANEL_STORED_BF16_PAIRS: x's rows as bf16 (xb, kp apart), kp / 2 pairs. */
+static inline __attribute__((always_inline)) void tile_pairs(
+    const uint16_t *xb, int64_t kp, const char *p, int nr, const float *bias,
+    const float *residual, int64_t ldr, float *y, int64_t n, int cols) {
+    __m512 acc[MAX_ROWS][2];
+    for (int i = 0; i < nr; i++) acc[i][0] = acc[i][1] = zero();
+    for (int64_t kk = 0; kk < kp; kk += 2) {
+        _mm_prefetch(p + PREFETCH, _MM_HINT_T0);
+        _mm_prefetch(p + PREFETCH + 64, _MM_HINT_T0);
+        const __m512bh lo = (__m512bh)_mm512_loadu_si512((const void *)p);
+        const __m512bh hi = (__m512bh)_mm512_loadu_si512((const void *)(p + 64));
+        p += PANEL * 4;
+        for (int i = 0; i < nr; i++) {
+            int32_t pair;
+            __builtin_memcpy(&pair, xb + i * kp + kk, 4);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], lo, xv);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], hi, xv);
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        float out[PANEL];
+        storeu(out, acc[i][0]);
+        storeu(out + VEC, acc[i][1]);
+        if (bias)
+            for (int c = 0; c < cols; c++) out[c] += bias[c];
+        __asm__ volatile("" ::: "memory"); /* as in tile() */
+        for (int c = 0; c < cols; c++) y[i * n + c] = residual ? out[c] + residual[i * ldr + c]
+                                                             : out[c];
+    }
+}
+#endif
+
+/* One task per (chunk of rows, panel); `stored` a constant in each inlined copy. For the
+ * bf16 pairs, x is their bf16 rows (uint16, ldx = kp apart, k = kp). */
 static inline __attribute__((always_inline)) void panel_linear(
     const float *x, int64_t ldx, const void *w, int stored, const float *bias,
     const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
@@ -123,6 +183,7 @@ static inline __attribute__((always_inline)) void panel_linear(
     const int64_t per_tiles = (rows + chunks - 1) / chunks + MAX_ROWS - 1;
     const int64_t chunk_rows = per_tiles - per_tiles % MAX_ROWS;
     const int64_t panel_bytes = (int64_t)PANEL * k * (stored == PANEL_STORED_F32 ? 4 : 2);
+    (void)ldx;
 #pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
     if (rows * (int64_t)n * k > 1 << 18)
     for (int64_t ch = 0; ch < chunks; ch++) {
@@ -138,13 +199,26 @@ static inline __attribute__((always_inline)) void panel_linear(
                 const float *res = residual ? residual + r * ldr + c0 : 0;
                 float *out = y + r * (int64_t)n + c0;
                 switch (nr) { /* one inlined copy per row count */
+#ifdef __AVX512BF16__
+#define TILE_PAIRS(NR)                                                                  \
+    if (stored == PANEL_STORED_BF16_PAIRS) {                                            \
+        tile_pairs((const uint16_t *)x + r * ldx, ldx, panel, NR, b, res, ldr, out, n, cols); \
+        break;                                                                          \
+    }
+#else
+#define TILE_PAIRS(NR)
+#endif
 #define TILE(NR) \
-    case NR: tile(xr, ldx, panel, stored, k, NR, b, res, ldr, out, n, cols); break;
+    case NR: \
+        TILE_PAIRS(NR) \
+        tile(xr, ldx, panel, stored, k, NR, b, res, ldr, out, n, cols); \
+        break;
                     TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
 #if MAX_ROWS > 6
                     TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
 #endif
 #undef TILE
+#undef TILE_PAIRS
                 }
             }
         }
@@ -160,6 +234,14 @@ int panel_width(void) {
 #endif
 }
 
+int panel_bf16_dot(void) {
+#if defined(VEC) && defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int panel_linear_f32(const float *x, int64_t ldx, const void *w, int stored, const float *bias,
                      const float *residual, int64_t ldr, float *y, int64_t rows, int k, int n,
                      int num_threads) {
@@ -170,6 +252,17 @@ int panel_linear_f32(const float *x, int64_t ldx, const void *w, int stored, con
     else if (stored == PANEL_STORED_BF16)
         panel_linear(x, ldx, w, PANEL_STORED_BF16, bias, residual, ldr, y, rows, k, n,
                      num_threads);
+#ifdef __AVX512BF16__
+    else if (stored == PANEL_STORED_BF16_PAIRS) {
+        const int kp = k + k % 2;
+        uint16_t *xb = malloc((size_t)rows * kp * sizeof *xb);
+        if (xb == NULL) return -2;
+        rows_to_bf16(x, ldx, xb, rows, k, kp, num_threads);
+        panel_linear((const float *)xb, kp, w, PANEL_STORED_BF16_PAIRS, bias, residual, ldr, y,
+                     rows, kp, n, num_threads);
+        free(xb);
+    }
+#endif
     else
         return -1;
     return 0;

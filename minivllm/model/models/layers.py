@@ -56,8 +56,9 @@ def linear(weight: torch.Tensor | BlockWeight | BlockRows, bias: torch.Tensor | 
            head: bool = False) -> AnyLinear | ChosenLinear:
     """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
     weights, fp32 activations: the CPU's bf16, see CausalLM): on AMX tiles where the CPU has
-    them (linear_amx.py), oneDNN's native bf16 products where it has AVX512-BF16, and
-    elsewhere bf16-stored weights with fp32 arithmetic (linear_panels.py). A GGUF file's
+    them (linear_amx.py), oneDNN's native bf16 products or panel_gemm.c's bf16 dot products
+    where it has AVX512-BF16, and elsewhere bf16-stored weights with fp32 arithmetic
+    (linear_panels.py). A GGUF file's
     blocks (quantization="gguf") run as stored (linear_gguf.py). Where more than one way
     runs here, `choice` picks per row count by measuring them (linear_choice.py; the first
     way listed is the default without it). head: the LM head, whose output must not be
@@ -81,8 +82,11 @@ def linear_ways(weight: torch.Tensor, bias: torch.Tensor | None, fast: bool,
         if linear_amx.usable(weight, fast):
             ways["AMX bf16"] = lambda: AmxBf16Linear(weight, bias)
         # oneDNN's bf16 rounds its output to bf16: never the LM head's (bf16_logits_stay_fp32)
-        if _native_onednn_bf16(weight, fast) and not (head and ways):
+        if (_native_onednn_bf16(weight, fast)
+                and not (head and (ways or linear_panels.usable(weight, fast, "bf16 pairs")))):
             ways["oneDNN bf16"] = lambda: Linear(weight.to(torch.bfloat16), bias)
+        if linear_panels.usable(weight, fast, "bf16 pairs"):
+            ways["bf16 dot panels"] = lambda: PanelLinear(weight, bias, "bf16 pairs")
         if linear_panels.usable(weight, fast):
             ways["bf16 panels"] = lambda: PanelLinear(weight, bias)
         return ways or {"bf16": lambda: Linear(weight.to(torch.bfloat16), bias, fast)}
@@ -91,7 +95,7 @@ def linear_ways(weight: torch.Tensor, bias: torch.Tensor | None, fast: bool,
         ways["oneDNN"] = lambda: Linear(weight, bias)
     ways["torch"] = lambda: Linear(weight, bias, False)
     if weight.dtype == torch.float32 and linear_panels.usable(weight, fast):
-        ways["fp32 panels"] = lambda: PanelLinear(weight, bias, torch.float32)
+        ways["fp32 panels"] = lambda: PanelLinear(weight, bias, "fp32")
     return ways
 
 
@@ -102,13 +106,16 @@ def _native_onednn_bf16(weight: torch.Tensor, fast: bool) -> bool:
 def _bf16_kind(weight: torch.Tensor, fast: bool) -> str:
     if linear_amx.usable(weight, fast):
         return "amx"
+    if linear_panels.usable(weight, fast, "bf16 pairs"):
+        return "dot panels"
     native = _native_onednn_bf16(weight, fast)
     return "fp32 arithmetic" if not native and linear_panels.usable(weight, fast) else "rounded"
 
 
 def bf16_logits_stay_fp32(weight: torch.Tensor, fast: bool) -> bool:
     """Whether linear(weight, ..., "bf16") returns its products unrounded (AMX tiles,
-    panel_gemm.c), not rounded to bf16 (oneDNN's bf16 and F.linear's)."""
+    panel_gemm.c, bf16 dot panels included), not rounded to bf16 (oneDNN's bf16 and
+    F.linear's)."""
     return _bf16_kind(weight, fast) != "rounded"
 
 
