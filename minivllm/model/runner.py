@@ -373,6 +373,9 @@ def _bf16_linears() -> str:
     """How the CPU's bf16 linears run, for the start-up line."""
     if kernels.enabled() and cpu.amx():
         return "AMX-BF16 tiles, the LM head too, fp32 logits"
+    if kernels.enabled() and cpu.panel_bf16_dot():
+        return ("native bf16 dot products, oneDNN's or panel_gemm.c's, the LM head on the "
+                "latter, fp32 logits")
     if torch.ops.mkldnn._is_mkldnn_bf16_supported() and native_bf16():
         return "oneDNN, native bf16 dot products; the LM head fp32"
     if kernels.enabled() and cpu.panel_width():

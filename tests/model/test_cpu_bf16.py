@@ -2,8 +2,9 @@
 C kernels run as in fp32). The mixed linear of oneDNN / F.linear against its definition (x
 rounded to bf16, the product accumulated in fp32 and rounded to bf16, bias and residual
 added in fp32); an engine with dtype="bfloat16" holds the linears this CPU runs best — AMX
-tiles, oneDNN's native bf16 (the LM head fp32) or, without AVX512-BF16, bf16-stored weights
-with fp32 arithmetic (panel_gemm.c, test_panel_gemm.py; the LM head bf16 too) — and a bf16 KV
+tiles, oneDNN's native bf16 and the bf16 dot panels (the LM head on the latter) or, without
+AVX512-BF16, bf16-stored weights with fp32 arithmetic (panel_gemm.c, test_panel_gemm.py;
+the LM head bf16 too) — and a bf16 KV
 cache, runs the kernels, and decodes the same greedy tokens with the kernels on and off;
 dtype="auto" picks bf16 where it pays."""
 
