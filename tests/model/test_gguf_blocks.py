@@ -152,13 +152,14 @@ def test_engine_matches_the_dequantized_file(blocks_gguf, caplog):
         # a prompt of 32 tokens and more, rounds them to bf16): close, not equal. This
         # random model's next-token distribution is flat (top logprobs near -2.5), so the
         # greedy paths may part at a near-tie: up to there, the same tokens with logprobs
-        # 0.15 apart (quantization="int8", W8A8 in blocks of 16, is 1.6 off); there, the
-        # token gguf took is in the reference's top 2, 0.15 from the reference's choice.
+        # 0.2 apart (measured: at most 0.154 on a Zen 5, most under 0.07;
+        # quantization="int8", W8A8 in blocks of 16, is 1.6 off); there, the token gguf took
+        # is in the reference's top 2, 0.15 from the reference's choice.
         same = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref.token_ids))
                      if a != b), len(ref.token_ids))
         logprobs = [out.logprobs[i][t].logprob for i, t in enumerate(out.token_ids[:same])]
         ref_logprobs = [ref.logprobs[i][t].logprob for i, t in enumerate(ref.token_ids[:same])]
-        assert np.allclose(logprobs, ref_logprobs, atol=0.15), (logprobs, ref_logprobs)
+        assert np.allclose(logprobs, ref_logprobs, atol=0.2), (logprobs, ref_logprobs)
         if same < len(ref.token_ids):
             top = ref.logprobs[same]
             taken, chosen = out.token_ids[same], ref.token_ids[same]
