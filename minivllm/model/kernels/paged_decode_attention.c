@@ -286,15 +286,16 @@ static inline __attribute__((always_inline)) void values_wide(
         else call(1);               \
     } while (0)
 
-/* Share `part` of `parts` of one cache's lines for positions [from, to), into L2. The wide
- * kernel asks for the run of positions a chunk ahead of the one it reads, a share per K/V
- * head, so the requests are spread over the work: a chunk's blocks lie anywhere in the
- * pool, and the hardware prefetcher, which learns one stream at a time, left a bf16 cache
- * read at a third of the memory's bandwidth (a whole chunk asked for at once, in one burst,
- * did little). */
+/* Share `part` of `parts` of one cache's lines for positions [from, min(to, len)), into
+ * L2. The wide kernel asks for the run of positions AHEAD on from the one it reads, a share
+ * per K/V head, so the requests are spread over the work: a sequence's blocks lie anywhere
+ * in the pool, and the hardware prefetcher, which learns one stream at a time, left a bf16
+ * cache read at a third of the memory's bandwidth (a whole chunk asked for at once, in one
+ * burst, did little). */
 static inline __attribute__((always_inline)) void prefetch_share(
-    kv_cache c, const int64_t *table, int64_t from, int64_t to, int block_size,
+    kv_cache c, const int64_t *table, int64_t from, int64_t to, int64_t len, int block_size,
     int64_t row_bytes, int part, int parts) {
+    if (to > len) to = len;
     for (int64_t pos = from, n; pos < to; pos += n) {
         n = run_length(pos, to, block_size);
         const char *run = (const char *)c.data
@@ -333,9 +334,8 @@ static inline __attribute__((always_inline)) void attend_wide(
                     const int nh = (g + 1) * group - h < GB ? (g + 1) * group - h : GB;
                     const float *qh = q + h * head_dim;
                     const int64_t at = base + g * head_dim;
-                    if (h == g * group && pos + AHEAD < len)
-                        prefetch_share(k_cache, table, pos + AHEAD,
-                                       pos + AHEAD + n < len ? pos + AHEAD + n : len,
+                    if (h == g * group) /* the K/V head's share of the run ahead */
+                        prefetch_share(k_cache, table, pos + AHEAD, pos + AHEAD + n, len,
                                        block_size, row_bytes, g, num_kv_heads);
                     float *s = &scores[h][pos - start];
                     int t = 0;
@@ -369,9 +369,8 @@ static inline __attribute__((always_inline)) void attend_wide(
                 for (int h = g * group; h < (g + 1) * group; h += GB) {
                     const int nh = (g + 1) * group - h < GB ? (g + 1) * group - h : GB;
                     const int64_t at = base + g * head_dim;
-                    if (h == g * group && pos + AHEAD < len)
-                        prefetch_share(v_cache, table, pos + AHEAD,
-                                       pos + AHEAD + n < len ? pos + AHEAD + n : len,
+                    if (h == g * group) /* the K/V head's share of the run ahead */
+                        prefetch_share(v_cache, table, pos + AHEAD, pos + AHEAD + n, len,
                                        block_size, row_bytes, g, num_kv_heads);
                     if (kv_quantized(v_cache.type)) /* each position's V scale, in p */
                         for (int j = 0; j < nh; j++)

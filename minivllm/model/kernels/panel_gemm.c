@@ -87,6 +87,24 @@ static inline __attribute__((always_inline)) int panel_operands(const void *p, i
     return PANEL * 2;
 }
 
+/* A tile's accumulators (nr rows, the panel's two halves) to y, bias and residual added. */
+static inline __attribute__((always_inline)) void store_rows(
+    vf acc[][2], int nr, const float *bias, const float *residual, int64_t ldr, float *y,
+    int64_t n, int cols) {
+    for (int i = 0; i < nr; i++) {
+        float out[PANEL];
+        storeu(out, acc[i][0]);
+        storeu(out + VEC, acc[i][1]);
+        if (bias)
+            for (int c = 0; c < cols; c++) out[c] += bias[c];
+        /* -ffast-math would otherwise add bias and residual first in some row counts'
+         * copies and not others: a barrier keeps (acc + bias) + residual in every one */
+        __asm__ volatile("" ::: "memory");
+        for (int c = 0; c < cols; c++) y[i * n + c] = residual ? out[c] + residual[i * ldr + c]
+                                                             : out[c];
+    }
+}
+
 /* y's rows (nr of them), columns c0.. (cols of them) = x's rows times the panel p. */
 static inline __attribute__((always_inline)) void tile(
     const float *x, int64_t ldx, const char *p, int stored, int k, int nr, const float *bias,
@@ -105,18 +123,7 @@ static inline __attribute__((always_inline)) void tile(
             acc[i][1] = fmadd(hi, xv, acc[i][1]);
         }
     }
-    for (int i = 0; i < nr; i++) {
-        float out[PANEL];
-        storeu(out, acc[i][0]);
-        storeu(out + VEC, acc[i][1]);
-        if (bias)
-            for (int c = 0; c < cols; c++) out[c] += bias[c];
-        /* -ffast-math would otherwise add bias and residual first in some row counts'
-         * copies and not others: a barrier keeps (acc + bias) + residual in every one */
-        __asm__ volatile("" ::: "memory");
-        for (int c = 0; c < cols; c++) y[i * n + c] = residual ? out[c] + residual[i * ldr + c]
-                                                             : out[c];
-    }
+    store_rows(acc, nr, bias, residual, ldr, y, n, cols);
 }
 
 #ifdef __AVX512BF16__
@@ -140,7 +147,7 @@ static inline __attribute__((always_inline)) void tile_pairs(
     const uint16_t *xb, int64_t kp, const char *p, int nr, const float *bias,
     const float *residual, int64_t ldr, float *y, int64_t n, int cols, const char *ahead,
     int64_t ahead_bytes) {
-    __m512 acc[MAX_ROWS][2];
+    vf acc[MAX_ROWS][2];
     for (int i = 0; i < nr; i++) acc[i][0] = acc[i][1] = zero();
     for (int64_t kk = 0; kk < kp; kk += 2) {
         _mm_prefetch(p + PREFETCH, _MM_HINT_T0);
@@ -157,16 +164,7 @@ static inline __attribute__((always_inline)) void tile_pairs(
             acc[i][1] = _mm512_dpbf16_ps(acc[i][1], hi, xv);
         }
     }
-    for (int i = 0; i < nr; i++) {
-        float out[PANEL];
-        storeu(out, acc[i][0]);
-        storeu(out + VEC, acc[i][1]);
-        if (bias)
-            for (int c = 0; c < cols; c++) out[c] += bias[c];
-        __asm__ volatile("" ::: "memory"); /* as in tile() */
-        for (int c = 0; c < cols; c++) y[i * n + c] = residual ? out[c] + residual[i * ldr + c]
-                                                             : out[c];
-    }
+    store_rows(acc, nr, bias, residual, ldr, y, n, cols);
 }
 #endif
 
