@@ -183,7 +183,6 @@ static inline __attribute__((always_inline)) void panel_linear(
     const int64_t per_tiles = (rows + chunks - 1) / chunks + MAX_ROWS - 1;
     const int64_t chunk_rows = per_tiles - per_tiles % MAX_ROWS;
     const int64_t panel_bytes = (int64_t)PANEL * k * (stored == PANEL_STORED_F32 ? 4 : 2);
-    (void)ldx;
 #pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
     if (rows * (int64_t)n * k > 1 << 18)
     for (int64_t ch = 0; ch < chunks; ch++) {
