@@ -69,6 +69,43 @@ def padded_rows(num_tokens: int) -> int:
     return -(-num_tokens // step) * step
 
 
+def row_bucket(rows: int, num_buckets: int) -> int:
+    """The power-of-two bucket a call of `rows` rows falls in (1, 2, 3-4, 5-8, ...), the
+    last covering every larger count: the buckets the linears' kernel choice measures."""
+    return min(max(rows - 1, 0).bit_length(), num_buckets - 1)
+
+
+@dataclass(frozen=True)
+class RowPadding:
+    """Whether a step's rows are padded to padded_rows, per row bucket: only where a linear
+    runs through oneDNN there (a layer whose measured choice runs its own panels at 129
+    rows but oneDNN at 512 must not pad 129 rows to 192). pads: one flag per bucket, the
+    last for every larger count; () never pads."""
+
+    pads: tuple[bool, ...] = ()
+
+    @classmethod
+    def of(cls, flags: bool | list[bool] | tuple[bool, ...] | None) -> RowPadding:
+        """From a profile's record: the flags per bucket, or one bool for every row count
+        (profiles written before the buckets)."""
+        if isinstance(flags, bool):
+            return cls((flags,))
+        return cls(tuple(bool(f) for f in flags or ()))
+
+    @classmethod
+    def union(cls, paddings: list[RowPadding]) -> RowPadding:
+        """Pads where any of them pads (each's last flag extended to the longest)."""
+        n = max((len(p.pads) for p in paddings), default=0)
+        return cls(tuple(any(p.pads and p.pads[min(i, len(p.pads) - 1)] for p in paddings)
+                         for i in range(n)))
+
+    def rows(self, num_tokens: int) -> int:
+        """The rows a step of num_tokens tokens computes."""
+        if not self.pads or not self.pads[row_bucket(num_tokens, len(self.pads))]:
+            return num_tokens
+        return padded_rows(num_tokens)
+
+
 def step_batch(out: SchedulerOutput, requests: dict, block_size: int) -> StepBatch:
     """The step's composition. `requests`: the scheduler's id -> Request, whose
     num_computed_tokens is still the count before this step."""

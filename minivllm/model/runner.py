@@ -17,7 +17,6 @@ from transformers import AutoConfig
 
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler_output import SchedulerOutput
-from minivllm.core.step_batch import padded_rows
 from minivllm.lora.manager import LoRAManager
 from minivllm.model import kernels, kv_quant
 from minivllm.model.attention import AttentionMetadata
@@ -25,7 +24,12 @@ from minivllm.model.draft_model import DraftModel
 from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.isa import native_bf16
-from minivllm.model.kernels.linear_choice import ChoiceTable, KernelChoice, default_table_path
+from minivllm.model.kernels.linear_choice import (
+    ChoiceTable,
+    KernelChoice,
+    default_table_path,
+    row_padding,
+)
 from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.kv_disk import DiskKVStore, model_fingerprint
 from minivllm.model.loader import (
@@ -35,6 +39,7 @@ from minivllm.model.loader import (
     resolve_model_path,
 )
 from minivllm.model.models import build_model, head_dim
+from minivllm.model.models.layers import GatedMLP
 from minivllm.model.pooler import Pooler
 from minivllm.model.sampler import Sampler, top_logprobs
 from minivllm.model.spec_verify import sample_with_drafts
@@ -106,10 +111,9 @@ class ModelRunner:
         self.kv_format = kv_quant.FORMATS.get(cache_config.kv_cache_dtype)
         self.kernel_choice = _kernel_choice(config, self.device)
         self.model = self._load_model(model_path, hf_config, quantization, cpu_bf16)
-        # oneDNN linears run at a few row counts (linear.py): pad the batch to one once per
-        # step, so that no layer pads (and copies) its input again.
-        self.pad_rows = any(getattr(lin, "onednn", False)
-                            for lin in (self.model.lm_head, self.model.layers[0].self_attn.qkv))
+        # oneDNN linears run at a few row counts (linear.py): where one runs, pad the batch
+        # to one once per step, so that no layer pads (and copies) its input again.
+        self.row_padding = row_padding(_decoder_linears(self.model))
         self.block_size = config.scheduler_config.block_size
         self.kv_dtype = (self.kv_format.dtype if self.kv_format
                          else dtype if cache_config.kv_cache_dtype == "auto" else torch.bfloat16)
@@ -252,7 +256,7 @@ class ModelRunner:
         writing K/V into the padding block)."""
         tokens, positions, slots = inputs.token_ids, inputs.positions, inputs.slot_mapping
         num_tokens = len(tokens)
-        pad = padded_rows(num_tokens) - num_tokens if self.pad_rows else 0
+        pad = self.row_padding.rows(num_tokens) - num_tokens
         if pad:
             tokens, positions = np.pad(tokens, (0, pad)), np.pad(positions, (0, pad))
             slots = np.pad(slots, (0, pad), constant_values=self.padding_slot)
@@ -367,6 +371,16 @@ class ModelRunner:
             result.sampled_token_ids[req_id] = verified.token_ids
             if verified.logprobs[0] is not None:
                 result.logprobs[req_id] = verified.logprobs
+
+
+def _decoder_linears(model: torch.nn.Module) -> list:
+    """The linears every row of a step runs through (an MoE block's experts see subsets)."""
+    linears = []
+    for layer in model.layers:
+        linears += [layer.self_attn.qkv, layer.o_proj]
+        if isinstance(layer.mlp, GatedMLP):
+            linears += [layer.mlp.gate_up, layer.mlp.down]
+    return linears
 
 
 def _bf16_linears() -> str:

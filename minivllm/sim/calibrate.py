@@ -129,7 +129,7 @@ def engine_description(core, model: str, num_threads: int | None, kv_cache_dtype
                          shape.dtype_bytes],
             "disk_read_bandwidth": disk_read, "disk_write_bandwidth": disk_write,
             "dtype": dtype, "num_threads": num_threads, "grid": grid,
-            "pads_rows": bool(core.runner.pad_rows),
+            "pads_rows": list(core.runner.row_padding.pads),
             "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
@@ -139,9 +139,9 @@ def calibrate(model: str, *, quick: bool = False, num_threads: int | None = None
     core = make_core(model, num_threads, max_num_batched_tokens, kv_cache_dtype)
     grid = QUICK_GRID if quick else FULL_GRID
     timed = timed_steps(core, grid)
-    pads_rows = bool(core.runner.pad_rows)
-    coefficients = fit([b for b, _ in timed], [s for _, s in timed], pads_rows)
-    predicted = np.asarray([np.dot(features(b, pads_rows), [coefficients[k] for k in coefficients])
+    padding = core.runner.row_padding
+    coefficients = fit([b for b, _ in timed], [s for _, s in timed], padding)
+    predicted = np.asarray([np.dot(features(b, padding), [coefficients[k] for k in coefficients])
                             for b, _ in timed])
     actual = np.asarray([s for _, s in timed])
     rel = np.abs(predicted - actual) / actual

@@ -11,7 +11,7 @@ design: profile operators, predict each from its own inputs, interpolate).
          + c_token x prefill tokens                       (the framework overhead)
          + swap copies (per token slot) + the disk tier's transfers (CostModel.disk_time)
 
-Rows are the padded rows where the engine pads them (core/step_batch.padded_rows). Tables
+Rows are the padded rows where the engine pads them (core/step_batch.RowPadding). Tables
 are read piecewise-linearly between their measured points and extended along their last
 segment beyond them (a step larger than the grid). The overhead is fitted to real steps:
 what the tables do not explain (scheduling, input preparation, bookkeeping, and the
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minivllm.core.step_batch import StepBatch, padded_rows
+from minivllm.core.step_batch import RowPadding, StepBatch
 from minivllm.sim.cost_model import MeasuredEngine
 
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
@@ -95,7 +95,7 @@ class OperatorCostModel(MeasuredEngine):
 
     def linears_time(self, num_tokens: int) -> float:
         """One layer's linears over the step's rows."""
-        rows = padded_rows(num_tokens) if self.engine.get("pads_rows") else num_tokens
+        rows = RowPadding.of(self.engine.get("pads_rows")).rows(num_tokens)
         grid = self.tables["rows"]
         return sum(interpolate(rows, grid, self.tables["linears"][name]["seconds"])
                    for name in LINEARS)
@@ -120,7 +120,7 @@ class OperatorCostModel(MeasuredEngine):
         if not rows:
             return 0.0
         head, sampler = self.tables["lm_head"], self.tables["sampler"]
-        head_rows = padded_rows(rows) if self.engine.get("pads_rows") else rows
+        head_rows = RowPadding.of(self.engine.get("pads_rows")).rows(rows)
         return (interpolate(head_rows, self.tables["rows"], head["seconds"])
                 + interpolate(rows, sampler["rows"], sampler["seconds"]))
 

@@ -9,8 +9,9 @@ to the real engine's measured steps (`minivllm sim calibrate`), saved as JSON.
 Each term is one cost the engine pays: a fixed step overhead, per-sequence bookkeeping, the
 weights' matmuls per token, attention per query-key pair (prefill) or per context token
 (decode), and the rows an engine that pads its steps to oneDNN's buckets computes for
-nothing (core/step_batch.padded_rows; the profile records whether it pads). The fit is least squares on relative error (a 5 ms decode step counts as much as a
-500 ms prefill step), with no negative coefficient (a term that fits negative is dropped and
+nothing (core/step_batch.RowPadding; the profile records in which row buckets it pads). The
+fit is least squares on relative error (a 5 ms decode step counts as much as a 500 ms
+prefill step), with no negative coefficient (a term that fits negative is dropped and
 the fit redone). The JSON also records the engine the steps were measured on (KV blocks,
 block size, context, KV bytes per token), which become the simulator's defaults.
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minivllm.core.step_batch import StepBatch, padded_rows
+from minivllm.core.step_batch import RowPadding, StepBatch
 from minivllm.sim.cost_model import MeasuredEngine
 from minivllm.sim.kv_bytes import kv_bytes_per_token
 from minivllm.sim.step_kinds import describe
@@ -38,8 +39,8 @@ FEATURES = ("step", "num_prefill_seqs", "num_prefill_tokens", "prefill_attention
             "num_decode_seqs", "decode_context", "num_swap_tokens", "num_pad_tokens")
 
 
-def features(b: StepBatch, pads_rows: bool = False) -> list[float]:
-    pad = padded_rows(b.num_tokens) - b.num_tokens if pads_rows else 0
+def features(b: StepBatch, padding: RowPadding = RowPadding()) -> list[float]:
+    pad = padding.rows(b.num_tokens) - b.num_tokens
     return [1.0, b.num_prefill_seqs, b.num_prefill_tokens, b.prefill_attention,
             b.num_decode_seqs, b.decode_context, b.num_swap_tokens, pad]
 
@@ -65,9 +66,9 @@ def nonnegative_fit(x: np.ndarray, target: np.ndarray, seconds: np.ndarray,
 
 
 def fit(batches: list[StepBatch], seconds: list[float],
-        pads_rows: bool = False) -> dict[str, float]:
+        padding: RowPadding = RowPadding()) -> dict[str, float]:
     """The profile's coefficients: nonnegative_fit of the step times on their features."""
-    x = np.asarray([features(b, pads_rows) for b in batches], dtype=float)
+    x = np.asarray([features(b, padding) for b in batches], dtype=float)
     y = np.asarray(seconds, dtype=float)
     if len(y) < len(FEATURES):
         raise ValueError(f"need at least {len(FEATURES)} timed steps to fit, got {len(y)}")
@@ -85,7 +86,7 @@ class ProfileCostModel(MeasuredEngine):
     def __post_init__(self) -> None:
         self.name = self.source
         self._coef = [self.coefficients.get(f, 0.0) for f in FEATURES]
-        self._pads_rows = bool(self.engine.get("pads_rows"))
+        self._padding = RowPadding.of(self.engine.get("pads_rows"))
         measured = self.engine.get("kv_bytes_per_token")
         self.kv_bytes_per_token = measured
         if self.kv_cache_dtype not in (None, self.engine.get("kv_cache_dtype", "auto")):
@@ -101,7 +102,7 @@ class ProfileCostModel(MeasuredEngine):
                                                     self.disk_write_bandwidth)
 
     def step_time(self, b: StepBatch) -> float:
-        return (sum(c * x for c, x in zip(self._coef, features(b, self._pads_rows), strict=True))
+        return (sum(c * x for c, x in zip(self._coef, features(b, self._padding), strict=True))
                 + self.disk_time(b))
 
     def num_kv_blocks(self, block_size: int) -> int | None:

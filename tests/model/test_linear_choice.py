@@ -3,6 +3,7 @@ each row bucket, the table kept on disk, what is built, and whole models and eng
 it against the default."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,14 +11,15 @@ import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
 from minivllm.config import ModelConfig
+from minivllm.core.step_batch import row_bucket
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.linear_choice import (
     MEASURED_MAX_ROWS,
     ChoiceTable,
     ChosenLinear,
     KernelChoice,
-    bucket_index,
     row_buckets,
+    row_padding,
     time_ways,
 )
 from minivllm.model.loader import load_state_dict
@@ -65,7 +67,7 @@ def test_buckets_are_powers_of_two_up_to_the_measured_max():
     assert row_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
     assert row_buckets(2048)[-1] == MEASURED_MAX_ROWS
     n = len(row_buckets(64))
-    assert [bucket_index(r, n) for r in (1, 2, 3, 4, 5, 33, 64, 65, 5000)] == \
+    assert [row_bucket(r, n) for r in (1, 2, 3, 4, 5, 33, 64, 65, 5000)] == \
         [0, 1, 2, 2, 3, 6, 6, 6, 6]
 
 
@@ -81,6 +83,31 @@ def test_each_bucket_runs_its_faster_way(tmp_path):
         torch.testing.assert_close(layer(x, residual), residual + F.linear(x, weight))
     assert [name for name, _ in log[-8:]] == ["b", "b", "b", "a", "a", "a", "a", "a"]
     assert calls == row_buckets(64)
+
+
+def test_a_step_pads_its_rows_only_where_a_onednn_way_runs(tmp_path):
+    """oneDNN ("a" here) wins the 257-512 bucket (and on), the panels ("b") below: 129 rows
+    run the panels unpadded (they were padded to 192 while any bucket was oneDNN's: a
+    128-token prompt with one decode beside it took 78 ms where the prompt alone took 50);
+    from 257 on a step pads to oneDNN's buckets. A linear always on oneDNN pads always."""
+    def builders():
+        ways = _builders(torch.randn(6, 5), [], [])
+        build_a = ways["a"]
+
+        def onednn_a():
+            way = build_a()
+            way.onednn = True
+            return way
+        return {"a": onednn_a, "b": ways["b"]}
+
+    layer = KernelChoice(512, 8, ChoiceTable(None), _fake_timer(512, [])).choose(
+        builders(), 6, 5, False)
+    padding = row_padding([layer])
+    assert [padding.rows(r) for r in (1, 17, 65, 129, 256, 257, 300, 1000)] == \
+        [1, 17, 65, 129, 256, 320, 320, 1024]
+    always = row_padding([layer, SimpleNamespace(onednn=True)])
+    assert always.rows(129) == 192 and always.rows(17) == 32
+    assert row_padding([SimpleNamespace()]).rows(129) == 129  # no oneDNN: never pads
 
 
 def test_the_table_is_kept_and_reused(tmp_path):
@@ -188,6 +215,24 @@ def test_a_model_on_chosen_ways_matches_the_default(tiny_llama, tmp_path):
                                    rtol=1e-4, atol=1e-4)
         layer, ref = chosen.layers[0].mlp.gate_up, default.layers[0].mlp.gate_up
         torch.testing.assert_close(layer(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+def test_the_runner_pads_a_step_only_in_the_buckets_oneDNN_runs(tiny_llama):
+    """A model whose linears run oneDNN in their largest bucket only (33-64 rows) and torch
+    below: the runner's padding leaves 17-32 rows as they are and pads 33 to 48."""
+    from transformers import AutoConfig
+
+    from minivllm.model.runner import _decoder_linears
+
+    def onednn_on_top(ways, k, rows):
+        return {name: 1.0 if (name == "oneDNN") == (rows == 64) else 2.0 for name in ways}
+
+    cfg = AutoConfig.from_pretrained(tiny_llama)
+    model = build_model(cfg, load_state_dict(tiny_llama), kernel_choice=KernelChoice(
+        64, 8, ChoiceTable(None), onednn_on_top))
+    padding = row_padding(_decoder_linears(model))
+    assert [padding.rows(r) for r in (17, 20, 32, 33, 50)] == [17, 20, 32, 48, 64]
 
 
 def test_kernel_choice_flag_and_environment(monkeypatch):

@@ -22,7 +22,7 @@ from minivllm.sim.operators_model import (
 from minivllm.sim.step_kinds import relative_errors, step_kind
 
 
-def synthetic(pads_rows: bool = False, rows=(1, 2, 4), linear=(1.0, 2.0, 4.0)) -> OperatorCostModel:
+def synthetic(pads_rows: bool | list[bool] = False, rows=(1, 2, 4), linear=(1.0, 2.0, 4.0)) -> OperatorCostModel:
     tables = {
         "rows": list(rows),
         "linears": {name: {"k": 8, "n": 8, "weight": "Linear", "seconds": list(linear)}
@@ -78,6 +78,10 @@ def test_linears_are_priced_at_the_padded_rows_where_the_engine_pads():
     exact = synthetic(pads_rows=False, rows=rows, linear=rows)
     assert padded.linears_time(20) == pytest.approx(4 * 32)
     assert exact.linears_time(20) == pytest.approx(4 * 20)
+    # A profile of the buckets (the engine pads only where a oneDNN way runs): 33-64 here.
+    top_only = synthetic(pads_rows=[False] * 6 + [True], rows=rows, linear=rows)
+    assert top_only.linears_time(20) == pytest.approx(4 * 20)
+    assert top_only.linears_time(40) == pytest.approx(4 * 48)
 
 
 def test_operator_tables_round_trip_and_refuse_another_machine(tmp_path):

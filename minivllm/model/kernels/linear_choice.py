@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from minivllm.core.step_batch import RowPadding, row_bucket
+
 MEASURED_MAX_ROWS = 512  # from here on every way runs at its large-batch speed
 REPEATS = 3
 
@@ -38,11 +40,6 @@ def row_buckets(max_rows: int) -> list[int]:
     (at most MEASURED_MAX_ROWS)."""
     top = min(1 << max(max_rows - 1, 0).bit_length(), MEASURED_MAX_ROWS)
     return [1 << i for i in range(top.bit_length())]
-
-
-def bucket_index(rows: int, num_buckets: int) -> int:
-    """The bucket a call of `rows` rows runs in: the smallest power of two >= rows."""
-    return min(max(rows - 1, 0).bit_length(), num_buckets - 1)
 
 
 def time_ways(ways: dict[str, Way], k: int, rows: int) -> dict[str, float]:
@@ -106,13 +103,23 @@ class ChosenLinear:
 
     def __init__(self, ways: dict[str, Way], winners: list[str]) -> None:
         self.ways = ways  # the winning ways only
-        self.winners = winners  # per bucket_index
+        self.winners = winners  # per row bucket (row_bucket)
         self._by_bucket = [ways[name] for name in winners]
-        # oneDNN compiles a kernel per row count: the runner pads rows if any way is oneDNN's
-        self.onednn = any(getattr(way, "onednn", False) for way in ways.values())
+        # oneDNN compiles a kernel per row count: the runner pads a step's rows in the
+        # buckets a oneDNN way runs
+        self.padding = RowPadding(tuple(getattr(way, "onednn", False)
+                                        for way in self._by_bucket))
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return self._by_bucket[bucket_index(x.shape[0], len(self._by_bucket))](x, residual)
+        return self._by_bucket[row_bucket(x.shape[0], len(self._by_bucket))](x, residual)
+
+
+def row_padding(linears: list) -> RowPadding:
+    """Where a step through these linears pads its rows: where any runs oneDNN (a chosen
+    linear in its oneDNN buckets, any other linear with a oneDNN weight at every count)."""
+    return RowPadding.union([
+        lin.padding if isinstance(lin, ChosenLinear)
+        else RowPadding((bool(getattr(lin, "onednn", False)),)) for lin in linears])
 
 
 class KernelChoice:
