@@ -21,6 +21,7 @@ from minivllm.model.kernels.linear_choice import (
     row_buckets,
     row_padding,
     time_ways,
+    timed_rows,
 )
 from minivllm.model.loader import load_state_dict
 from minivllm.model.models import build_model
@@ -82,7 +83,7 @@ def test_each_bucket_runs_its_faster_way(tmp_path):
         x, residual = torch.randn(rows, 5), torch.randn(rows, 6)
         torch.testing.assert_close(layer(x, residual), residual + F.linear(x, weight))
     assert [name for name, _ in log[-8:]] == ["b", "b", "b", "a", "a", "a", "a", "a"]
-    assert calls == row_buckets(64)
+    assert calls == [1, 2, 4, 8, 16, 17, 32, 33, 64]  # above 16 rows, both ends
 
 
 def test_a_step_pads_its_rows_only_where_a_onednn_way_runs(tmp_path):
@@ -108,6 +109,22 @@ def test_a_step_pads_its_rows_only_where_a_onednn_way_runs(tmp_path):
     always = row_padding([layer, SimpleNamespace(onednn=True)])
     assert always.rows(129) == 192 and always.rows(17) == 32
     assert row_padding([SimpleNamespace()]).rows(129) == 129  # no oneDNN: never pads
+
+
+def test_a_bucket_goes_to_the_way_faster_across_it_not_at_its_top_alone():
+    """"a" pads to oneDNN's counts: 5% faster at 512 rows, 30% slower at 257 (run as 320).
+    Over the bucket "b" is faster, and runs it; where "a" wins at both ends, "a" runs."""
+    def padding_a(ways, k, rows):
+        return {"a": 0.95 * rows if rows == 512 else 1.3 * rows, "b": 1.0 * rows}
+
+    def builders():
+        return _builders(torch.randn(6, 5), [], [])
+
+    layer = KernelChoice(512, 8, ChoiceTable(None), padding_a).choose(builders(), 6, 5, False)
+    assert layer.name == "b"
+    assert timed_rows(512) == [257, 512] and timed_rows(16) == [16]
+    always = KernelChoice(512, 8, ChoiceTable(None), lambda ways, k, rows: {"a": 1.0, "b": 1.1})
+    assert always.choose(builders(), 6, 5, False).name == "a"
 
 
 def test_the_table_is_kept_and_reused(tmp_path):

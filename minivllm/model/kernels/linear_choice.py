@@ -6,10 +6,11 @@ torch's F.linear (MKL); bf16 weights on AMX tiles, through oneDNN's native bf16 
 panel_gemm.c's panels. Which is faster depends on the CPU, the shape and the rows: on an AMX
 Xeon oneDNN's bf16 linear ran 300-910 GFLOP/s where the tile kernel ran ~300 in the loop.
 
-So at load, for each (ways, N, K) and each power-of-two row count up to the step's largest
-(measured up to MEASURED_MAX_ROWS; beyond, the largest measured decides), each way is timed
-on random input, the ways alternating, best of REPEATS (the best, not the median: another
-process on the cores only ever adds time). The faster runs that bucket. Times are kept in a
+So at load, for each (ways, N, K) and each power-of-two bucket of row counts up to the
+step's largest (measured up to MEASURED_MAX_ROWS; beyond, the largest measured decides),
+each way is timed on random input at the bucket's two ends (timed_rows), the ways
+alternating, best of REPEATS (the best, not the median: another process on the cores only
+ever adds time). The faster over both ends runs that bucket. Times are kept in a
 JSON file per machine (CPU model and flags, the kernels' ISA level, threads, torch), so the
 next load of any model with those shapes measures nothing; ways that win no bucket are never
 built, or dropped with their weights. `minivllm check-kernels MODEL --gemm` prints the table.
@@ -40,6 +41,15 @@ def row_buckets(max_rows: int) -> list[int]:
     (at most MEASURED_MAX_ROWS)."""
     top = min(1 << max(max_rows - 1, 0).bit_length(), MEASURED_MAX_ROWS)
     return [1 << i for i in range(top.bit_length())]
+
+
+def timed_rows(top: int) -> list[int]:
+    """The row counts the bucket ending at `top` is timed at: its top and, above 16 rows,
+    its first count, where a way that wants oneDNN's padded row counts pays the most (129
+    rows run as 192, core/step_batch.padded_rows). The bucket goes to the least sum: a way
+    must win across the bucket, not at its top alone (oneDNN's bf16 won 512 rows by 3-5%
+    on a Zen 5, and ran every 259-row step as 320 rows)."""
+    return [top] if top <= 16 else [top // 2 + 1, top]
 
 
 def time_ways(ways: dict[str, Way], k: int, rows: int) -> dict[str, float]:
@@ -134,16 +144,20 @@ class KernelChoice:
 
     def times(self, builders: dict[str, Callable[[], Way]], n: int, k: int, bias: bool,
               max_rows: int | None = None) -> dict[int, dict[str, float]]:
-        """rows -> way -> seconds for every bucket, measured where the table has none."""
-        buckets = row_buckets(max_rows or self.max_rows)
+        """bucket -> way -> seconds (summed over timed_rows) for every bucket, measured
+        where the table has none."""
+        counts = {top: timed_rows(top) for top in row_buckets(max_rows or self.max_rows)}
         prefix = f"{'+'.join(builders)}|{n}x{k}|{'bias' if bias else 'no bias'}|"
-        missing = [rows for rows in buckets if prefix + str(rows) not in self.table.times]
+        missing = [rows for each in counts.values() for rows in each
+                   if prefix + str(rows) not in self.table.times]
         if missing:
             ways = {name: build() for name, build in builders.items()}
             for rows in missing:
                 self.table.times[prefix + str(rows)] = self.timer(ways, k, rows)
             self.table.save()
-        return {rows: self.table.times[prefix + str(rows)] for rows in buckets}
+        return {top: {name: sum(self.table.times[prefix + str(rows)][name] for rows in each)
+                      for name in builders}
+                for top, each in counts.items()}
 
     def choose(self, builders: dict[str, Callable[[], Way]], n: int, k: int, bias: bool,
                max_rows: int | None = None) -> Way:
