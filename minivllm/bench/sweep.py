@@ -18,6 +18,7 @@ import dataclasses
 import json
 import statistics
 from pathlib import Path
+from time import sleep
 
 from minivllm.bench import client, metrics
 from minivllm.bench.args import add_workload_args, resolve_endpoint
@@ -60,6 +61,10 @@ def add_parser(sub) -> None:
     p.add_argument("--num-warmups", type=int, default=8,
                    help="requests sent to each server at once before the sweep, not measured "
                         "(a cold server's first steps are slow; default: 8)")
+    p.add_argument("--pause", type=float, default=2.0, metavar="SECONDS",
+                   help="idle time before each run, so that one server's tail does not land "
+                        "on the next run (vLLM-CPU kept both cores of a 2-core machine busy "
+                        "for ~0.5 s after its last request); default: 2")
     p.add_argument("--model", default=None,
                    help="served model name (default: each server's first of /v1/models)")
     p.add_argument("--tokenizer", default=None,
@@ -105,6 +110,8 @@ def run_sweep(args) -> int:
     servers = parse_servers(args.server)
     if args.num_runs < 1:
         raise SystemExit("--num-runs must be at least 1")
+    if args.pause < 0:
+        raise SystemExit("--pause must be at least 0 seconds")
     try:
         slos = metrics.parse_goodput(args.goodput)
     except ValueError as e:
@@ -138,6 +145,7 @@ def run_sweep(args) -> int:
                 trace, texts, counts, model, _ = asyncio.run(
                     prepare(args, url, args.model, args.max_model_len))
                 workload = trace.workload
+                sleep(args.pause)
                 title = f"{name} at {knob.replace('_', ' ')} {label}, run {run + 1}"
                 summary, _ = measure(args, trace, texts, counts, url, model,
                                      out / name / f"{knob}-{label}" / f"run-{run + 1}", title)

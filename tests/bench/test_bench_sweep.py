@@ -17,7 +17,7 @@ def test_sweep_alternates_servers_and_reports_every_point(tmp_path, capsys):
     with a as url_a, b as url_b:
         rc = bench("sweep", "--server", f"fast={url_a}", "--server", f"other={url_b}",
                    "--request-rates", "100", "400", "--num-runs", "3", "--num-prompts", "14",
-                   "--num-warmups", "2",
+                   "--num-warmups", "2", "--pause", "0",
                    "--input-len", "20", "--output-len", "5", "--goodput", "ttft:1000",
                    "tpot:100", "--output", str(tmp_path), "--disable-tqdm")
     # the fake servers fail some prompts on purpose (test_bench_client): every run still
@@ -52,13 +52,16 @@ def test_sweep_alternates_servers_and_reports_every_point(tmp_path, capsys):
     assert "sweep written to" in capsys.readouterr().out
 
 
-def test_concurrency_sweep_limits_requests_in_flight(tmp_path):
+def test_concurrency_sweep_limits_requests_in_flight(tmp_path, monkeypatch):
+    pauses = []
+    monkeypatch.setattr(sweep, "sleep", pauses.append)
     server = FakeServer()
     with server as url:
         rc = bench("sweep", "--server", f"one={url}", "--max-concurrencies", "1", "4",
                    "--num-runs", "1", "--num-warmups", "0", "--num-prompts", "8", "--input-len", "20",
                    "--output-len", "4", "--output", str(tmp_path), "--disable-tqdm")
     assert rc == 0
+    assert pauses == [2.0, 2.0]  # idle before each run: a server's tail stays out of the next
     doc = json.loads((tmp_path / "sweep.json").read_text())
     assert doc["knob"] == "max_concurrency" and doc["points"] == ["1", "4"]
     one = json.loads((tmp_path / "one" / "max_concurrency-1" / "run-1" / "run.json").read_text())
@@ -72,6 +75,7 @@ def test_concurrency_sweep_limits_requests_in_flight(tmp_path):
     (["--server", "nourl"], "--server must be NAME=http://HOST:PORT"),
     (["--server", "a=http://x", "--server", "a=http://y"], "given twice"),
     (["--server", "a=http://x", "--num-runs", "0"], "--num-runs must be at least 1"),
+    (["--server", "a=http://x", "--pause", "-1"], "--pause must be at least 0"),
     (["--server", "a=http://x", "--goodput", "ttft"], "goodput SLO must be"),
 ])
 def test_bad_sweep_arguments_are_named(argv, message):
