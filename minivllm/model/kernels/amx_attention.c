@@ -32,6 +32,7 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include "amx_tiles.h"
 #include "attention_plan.h"
+#include "vector_exp.h"
 
 #define TK 32 /* context tokens per step */
 #define MAX_DIM 256
@@ -45,26 +46,6 @@ typedef struct {
     uint16_t *vt;     /* [head_dim / 16][16 pairs of tokens][16 dims x 2] */
     uint16_t *zero;   /* [MAX_DIM] the K and V row of a token past the context */
 } scratch;
-
-/* e^x for x <= 0, 16 lanes: 2^(x log2 e) as 2^n (scalef) times 2^f, f in [-1/2, 1/2],
- * by its Taylor polynomial of degree 6 (relative error ~2e-7, from x log2 e's rounding
- * ~5e-6 at x = -80); x below -80 is taken as -80 (e^-80 ~ 2e-35: nothing next to the e^0
- * of a row's max, and no denormals). libm's vector expf, 8 lanes, took half the kernel's
- * time. */
-static inline __m512 exp_nonpositive(__m512 x) {
-    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-80.f)),
-                                   _mm512_set1_ps(1.44269504f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.5403530e-4f); /* ln2^k / k!, k = 6 .. 0 */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
-}
 
 /* The step's 32 K rows as B tiles: half h (tokens 16h..16h+15), dims 32c..32c+31: row i
  * holds dims 32c + 2i, 32c + 2i + 1 of the 16 tokens. */

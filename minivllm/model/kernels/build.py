@@ -27,11 +27,12 @@ from minivllm.model.kernels import header, isa
 logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ["paged_decode_attention.c", "paged_prefill_attention.c", "ops.c", "sampler.c",
-           "int8_gemm.c", "panel_gemm.c", "amx_gemm.c", "amx_attention.c", "gguf_gemm.c",
-           "gguf_repack.c", "gguf_repacked.c", "gguf_dequant.c", "lora_sgmv.c", "isa_info.c"]
+           "int8_gemm.c", "panel_gemm.c", "amx_gemm.c", "amx_attention.c", "dpbf16_attention.c",
+           "gguf_gemm.c", "gguf_repack.c", "gguf_repacked.c", "gguf_dequant.c", "lora_sgmv.c",
+           "isa_info.c"]
 # included by sources, part of the cache key
 INTERNAL_HEADERS = ["amx_tiles.h", "attention_plan.h", "gguf_activations.h", "gguf_repacked.h",
-                    "gguf_scales.h", "gguf_unpack.h", "kv_rows.h"]
+                    "gguf_scales.h", "gguf_unpack.h", "kv_rows.h", "vector_exp.h"]
 # Compile with -ffast-math (vectorized expf), but link without it: linking with it adds
 # crtfastmath.o, which turns on flush-to-zero for the whole process at load time. An
 # exported function must be declared in kernels.h (missing-prototypes).

@@ -1,6 +1,6 @@
-"""The C kernels (paged_decode_attention.c, paged_prefill_attention.c, amx_attention.c, ops.c,
-sampler.c, int8_gemm.c, panel_gemm.c, gguf_gemm.c, gguf_repacked.c, gguf_dequant.c, amx_gemm.c) behind
-torch-facing wrappers: built and loaded by build.py on first use, for this CPU's ISA level
+"""The C kernels (paged_decode_attention.c, paged_prefill_attention.c, amx_attention.c,
+dpbf16_attention.c, ops.c, sampler.c, int8_gemm.c, panel_gemm.c, gguf_gemm.c, gguf_repacked.c,
+gguf_dequant.c, amx_gemm.c) behind torch-facing wrappers: built and loaded by build.py on first use, for this CPU's ISA level
 (isa.py), called with keyword arguments named as in kernels.h. Without a compiler, or when
 the build or the load fails, `available()` is False and the callers keep their pure-torch
 paths, which stay the tested references. fp32 CPU tensors only."""
@@ -149,8 +149,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     each request's context length after this step; all int64. Request p's queries are its
     last query_len positions: query i sits at position seq_lens[p] - query_len + i and
     sees positions 0..that one. H is a multiple of KVH (GQA). Returns [T, H, D].
-    A bf16 cache without window and softcap runs on AMX tiles where amx() (amx_attention.c:
-    q and the probabilities rounded to bf16 for the products)."""
+    A bf16 cache without window and softcap runs on AMX tiles where amx() (amx_attention.c),
+    else on AVX-512 BF16 pair dots where the library has them (dpbf16_attention.c): both
+    round q and the probabilities to bf16 for the products."""
     _, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
@@ -158,15 +159,19 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         t.contiguous() for t in (block_table, query_start_loc, seq_lens))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if _is_bf16(k_cache) and not window and not softcap and amx() and (
-            _library().paged_prefill_attention_amx(
-                q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
-                block_table=block_table.data_ptr(), query_start_loc=query_start_loc.data_ptr(),
-                seq_lens=seq_lens.data_ptr(), out=out.data_ptr(), num_reqs=seq_lens.shape[0],
-                num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                block_size=block_size, max_blocks=block_table.shape[1], q_stride=q.stride(0),
-                scale=scale, num_threads=torch.get_num_threads()) == 0):
-        return out
+    if _is_bf16(k_cache) and not window and not softcap:
+        args = dict(
+            q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+            block_table=block_table.data_ptr(), query_start_loc=query_start_loc.data_ptr(),
+            seq_lens=seq_lens.data_ptr(), out=out.data_ptr(), num_reqs=seq_lens.shape[0],
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            block_size=block_size, max_blocks=block_table.shape[1], q_stride=q.stride(0),
+            scale=scale, num_threads=torch.get_num_threads())
+        # each returns -1 where it cannot run (no AMX / AVX512-BF16 in the library, head_dim)
+        if amx() and _library().paged_prefill_attention_amx(**args) == 0:
+            return out
+        if _library().paged_prefill_attention_dpbf16(**args) == 0:
+            return out
     _library().paged_prefill_attention_f32(
         q=q.data_ptr(), **_kv_args(k_cache, v_cache), block_table=block_table.data_ptr(),
         query_start_loc=query_start_loc.data_ptr(), seq_lens=seq_lens.data_ptr(),
@@ -202,6 +207,14 @@ def sampler_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     _library().sampler_uniforms_f64(keys=keys.data_ptr(), positions=positions.data_ptr(),
                                     out=out.data_ptr(), n=keys.shape[0])
     return out
+
+
+def bf16_prefill_products() -> bool:
+    """Whether a bf16 cache's prefill attention multiplies in bf16 (q and the probabilities
+    rounded): on AMX tiles where amx(), else on AVX-512 BF16 pair dots where the library
+    was built with them; below those, fp32 math over the widened cache."""
+    lib = _library()
+    return lib is not None and (amx() or "avx512_bf16" in lib.isa_features)
 
 
 def amx() -> bool:

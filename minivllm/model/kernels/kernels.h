@@ -52,6 +52,17 @@ int paged_prefill_attention_amx(const float *q, const uint16_t *k_cache,
                                 int head_dim, int block_size, int max_blocks, int64_t q_stride,
                                 float scale, int num_threads);
 
+/* dpbf16_attention.c: the same for a bf16 cache on AVX-512 BF16 dot products (vdpbf16ps),
+ * without window and softcap; returns 0, or -1 when the library was built without
+ * AVX512-BF16, memory ran out or head_dim is not a multiple of 16 (the caller then runs
+ * paged_prefill_attention_f32) */
+int paged_prefill_attention_dpbf16(const float *q, const uint16_t *k_cache,
+                                   const uint16_t *v_cache, const int64_t *block_table,
+                                   const int64_t *query_start_loc, const int64_t *seq_lens,
+                                   float *out, int num_reqs, int num_heads, int num_kv_heads,
+                                   int head_dim, int block_size, int max_blocks,
+                                   int64_t q_stride, float scale, int num_threads);
+
 /* lora_sgmv.c */
 void lora_sgmv_f32(const float *x, int64_t ldx, float *y, int64_t ldy, const int64_t *rows,
                    const int64_t *seg, int segments, const float *a, const float *b, float *h,
