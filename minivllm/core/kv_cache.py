@@ -162,8 +162,14 @@ class KVCacheManager:
         limit, hashes, cached = self._max_hit_blocks(request), request.block_hashes, self.cached
         if len(hashes) < limit:  # (a waiting request has them all after its first probe)
             hashes = self.block_hashes(request)
-        num, seen = self._probed.get(request.request_id, (0, -1))
-        num = min(num, limit) if seen == self._num_evictions else 0  # those are still cached
+        probed = self._probed.get(request.request_id)
+        if probed is not None and probed[1] == self._num_evictions:  # those are still cached
+            num = probed[0]
+            if num < limit and hashes[num] not in cached:  # nothing new: the usual answer
+                return num * self.block_size
+            num = min(num, limit)
+        else:
+            num = 0
         while num < limit and hashes[num] in cached:
             num += 1
         self._probed[request.request_id] = (num, self._num_evictions)

@@ -54,16 +54,18 @@ class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
                          NUM_LEVELS - 1)
             state = self._levels[request] = [level, 0, prefill]
         # Iterations of service so far: its prefill's once admitted (they make the first
-        # token), then one per token after the first.
+        # token), then one per token after the first. (Read directly, quantum() inlined:
+        # sort_key asks for every queued request at every step, the simulator's hot spot.)
         admitted = request.first_scheduled_step is not None
-        service = state[2] * admitted + max(0, request.num_output_tokens - 1)
-        while state[0] < NUM_LEVELS - 1 and service - state[1] >= self.quantum(state[0]):
-            state[1] += self.quantum(state[0])  # demoted: its quantum here is used up
+        service = state[2] * admitted + max(0, len(request.output_token_ids) - 1)
+        while state[0] < NUM_LEVELS - 1 and service - state[1] >= self.base_quantum << state[0]:
+            state[1] += self.base_quantum << state[0]  # demoted: its quantum here is used up
             state[0] += 1
         return state[0]
 
     def effective_level(self, request: Request, now: float) -> float:
-        return max(0.0, self.level(request) - math.floor(self.age(request, now) / self.aging_s))
+        age = max(0.0, now - request.arrival_time)  # self.age, inlined (hot, as above)
+        return max(0.0, self.level(request) - math.floor(age / self.aging_s))
 
     def sort_key(self, request: Request, now: float) -> tuple:
         return (self.effective_level(request, now), request.arrival_time, request.request_id)

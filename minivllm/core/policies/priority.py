@@ -12,7 +12,9 @@ class PriorityPolicy(SchedulingPolicy):
     uses_length_predictor = False
 
     def sort_key(self, request: Request, now: float) -> tuple:
-        effective = request.core_request.priority - self.age(request, now) / self.aging_s
+        # self.age, inlined: sort_key runs for every queued request at every step
+        age = max(0.0, now - request.arrival_time)
+        effective = request.core_request.priority - age / self.aging_s
         return (effective, request.arrival_time, request.request_id)
 
     def unranked(self, requests: list[Request], now: float) -> bool:

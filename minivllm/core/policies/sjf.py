@@ -32,15 +32,22 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
         return kept[1]
 
     def remaining_work(self, request: Request) -> int:
-        computed = request.num_computed_tokens
-        if computed < request.num_prompt_tokens:  # else no prompt is left: skip the probe
+        # sort_key runs for every queued request at every step (the simulator's hot spot):
+        # the request's lists and the kept prediction are read directly
+        computed, num_prompt = request.num_computed_tokens, len(request.prompt_token_ids)
+        if computed < num_prompt:  # else no prompt is left: skip the probe
             computed = max(computed, self.cached_tokens(request))
-        prompt_left = max(0, request.num_prompt_tokens - computed)
-        output_left = max(1, self.predicted_output(request) - request.num_output_tokens)
-        return prompt_left + output_left
+        kept = self._predictions.get(request)
+        if kept is None or kept[0] != (self._num_finished, request.prompt_hidden is None):
+            predicted = self.predicted_output(request)
+        else:
+            predicted = kept[1]
+        output_left = max(1, predicted - len(request.output_token_ids))
+        return max(0, num_prompt - computed) + output_left
 
     def sort_key(self, request: Request, now: float) -> tuple:
-        effective = self.remaining_work(request) / (1.0 + self.age(request, now) / self.aging_s)
+        age = max(0.0, now - request.arrival_time)  # self.age, inlined (hot, as above)
+        effective = self.remaining_work(request) / (1.0 + age / self.aging_s)
         return (effective, request.arrival_time, request.request_id)
 
     def unranked(self, requests: list[Request], now: float) -> bool:
