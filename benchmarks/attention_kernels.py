@@ -6,7 +6,9 @@
 - prefill: the kernel against the per-request path it replaced (gather + mask + SDPA), for
   each case (requests x new tokens on top of cached tokens) and attention shape: the best
   milliseconds of --repeats (the two interleaved, so that other load on the machine hits
-  both alike), their ratio and their largest difference;
+  both alike), their ratio and their largest difference; then, where the kernels have bf16
+  products (AMX tiles, AVX-512 BF16 pair dots), the same cases over a bf16 cache: the
+  fp32-math kernel against the bf16-product one;
 - decode: the kernel reading an fp32 K/V cache against the same cache in bf16
   (--kv-cache-dtype bfloat16), int8 and fp8 (e4m3; model/kv_quant.py), in SmolLM-135M's
   shape, for each case (sequences x context length): --rounds alternating rounds of
@@ -95,6 +97,22 @@ def measure_prefill(shape, query_lens, cached, repeats):
     return min(times["sdpa"]) * 1000, min(times["kernel"]) * 1000, diff
 
 
+def measure_bf16_prefill(shape, query_lens, cached, repeats):
+    """Over a bf16 cache: best milliseconds of the fp32-math kernel and of the bf16-product
+    one this CPU runs (AMX tiles, AVX-512 BF16 pair dots), and their largest difference."""
+    q, k_cache, v_cache, _, block_table, qsl, seq_lens = make_batch(query_lens, cached, shape)
+    k_cache, v_cache, scale = k_cache.bfloat16(), v_cache.bfloat16(), shape[2] ** -0.5
+
+    def run(bf16_products):
+        return cpu.paged_prefill_attention(q, k_cache, v_cache, block_table, qsl, seq_lens,
+                                           scale, bf16_products=bf16_products)
+
+    diff = (run(True) - run(False)).abs().max().item()  # also the warm-up
+    times = alternating({"fp32": lambda: timed(partial(run, False))[1],
+                         "bf16": lambda: timed(partial(run, True))[1]}, repeats)
+    return min(times["fp32"]) * 1000, min(times["bf16"]) * 1000, diff
+
+
 def prefill_table(args) -> None:
     print(f"prefill, best of {args.repeats}")
     print(f"{'shape':14} {'case':14} {'SDPA ms':>9} {'kernel ms':>10} {'ratio':>7} "
@@ -104,6 +122,18 @@ def prefill_table(args) -> None:
             sdpa_ms, kernel_ms, diff = measure_prefill(shape, query_lens, cached, args.repeats)
             print(f"{shape_name:14} {case_name:14} {sdpa_ms:9.2f} {kernel_ms:10.2f} "
                   f"{sdpa_ms / kernel_ms:6.2f}x {diff:11.1e}", flush=True)
+    if not cpu.bf16_prefill_products():
+        return
+    print(f"\nprefill over a bf16 cache, best of {args.repeats}: the fp32-math kernel against "
+          "the bf16 products")
+    print(f"{'shape':14} {'case':14} {'fp32 ms':>9} {'bf16 ms':>10} {'ratio':>7} "
+          f"{'max |diff|':>11}")
+    for shape_name, shape in SHAPES.items():
+        for case_name, (query_lens, cached) in PREFILL_CASES.items():
+            fp32_ms, bf16_ms, diff = measure_bf16_prefill(shape, query_lens, cached,
+                                                          args.repeats)
+            print(f"{shape_name:14} {case_name:14} {fp32_ms:9.2f} {bf16_ms:10.2f} "
+                  f"{fp32_ms / bf16_ms:6.2f}x {diff:11.1e}", flush=True)
 
 
 def decode_ms(q, k_cache, v_cache, table, seq_lens, calls: int) -> float:

@@ -32,18 +32,21 @@ def test_decode_kernel_reads_bf16_cache(heads, kv_heads, dim, block_size):
 
 @needs_kernels
 def test_prefill_kernel_reads_bf16_cache():
-    """paged_prefill_attention.c's kernel as exact as over fp32; on bf16 products (AMX tiles
-    or AVX-512 BF16 pair dots, where the kernels have them) within their rounding of q and
-    the probabilities to bf16."""
+    """paged_prefill_attention.c's kernel (bf16_products=False, and where the kernels have
+    no bf16 products) as exact as over fp32; on bf16 products (AMX tiles or AVX-512 BF16
+    pair dots) within their rounding of q and the probabilities to bf16."""
     q, k_cache, v_cache, tables, table, qsl, seq_lens = _batch(
         [5, 17, 1, 40], [0, 7, 12, 3], 6, 2, 32, 8, seed=2)
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
     got = cpu.paged_prefill_attention(q, k16, v16, table, qsl, seq_lens, 0.2)
+    exact = cpu.paged_prefill_attention(q, k16, v16, table, qsl, seq_lens, 0.2,
+                                        bf16_products=False)
     atol = 2e-2 if cpu.bf16_prefill_products() else 1e-5
     for i, blocks in enumerate(tables):
         start, end = qsl[i].item(), qsl[i + 1].item()
         expected = _one_request(q[start:end], k16, v16, blocks, seq_lens[i].item(), 0.2)
         torch.testing.assert_close(got[start:end], expected, rtol=1e-5, atol=atol)
+        torch.testing.assert_close(exact[start:end], expected, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels

@@ -139,7 +139,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_table: torch.Tensor, query_start_loc: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, window: int = 0,
-                            softcap: float = 0.0) -> torch.Tensor:
+                            softcap: float = 0.0, bf16_products: bool = True) -> torch.Tensor:
     """Causal attention of P requests' new tokens over their paged contexts, read in place.
 
     q: [T, H, D], the new tokens of the P requests concatenated (rows may be strided);
@@ -151,7 +151,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     sees positions 0..that one. H is a multiple of KVH (GQA). Returns [T, H, D].
     A bf16 cache without window and softcap runs on AMX tiles where amx() (amx_attention.c),
     else on AVX-512 BF16 pair dots where the library has them (dpbf16_attention.c): both
-    round q and the probabilities to bf16 for the products."""
+    round q and the probabilities to bf16 for the products. bf16_products=False: the
+    fp32-math kernel whatever the cache (the reference the benchmarks and tests hold them to)."""
     _, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
@@ -159,7 +160,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         t.contiguous() for t in (block_table, query_start_loc, seq_lens))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if _is_bf16(k_cache) and not window and not softcap:
+    if bf16_products and _is_bf16(k_cache) and not window and not softcap:
         args = dict(
             q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
             block_table=block_table.data_ptr(), query_start_loc=query_start_loc.data_ptr(),
