@@ -57,6 +57,22 @@ def test_stored_weights_times_fp32_x_in_fp32(n, k, rows, stored):
 
 
 @pytest.mark.parametrize("stored", STORED, ids=str)
+@pytest.mark.parametrize("n,k,rows", [(896, 4864, 97), (576, 1536, 757), (64, 8960, 37)])
+def test_row_counts_that_once_left_a_chunk_of_rows_empty(n, k, rows, stored):
+    """Rows split into chunks of whole tiles, as many rows as keep their x in L2 (fewer at a
+    large K): the chunk count once came from the cap, not from the rounded-up chunk size, so
+    the last chunk could hold no rows, and its prefetch share divided by its 0 tiles (SIGFPE
+    at Qwen2.5-0.5B's down projection, 97 rows, and SmolLM2's at 757)."""
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(n, k, generator=gen), torch.randn(rows, k, generator=gen)
+    layer = panel_layer(weight, stored=stored)
+    if layer is None:
+        return
+    torch.testing.assert_close(layer(x), reference_linear(x, weight, stored), rtol=1e-5,
+                               atol=2e-5 * k**0.5)
+
+
+@pytest.mark.parametrize("stored", STORED, ids=str)
 @pytest.mark.parametrize("n,k", [(37, 33), (1152, 896)])
 def test_a_rows_result_does_not_depend_on_its_batch_or_threads(n, k, stored):
     gen = torch.Generator().manual_seed(k)

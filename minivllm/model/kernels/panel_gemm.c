@@ -179,9 +179,13 @@ static inline __attribute__((always_inline)) void panel_linear(
      * them all), in chunks of even size (whole tiles) */
     const int64_t max_chunk = CHUNK_BYTES / ((int64_t)k * 4) > MAX_ROWS
                                   ? CHUNK_BYTES / ((int64_t)k * 4) : MAX_ROWS;
-    const int64_t chunks = (rows + max_chunk - 1) / max_chunk;
-    const int64_t per_tiles = (rows + chunks - 1) / chunks + MAX_ROWS - 1;
+    const int64_t per_tiles = (rows + (rows + max_chunk - 1) / max_chunk - 1)
+                              / ((rows + max_chunk - 1) / max_chunk) + MAX_ROWS - 1;
     const int64_t chunk_rows = per_tiles - per_tiles % MAX_ROWS;
+    /* counted from chunk_rows (rounded up to whole tiles), so that no chunk is empty: an
+     * empty one had 0 tiles, and its prefetch share divided by them (SIGFPE: Qwen2.5's
+     * down projection, K = 4864, at 97 rows) */
+    const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
     const int64_t panel_bytes = (int64_t)PANEL * k * (stored == PANEL_STORED_F32 ? 4 : 2);
 #pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static) \
     if (rows * (int64_t)n * k > 1 << 18)
