@@ -153,7 +153,6 @@ static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t 
                         float scale, float *out, scratch *w) {
     const int group = num_heads / num_kv_heads, used = nq * group;
     const int rows = (used + 15) / 16 * 16;
-    const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
     const int64_t len = first_pos + nq;
     for (int r = 0; r < rows; r++) {
         uint16_t *dst = w->q + (int64_t)r * head_dim;
@@ -171,27 +170,13 @@ static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t 
     }
     for (int64_t start = 0; start < len; start += TK) {
         const uint16_t *k[TK], *v[TK];
-        for (int t = 0; t < TK; t++) {
-            const int64_t pos = start + t;
-            if (pos < len) {
-                const int64_t at = table[pos / block_size] * block + pos % block_size * row
-                                   + g * head_dim;
-                k[t] = k_cache + at;
-                v[t] = v_cache + at;
-            } else {
-                k[t] = v[t] = w->zero;
-            }
-        }
+        bf16_step_rows(k_cache, v_cache, table, start, len, TK, block_size, num_kv_heads,
+                       head_dim, g, w->zero, k, v);
         pack_keys(k, head_dim, w->kt);
         pack_values(v, head_dim, w->vt);
         for (int rb = 0; rb < rows; rb += 16) row_block_step(w, rb, head_dim, start, first_pos);
     }
-    const int64_t out_stride = (int64_t)num_heads * head_dim;
-    for (int r = 0; r < used; r++) {
-        float *dst = out + row_offset(r, group, g, out_stride, head_dim);
-        const float inv = 1.f / w->sum[r];
-        for (int d = 0; d < head_dim; d++) dst[d] = w->o[(int64_t)r * head_dim + d] * inv;
-    }
+    write_outputs(out, w->o, head_dim, 1, w->sum, used, group, g, num_heads, head_dim);
 }
 #endif
 

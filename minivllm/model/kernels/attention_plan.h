@@ -81,4 +81,40 @@ static inline int64_t row_offset(int r, int group, int g, int64_t stride, int he
     return (r / group) * stride + (g * group + r % group) * head_dim;
 }
 
+/* The item's outputs: each used row r's unnormalized sum (o[r * row_step + d * dim_step]:
+ * rows along the lanes or row by row) over its softmax sum, to out (at the item's first
+ * query, rows of num_heads * head_dim). */
+static inline void write_outputs(float *out, const float *o, int64_t row_step,
+                                 int64_t dim_step, const float *sum, int used, int group,
+                                 int g, int num_heads, int head_dim) {
+    const int64_t out_stride = (int64_t)num_heads * head_dim;
+    for (int r = 0; r < used; r++) {
+        float *dst = out + row_offset(r, group, g, out_stride, head_dim);
+        const float inv = 1.f / sum[r];
+        for (int d = 0; d < head_dim; d++) dst[d] = o[r * row_step + d * dim_step] * inv;
+    }
+}
+
+/* A step of the two bf16 kernels: kv head g's K and V rows of the n context positions from
+ * `start`, in place in a bf16 cache (through the block table), the zero row for positions
+ * at or past len. */
+static inline void bf16_step_rows(const uint16_t *k_cache, const uint16_t *v_cache,
+                                  const int64_t *table, int64_t start, int64_t len, int n,
+                                  int block_size, int num_kv_heads, int head_dim, int g,
+                                  const uint16_t *zero, const uint16_t **k,
+                                  const uint16_t **v) {
+    const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
+    for (int t = 0; t < n; t++) {
+        const int64_t pos = start + t;
+        if (pos < len) {
+            const int64_t at = table[pos / block_size] * block + pos % block_size * row
+                               + g * head_dim;
+            k[t] = k_cache + at;
+            v[t] = v_cache + at;
+        } else {
+            k[t] = v[t] = zero;
+        }
+    }
+}
+
 #endif

@@ -190,7 +190,6 @@ static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t 
                         float scale, float *out, scratch *w) {
     const int group = num_heads / num_kv_heads, used = nq * group;
     const int rows = (used + VL - 1) / VL * VL;
-    const int64_t row = (int64_t)num_kv_heads * head_dim, block = block_size * row;
     const int64_t len = first_pos + nq; /* the context the last query sees */
     for (int r = 0; r < rows; r++) {
         const float *src = q + row_offset(r, group, g, q_stride, head_dim);
@@ -209,17 +208,8 @@ static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t 
     memset(w->o, 0, (size_t)head_dim * rows * sizeof(float));
     for (int64_t start = 0; start < len; start += KT) {
         const uint16_t *k[KT], *v[KT];
-        for (int t = 0; t < KT; t++) {
-            const int64_t pos = start + t;
-            if (pos < len) {
-                const int64_t at = table[pos / block_size] * block + pos % block_size * row
-                                   + g * head_dim;
-                k[t] = k_cache + at;
-                v[t] = v_cache + at;
-            } else {
-                k[t] = v[t] = w->zero;
-            }
-        }
+        bf16_step_rows(k_cache, v_cache, table, start, len, KT, block_size, num_kv_heads,
+                       head_dim, g, w->zero, k, v);
         pack_values(v, head_dim, w->v);
         int r = 0;
         for (; r + NR * VL <= rows; r += NR * VL) scores_block(w->q, k, w->s, rows, head_dim, r, NR);
@@ -231,12 +221,7 @@ static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t 
         for (; r < rows; r += VL)
             for (int d = 0; d < head_dim; d += DB) values_block(w, rows, head_dim, r, 1, d);
     }
-    const int64_t out_stride = (int64_t)num_heads * head_dim;
-    for (int r = 0; r < used; r++) {
-        float *dst = out + row_offset(r, group, g, out_stride, head_dim);
-        const float inv = 1.f / w->sum[r];
-        for (int d = 0; d < head_dim; d++) dst[d] = w->o[d * rows + r] * inv;
-    }
+    write_outputs(out, w->o, 1, rows, w->sum, used, group, g, num_heads, head_dim);
 }
 #endif
 

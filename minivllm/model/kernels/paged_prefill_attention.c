@@ -259,12 +259,7 @@ static void prefill_item(
             }
         step_values(s, w->v, ot, rows, head_dim);
     }
-    const int64_t out_stride = (int64_t)num_heads * head_dim;
-    for (int r = 0; r < used; r++) {
-        float *dst = out + row_offset(r, group, g, out_stride, head_dim);
-        const float inv = 1.f / w->sum[r];
-        for (int d = 0; d < head_dim; d++) dst[d] = ot[d * rows + r] * inv;
-    }
+    write_outputs(out, ot, 1, rows, w->sum, used, group, g, num_heads, head_dim);
 }
 
 void paged_prefill_attention_f32(const float *q, const void *k_cache, const void *v_cache,
