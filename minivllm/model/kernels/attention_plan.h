@@ -1,8 +1,10 @@
 /* What the three prefill attention kernels (paged_prefill_attention.c on fp32 FMAs,
- * amx_attention.c on AMX-BF16 tiles, dpbf16_attention.c on AVX-512 BF16 pair dots) share: how a step's work is split into items, each one
- * thread's from start to end. An item is (request, kv head, tile of consecutive queries);
- * its rows are the tile's queries times the group = num_heads / num_kv_heads query heads
- * sharing the kv head, so one pass over the context's K/V serves them all. */
+ * amx_attention.c on AMX-BF16 tiles, dpbf16_attention.c on AVX-512 BF16 pair dots) share:
+ * how a step's work is split into items, each one thread's from start to end, and how an
+ * item's outputs are written (the bf16 ones also how a step finds its K/V rows). An item is
+ * (request, kv head, tile of consecutive queries); its rows are the tile's queries times the
+ * group = num_heads / num_kv_heads query heads sharing the kv head, so one pass over the
+ * context's K/V serves them all. */
 #ifndef MINIVLLM_ATTENTION_PLAN_H
 #define MINIVLLM_ATTENTION_PLAN_H
 
