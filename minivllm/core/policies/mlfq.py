@@ -56,8 +56,8 @@ class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
         # Iterations of service so far: its prefill's once admitted (they make the first
         # token), then one per token after the first. (Read directly, quantum() inlined:
         # sort_key asks for every queued request at every step, the simulator's hot spot.)
-        admitted = request.first_scheduled_step is not None
-        service = state[2] * admitted + max(0, len(request.output_token_ids) - 1)
+        admitted, outputs = request.first_scheduled_step is not None, len(request.output_token_ids)
+        service = state[2] * admitted + (outputs - 1 if outputs > 1 else 0)
         while state[0] < NUM_LEVELS - 1 and service - state[1] >= self.base_quantum << state[0]:
             state[1] += self.base_quantum << state[0]  # demoted: its quantum here is used up
             state[0] += 1
@@ -68,7 +68,10 @@ class MultiLevelFeedbackQueuePolicy(SchedulingPolicy):
         return max(0.0, self.level(request) - math.floor(age / self.aging_s))
 
     def sort_key(self, request: Request, now: float) -> tuple:
-        return (self.effective_level(request, now), request.arrival_time, request.request_id)
+        # effective_level, inlined: the simulator ranks every queued request at every step
+        age = now - request.arrival_time
+        level = self.level(request) - (math.floor(age / self.aging_s) if age > 0.0 else 0)
+        return (level if level > 0 else 0, request.arrival_time, request.request_id)
 
     def unranked(self, requests: list[Request], now: float) -> bool:
         """A request's skip-join level is set when first asked (from what the prefix cache

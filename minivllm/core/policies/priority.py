@@ -12,9 +12,10 @@ class PriorityPolicy(SchedulingPolicy):
     uses_length_predictor = False
 
     def sort_key(self, request: Request, now: float) -> tuple:
-        # self.age, inlined: sort_key runs for every queued request at every step
-        age = max(0.0, now - request.arrival_time)
-        effective = request.core_request.priority - age / self.aging_s
+        # self.age, inlined (a conditional, not a max() call: the same value): sort_key runs
+        # for every queued request at every step
+        age = now - request.arrival_time
+        effective = request.core_request.priority - (age if age > 0.0 else 0.0) / self.aging_s
         return (effective, request.arrival_time, request.request_id)
 
     def unranked(self, requests: list[Request], now: float) -> bool:

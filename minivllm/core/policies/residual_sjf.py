@@ -38,14 +38,16 @@ class ResidualPrefillSJFPolicy(SchedulingPolicy):
         recompute preemption its output too; 1 token (a block) for a decoding request."""
         computed = request.num_computed_tokens
         if request.status is not RequestStatus.RUNNING:
-            computed = max(computed, self.cached_tokens(request))
-        left = max(1, request.num_tokens - computed)
-        return -(-left // self.block_size)
+            cached = self.cached_tokens(request)
+            computed = cached if cached > computed else computed  # max(), without the call
+        left = len(request.all_token_ids) - computed
+        return -(-(left if left > 1 else 1) // self.block_size)
 
     def sort_key(self, request: Request, now: float) -> tuple:
         if request.num_preemptions:  # also once resumed: else it would preempt its preemptor
             return (0, request.arrival_time, request.request_id)
-        if max(0.0, now - request.arrival_time) >= self.max_wait_s:  # self.age, inlined (hot)
+        age = now - request.arrival_time  # self.age, inlined (hot: every queued request, every step)
+        if (age if age > 0.0 else 0.0) >= self.max_wait_s:
             return (1, request.arrival_time, request.request_id)
         return (2, self.residual_blocks(request), request.arrival_time, request.request_id)
 

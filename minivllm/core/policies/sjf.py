@@ -33,21 +33,26 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
 
     def remaining_work(self, request: Request) -> int:
         # sort_key runs for every queued request at every step (the simulator's hot spot):
-        # the request's lists and the kept prediction are read directly
+        # the request's lists and the kept prediction are read directly, and the bounds are
+        # conditionals, not max() calls (the same values)
         computed, num_prompt = request.num_computed_tokens, len(request.prompt_token_ids)
         if computed < num_prompt:  # else no prompt is left: skip the probe
-            computed = max(computed, self.cached_tokens(request))
+            cached = self.cached_tokens(request)
+            computed = cached if cached > computed else computed
         kept = self._predictions.get(request)
         if kept is None or kept[0] != (self._num_finished, request.prompt_hidden is None):
             predicted = self.predicted_output(request)
         else:
             predicted = kept[1]
-        output_left = max(1, predicted - len(request.output_token_ids))
-        return max(0, num_prompt - computed) + output_left
+        output_left = predicted - len(request.output_token_ids)
+        prompt_left = num_prompt - computed
+        return ((prompt_left if prompt_left > 0 else 0)
+                + (output_left if output_left > 1 else 1))
 
     def sort_key(self, request: Request, now: float) -> tuple:
-        age = max(0.0, now - request.arrival_time)  # self.age, inlined (hot, as above)
-        effective = self.remaining_work(request) / (1.0 + age / self.aging_s)
+        age = now - request.arrival_time  # self.age, inlined (hot, as above)
+        effective = self.remaining_work(request) / (1.0 + (age if age > 0.0 else 0.0)
+                                                    / self.aging_s)
         return (effective, request.arrival_time, request.request_id)
 
     def unranked(self, requests: list[Request], now: float) -> bool:
