@@ -2,9 +2,9 @@
 dpbf16_attention.c, ops.c, sampler.c, int8_gemm.c, panel_gemm.c, gguf_gemm.c, gguf_repacked.c,
 gguf_dequant.c, amx_gemm.c) behind torch-facing wrappers: built and loaded by build.py on
 first use, for this CPU's ISA level (isa.py), called with keyword arguments named as in
-kernels.h. Without a compiler, or when
-the build or the load fails, `available()` is False and the callers keep their pure-torch
-paths, which stay the tested references. fp32 CPU tensors only."""
+kernels.h. Without a compiler, or when the build or the load fails, `available()` is False
+and the callers keep their pure-torch paths, which stay the tested references. fp32 CPU
+tensors only."""
 
 from __future__ import annotations
 
