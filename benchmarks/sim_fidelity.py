@@ -200,7 +200,9 @@ def main() -> None:
                 "requests": len(trace.entries), "engine_s": real_s,
                 "simulated_s": sim.stats.simulated_wall_time_s, "load_before": load,
                 "step_time_error": step_error, "step_time_error_by_kind": by_kind,
-                "per_request_error": requests, "rows": rows}
+                "per_request_error": requests, "rows": rows,
+                # each engine step as the simulator describes it: measured, predicted (s)
+                "steps": [[b.as_dict(), s, profile.step_time(b)] for b, s in steps]}
             print(f"\n## {trace.workload}, {policy}: {len(trace.entries)} requests, length "
                   f"scale {trace.length_scale:.4g}; engine {real_s:.1f} s, simulated "
                   f"{sim.stats.simulated_wall_time_s:.1f} s; load average before {load[0]:.2f}")

@@ -133,7 +133,10 @@ def test_errors_are_reported_per_step_kind():
     errors = relative_errors([(decode, 1.0, 1.1), (decode, 1.0, 1.3), (prefill, 2.0, 1.0)])
     assert set(errors) == {"all", "decode-only", "prefill-only"}
     assert errors["decode-only"]["median"] == pytest.approx(0.2)
-    assert errors["prefill-only"] == {"n": 1, "median": 0.5, "p90": 0.5}
+    assert errors["prefill-only"] == {"n": 1, "median": 0.5, "p90": 0.5, "bias": -0.5}
+    # the signed median: decodes predicted 10% and 30% slow, the prefill 50% fast
+    assert errors["decode-only"]["bias"] == pytest.approx(0.2)
+    assert errors["all"]["bias"] == pytest.approx(0.1)
 
 
 def test_the_overhead_fit_recovers_a_known_overhead():
@@ -149,6 +152,23 @@ def test_the_overhead_fit_recovers_a_known_overhead():
         steps.append((b, cost.operators_time(b) + true["step"] + true["decode_seq"] * decodes
                       + true["prefill_seq"] * prefills + true["prefill_token"] * tokens))
     assert fit_overhead(cost, steps) == pytest.approx(true)
+
+
+def test_what_the_tables_miss_in_prefills_is_not_charged_to_every_decode():
+    """Prefill steps cost more than the tables and the overhead's terms can say (here a
+    quadratic in the tokens): the decode-only steps still get their own overhead back."""
+    from minivllm.sim.operators_calibrate import fit_overhead
+
+    cost = synthetic()
+    steps = []
+    for prefills, tokens, decodes in ((0, 0, 1), (0, 0, 2), (0, 0, 4), (0, 0, 8), (1, 40, 0),
+                                      (1, 200, 1), (2, 100, 0), (1, 400, 2)):
+        b = StepBatch(num_prefill_seqs=prefills, num_prefill_tokens=tokens,
+                      num_decode_seqs=decodes, decode_context=5 * decodes)
+        steps.append((b, cost.operators_time(b) + 50.0 + 4.0 * decodes + 0.002 * tokens ** 2))
+    fitted = fit_overhead(cost, steps)
+    assert fitted["step"] == pytest.approx(50.0) and fitted["decode_seq"] == pytest.approx(4.0)
+    assert fitted["prefill_token"] > 0
 
 
 def test_calibrate_operators_writes_tables_the_simulator_runs_with(tiny_llama, tmp_path):
