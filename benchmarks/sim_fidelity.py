@@ -21,9 +21,12 @@ and per request.
 3. First, the cost model's own error on the engine's steps of that replay (each step timed,
    described as the simulator describes it, predicted by the profile): median and p90
    absolute percentage error, over all steps and per step kind (decode-only, prefill-only,
-   mixed). Then per request (the same request in both): median and p90
-   absolute percentage error of TTFT, TPOT and E2E; and per bucket the means, engine beside
-   simulator, with the error of each bucket's mean.
+   mixed; bias: the median signed error). Then per request (the same request in both):
+   median and p90 absolute percentage error of TTFT, TPOT and E2E; and per bucket the
+   means, engine beside
+   simulator, with the error of each bucket's mean. --noise-floor: the engine replays each
+   workload twice and its second run is reported against its first the same way: the part
+   of the error that is the host's, not the simulator's.
 
 The issue's targets: step-time error <= 5% median; mean TTFT and mean TPOT per bucket within
 10%. Writes the tables to stdout and, with --output, as JSON; date, load average, threads.
@@ -68,6 +71,16 @@ def bucket_rows(real: dict, sim: dict) -> list[dict]:
                 row[f"{key}_{stat}"] = (e, s, None if not e or s is None else (s - e) / e)
         rows.append(row)
     return rows
+
+
+def print_rows(rows: list[dict], other: str = "sim") -> None:
+    cols = " | ".join(f"{m} engine | {other} | err" for m in (
+        "TTFT mean (s)", "TTFT p90 (s)", "TPOT mean (ms)", "TPOT p90 (ms)"))
+    print(f"| bucket | n | {cols} |\n" + "|---" * 14 + "|")
+    for r in rows:
+        print(f"| {r['bucket']} | {r['requests']} | {fmt(r['ttft_ms_mean'], 1000)} | "
+              f"{fmt(r['ttft_ms_p90'], 1000)} | {fmt(r['tpot_ms_mean'])} | "
+              f"{fmt(r['tpot_ms_p90'])} |")
 
 
 def fmt(cell, scale=1.0) -> str:
@@ -152,6 +165,10 @@ def main() -> None:
     p.add_argument("--trace-rows", type=int, default=300)
     p.add_argument("--azure-time-scale", type=float, default=0.2)
     p.add_argument("--mooncake-time-scale", type=float, default=0.05)
+    p.add_argument("--noise-floor", action="store_true",
+                   help="replay each workload through the engine a second time and report "
+                   "the second run against the first as the simulator is reported: how far "
+                   "the engine is from itself on this host")
     p.add_argument("--output", default=None, help="write the results as JSON here")
     args = p.parse_args()
 
@@ -196,11 +213,17 @@ def main() -> None:
             by_kind = relative_errors([(b, s, profile.step_time(b)) for b, s in steps])
             requests = per_request_errors(real_results, sim.results)
             rows = bucket_rows(real, simulated)
+            floor = None
+            if args.noise_floor:
+                again, again_s, _ = replay_engine(core, trace, prompts)
+                floor = {"per_request_error": per_request_errors(real_results, again),
+                         "rows": bucket_rows(real, summarize(again, again_s, trace.buckets)),
+                         "engine_s": again_s}
             doc["runs"][f"{name}/{policy}"] = {
                 "requests": len(trace.entries), "engine_s": real_s,
                 "simulated_s": sim.stats.simulated_wall_time_s, "load_before": load,
                 "step_time_error": step_error, "step_time_error_by_kind": by_kind,
-                "per_request_error": requests, "rows": rows,
+                "per_request_error": requests, "rows": rows, "noise_floor": floor,
                 # each engine step as the simulator describes it: measured, predicted (s)
                 "steps": [[b.as_dict(), s, profile.step_time(b)] for b, s in steps]}
             print(f"\n## {trace.workload}, {policy}: {len(trace.entries)} requests, length "
@@ -212,13 +235,13 @@ def main() -> None:
             print("per request (median / p90 absolute error): " + ", ".join(
                 f"{k.upper()} {pct(v['median'])} / {pct(v['p90'])}" for k, v in requests.items())
                   + f" over {requests['ttft']['n']} requests\n")
-            cols = " | ".join(f"{m} engine | sim | err" for m in (
-                "TTFT mean (s)", "TTFT p90 (s)", "TPOT mean (ms)", "TPOT p90 (ms)"))
-            print(f"| bucket | n | {cols} |\n" + "|---" * 14 + "|")
-            for r in rows:
-                print(f"| {r['bucket']} | {r['requests']} | {fmt(r['ttft_ms_mean'], 1000)} | "
-                      f"{fmt(r['ttft_ms_p90'], 1000)} | {fmt(r['tpot_ms_mean'])} | "
-                      f"{fmt(r['tpot_ms_p90'])} |")
+            print_rows(rows)
+            if floor:
+                print(f"\nthe noise floor, the engine's second replay ({floor['engine_s']:.1f} s) "
+                      "against its first, per request: " + ", ".join(
+                          f"{k.upper()} {pct(v['median'])} / {pct(v['p90'])}"
+                          for k, v in floor["per_request_error"].items()) + "\n")
+                print_rows(floor["rows"], "again")
     print(f"\n{doc['date']}, {doc['machine']}, {pinning}, load average now "
           f"{os.getloadavg()[0]:.2f}")
     if args.output:
