@@ -60,6 +60,7 @@ def nonnegative_fit(x: np.ndarray, target: np.ndarray, seconds: np.ndarray,
         if not negative:
             break
         active.remove(negative[0])
+        coef = np.zeros(0)  # every term negative: all of them 0
     out = dict.fromkeys(names, 0.0)
     out.update({names[j]: float(c) for j, c in zip(active, coef, strict=True)})
     return out

@@ -192,3 +192,20 @@ def test_calibrate_operators_writes_tables_the_simulator_runs_with(tiny_llama, t
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["meta"]["simulated"] == f"simulated, operators:{path}"
     assert run["meta"]["scheduler"]["num_blocks"] == cost.engine["num_kv_blocks"]
+
+
+def test_an_overhead_the_tables_already_exceed_fits_to_zero():
+    """Decode steps faster than their operators' tables: every decode term would be
+    negative, so both are 0 (not a crash), and the prefill terms are still fitted."""
+    from minivllm.sim.operators_calibrate import fit_overhead
+
+    cost = synthetic()
+    steps = []
+    for prefills, tokens, decodes in ((0, 0, 1), (0, 0, 4), (1, 40, 0), (2, 100, 1)):
+        b = StepBatch(num_prefill_seqs=prefills, num_prefill_tokens=tokens,
+                      num_decode_seqs=decodes, decode_context=5 * decodes)
+        extra = 0.5 * tokens if prefills else -0.5 * cost.operators_time(b)
+        steps.append((b, cost.operators_time(b) + extra))
+    fitted = fit_overhead(cost, steps)
+    assert fitted["step"] == fitted["decode_seq"] == 0.0
+    assert fitted["prefill_token"] > 0
