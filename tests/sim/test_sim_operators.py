@@ -209,3 +209,15 @@ def test_an_overhead_the_tables_already_exceed_fits_to_zero():
     fitted = fit_overhead(cost, steps)
     assert fitted["step"] == fitted["decode_seq"] == 0.0
     assert fitted["prefill_token"] > 0
+
+
+def test_the_rows_grid_brackets_every_block_of_rows():
+    """Kernels work in blocks of rows (a call's time steps up just past a block): the grid
+    holds each block's end and the count after it, so interpolation keeps the step."""
+    from minivllm.sim.operators_calibrate import rows_grid
+
+    grid = rows_grid(512)
+    assert {16, 17, 48, 49, 64, 65, 128, 129, 448, 449} <= set(grid) and grid[-1] == 512
+    assert grid == sorted(set(grid))
+    assert rows_grid(2048)[-3:] == [513, 1024, 2048]
+    assert rows_grid(20) == [1, 2, 4, 8, 16, 17, 32]  # ends at the padded count
