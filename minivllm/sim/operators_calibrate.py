@@ -215,8 +215,7 @@ def fit_overhead(model: OperatorCostModel, steps: list) -> dict[str, float]:
     (profile.nonnegative_fit: relative error, a negative term dropped), in two stages: the
     decode-only steps fix the per-step and per-decode terms, then the steps with a prefill
     fit the per-chunk and per-token terms on what those leave. Fitted all at once, what the
-    tables under-price in a prefill step went partly into the per-step term every decode
-    pays (SmolLM2, 2 threads, a Zen 5: decodes priced 18% slow, prefills 9% fast)."""
+    tables under-price in a prefill step can go into the per-step term every decode pays."""
     x = np.asarray([[1.0, b.num_decode_seqs, b.num_prefill_seqs, b.num_prefill_tokens]
                     for b, _ in steps])
     y = np.asarray([s for _, s in steps])
