@@ -3,15 +3,16 @@ which rows of the flattened batch run which adapter (LoRAStep), and a LoRALinear
 adapter's (x[rows] @ A.T) @ B.T to the base output at those rows. Rows of no adapter (the
 base model's requests, padding) get the base output alone. Weights are never merged.
 
-With the C kernels (fp32 on the CPU), several adapters' deltas are one call per linear:
-lora_sgmv.c's segment GEMM over the step's rows grouped by adapter, shrink and expand
-accumulating into the base output in place (no gather, padding or scatter). Elsewhere two
+With the C kernels (fp32 activations on the CPU) every step's deltas are one call per
+linear: lora_sgmv.c's segment GEMM over the step's rows grouped by adapter, shrink and expand
+accumulating into the base output in place (no gather, padding or scatter), the adapters'
+weights fp32 or, under --dtype bfloat16, bf16 as the base's are. Elsewhere two
 ways, chosen per step: when the adapters' row counts are about even (decode steps of a mixed
 batch) their rows are gathered into one [adapters, rows, in] tensor and two batched matmuls
 (torch.bmm over the adapters' stacked A and B) do every adapter at once — a few ops per
 linear whatever the number of adapters; otherwise (a long prefill of one adapter beside a
 few decodes, where padding to the longest would waste work) one small matmul pair per
-adapter. One adapter alone runs on all rows without a gather."""
+adapter; and one adapter alone on all rows without a gather."""
 
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ class LoRAStep:
         # The kernel's path: every adapter row in `adapters`' order (`rows`) and where each
         # adapter's rows start (`seg`, one more).
         self.segments: tuple[torch.Tensor, torch.Tensor] | None = None
-        # (layer, linear) -> A [adapters, slots rank, in] and a block-diagonal B over the
-        # whole output [adapters, slots rank, out], as lora_sgmv.c takes them.
+        # (layer, linear) -> lora_sgmv.c's operands (_kernel_stack).
         self.kernel_stacks: dict[tuple[int, str], tuple | None] = {}
 
     def stacked(self, key: tuple[int, str]) -> tuple | None:
@@ -58,24 +58,29 @@ class LoRAStep:
     def kernel_stacked(self, key: tuple[int, str], out: int) -> tuple | None:
         if key not in self.kernel_stacks:  # not kept in `stacks` too: the kernel's alone
             pairs = [w.pairs.get(key) for w in self.adapters]
-            stacks = _stack(pairs) if any(pairs) else None
-            self.kernel_stacks[key] = None if stacks is None else (
-                stacks[0].transpose(1, 2).contiguous(), _block_diagonal(*stacks[1:], out))
+            self.kernel_stacks[key] = _kernel_stack(pairs, out) if any(pairs) else None
         return self.kernel_stacks[key]
 
 
-def _block_diagonal(bs: list[torch.Tensor | None], offsets: list[int], rank: int,
-                    out: int) -> torch.Tensor:
-    """The slots' B [n, rank, width] as one [n, slots rank, out], zero where a slot has none
-    (and outside each slot's columns)."""
-    if len(bs) == 1 and bs[0] is not None and bs[0].shape[2] == out:
-        return bs[0]
-    some = next(b for b in bs if b is not None)
-    full = some.new_zeros(some.shape[0], len(bs) * rank, out)
-    for slot, (b, offset) in enumerate(zip(bs, offsets)):
-        if b is not None:
-            full[:, slot * rank:(slot + 1) * rank, offset:offset + b.shape[2]] = b
-    return full
+def _kernel_stack(pairs: list[LoRAPair | None], out: int) -> tuple:
+    """lora_sgmv.c's operands, in the adapters' own dtype: A [n, slots rank, in]; the
+    block-diagonal B without its zeros, each slot's block side by side, [n, rank, out]
+    (zeros where an adapter leaves a slot alone or has a lower rank); and the slots' column
+    bounds (slots + 1, the last `out`)."""
+    some = next(p for p in pairs if p is not None)
+    slots, rank = len(some.b), max(p.rank for p in pairs if p is not None)
+    a = some.a.new_zeros(len(pairs), slots * rank, some.a.shape[1])
+    b = some.a.new_zeros(len(pairs), rank, out)
+    for i, pair in enumerate(pairs):
+        if pair is None:
+            continue
+        r = pair.rank
+        for slot, b_slot in enumerate(pair.b):
+            a[i, slot * rank:slot * rank + r] = pair.a[slot * r:(slot + 1) * r]
+            if b_slot is not None:
+                offset = pair.offsets[slot]
+                b[i, :r, offset:offset + b_slot.shape[0]] = b_slot.t()
+    return a, b, torch.tensor([*some.offsets, out], dtype=torch.int64)
 
 
 def _stack(pairs: list[LoRAPair | None]) -> tuple:

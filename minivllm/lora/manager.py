@@ -19,13 +19,17 @@ from minivllm.model.kernels import cpu
 
 class LoRAManager:
     def __init__(self, model: torch.nn.Module, hf_config, max_lora_rank: int,
-                 max_cpu_loras: int, dtype: torch.dtype, device: torch.device) -> None:
+                 max_cpu_loras: int, dtype: torch.dtype, device: torch.device,
+                 bf16_weights: bool = False) -> None:
+        """dtype: the activations'; bf16_weights: the base's linears are bf16 (--dtype
+        bfloat16 on the CPU), and so are the adapters' where the kernel runs."""
         self.hf_config, self.max_lora_rank, self.max_cpu_loras = hf_config, max_lora_rank, \
             max_cpu_loras
-        self.dtype, self.device = dtype, device
+        self.device = device
         self.step = LoRAStep()
-        # Several adapters in one step: lora_sgmv.c where the C kernels run (fp32, CPU).
+        # Every step with adapters: lora_sgmv.c where the C kernels run (fp32, CPU).
         self.use_kernel = cpu.available(device, dtype)
+        self.weight_dtype = torch.bfloat16 if bf16_weights and self.use_kernel else dtype
         self.dense_mlp_layers = install(model, self.step)
         self.adapters: OrderedDict[int, tuple[LoRARequest, LoRAWeights]] = OrderedDict()
         self.holders: Counter[int] = Counter()  # lora_int_id -> live requests naming it
@@ -41,7 +45,7 @@ class LoRAManager:
                              "needs its own id")
         if loaded is None:
             spec = read_adapter(lora.lora_path, self.max_lora_rank)
-            weights = LoRAWeights(spec, self.hf_config, self.dtype, self.device,
+            weights = LoRAWeights(spec, self.hf_config, self.weight_dtype, self.device,
                                   self.dense_mlp_layers)
             self.adapters[lora.lora_int_id] = (lora, weights)
         self.adapters.move_to_end(lora.lora_int_id)
@@ -68,7 +72,7 @@ class LoRAManager:
         distinct = set(lora_ids)
         if distinct == {0}:
             return
-        if len(distinct) == 1:
+        if len(distinct) == 1 and not self.use_kernel:
             step.all_rows = self.adapters[lora_ids[0]][1]
             return
         spans: dict[int, list[np.ndarray]] = {}

@@ -67,6 +67,6 @@ class LoRAWeights:
         for a_p, b_p, proj in present:
             slot = projections.index(proj)
             a[slot * rank:(slot + 1) * rank] = a_p.to(device, dtype)
-            b[slot] = (b_p.to(device, dtype) * scaling).contiguous()
+            b[slot] = (b_p.to(device, torch.float32) * scaling).to(dtype).contiguous()
         offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
         return LoRAPair(a, b, offsets)

@@ -153,7 +153,8 @@ class ModelRunner:
         # LoRA adapters (--enable-lora): their deltas ride on the decoder's linears.
         lora = config.lora_config
         self.lora = LoRAManager(self.model, hf_config, lora.max_lora_rank, lora.max_cpu_loras,
-                                self.dtype, self.device) if lora.enable_lora else None
+                                self.dtype, self.device, bf16_weights=cpu_bf16) \
+            if lora.enable_lora else None
         self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
         self.sampler = Sampler(hf_config.vocab_size, self.device, model_config.seed,
                                use_kernel=cpu.available(self.device, torch.float32),

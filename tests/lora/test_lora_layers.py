@@ -35,6 +35,13 @@ class FakeWeights:
             self.pairs[(0, "qkv")] = LoRAPair(a, [torch.randn(OUT // 2, rank, generator=g),
                                                   second], [0, OUT // 2])
 
+    def to_bf16(self) -> FakeWeights:
+        """The adapter as a --dtype bfloat16 engine holds it for the kernel."""
+        for pair in self.pairs.values():
+            pair.a = pair.a.bfloat16()
+            pair.b = [None if b is None else b.bfloat16() for b in pair.b]
+        return self
+
     def delta(self, name: str, x: torch.Tensor) -> torch.Tensor:
         pair = self.pairs[(0, name)]
         out = torch.zeros(len(x), OUT)
@@ -42,7 +49,7 @@ class FakeWeights:
             if b is not None:
                 r = pair.rank
                 out[:, pair.offsets[slot]:pair.offsets[slot] + b.shape[0]] = (
-                    x @ pair.a[slot * r:(slot + 1) * r].t() @ b.t())
+                    x @ pair.a[slot * r:(slot + 1) * r].float().t() @ b.float().t())
         return out
 
 
@@ -61,8 +68,8 @@ def manager_with(adapters: dict[int, FakeWeights], use_kernel: bool = False):
     return manager, layer, base
 
 
-@pytest.mark.parametrize("use_kernel", [False, True])
-@pytest.mark.parametrize("both_slots", [False, True])  # True: the block-diagonal expand
+@pytest.mark.parametrize("way", ["torch", "kernel", "kernel-bf16"])
+@pytest.mark.parametrize("both_slots", [False, True])  # True: every slot of qkv targeted
 @pytest.mark.parametrize("counts", [
     [1, 1, 1, 1, 1, 1],  # decodes of three adapters and the base: batched, no padding
     [1, 1, 2, 1, 1, 1],  # nearly even: batched with padding
@@ -70,11 +77,13 @@ def manager_with(adapters: dict[int, FakeWeights], use_kernel: bool = False):
     [3, 3],  # one adapter and the base
     [5],  # one adapter alone
 ])
-def test_every_way_equals_the_per_row_sum(counts, both_slots, use_kernel):
+def test_every_way_equals_the_per_row_sum(counts, both_slots, way):
     rng = np.random.default_rng(len(counts) + sum(counts))
     adapters = {1: FakeWeights(4, True, 1), 2: FakeWeights(8, False, 2),
                 3: FakeWeights(2, True, 3, both_slots)}
-    manager, layer, base = manager_with(adapters, use_kernel)
+    if way == "kernel-bf16":
+        adapters = {i: w.to_bf16() for i, w in adapters.items()}
+    manager, layer, base = manager_with(adapters, way != "torch")
     lora_ids = [int(rng.integers(0, 4)) for _ in counts]
     if len(counts) == 1:
         lora_ids = [1]
@@ -106,29 +115,41 @@ def test_the_ways_are_both_taken():
     assert manager.step.gather is None and len(manager.step.groups) == 2
 
 
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(576, 960, 3), (576, 3072, 2), (1536, 576, 1),
                                    (896, 9728, 2), (4864, 896, 1), (100, 37, 3)],
                          ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}")
 @pytest.mark.parametrize("rows", [1, 15, 17, 64])
-def test_kernel_at_real_shapes(shape, rows):
+def test_kernel_at_real_shapes(shape, rows, weights):
+    check_kernel(shape, rows, weights)
+
+
+def check_kernel(shape: tuple[int, int, int], rows: int, weights: torch.dtype) -> None:
     """lora_sgmv.c alone at SmolLM2's and Qwen2.5-0.5B's fused shapes (in, out, slots) and
-    odd ones, 8 adapters of rank 16 over rows in a random order, some rows of none."""
+    odd ones, 8 adapters of rank 16 over rows in a random order, some rows of none, against
+    the product with the whole block-diagonal B; bf16 weights against the same product of
+    their fp32 values (the kernel widens them exactly)."""
     from minivllm.model.kernels import cpu
 
     if not cpu.available(torch.device("cpu"), torch.float32):
         pytest.fail("the C kernels are not available")
     k, n, slots = shape
     g = torch.Generator().manual_seed(rows * k + n)
-    a = torch.randn(8, 16 * slots, k, generator=g)
-    b = torch.randn(8, 16 * slots, n, generator=g) * 0.1
+    bounds = [n * t // slots for t in range(slots + 1)]  # (100, 37, 3): slots of 12, 12, 13
+    a = torch.randn(8, 16 * slots, k, generator=g).to(weights)
+    b = (torch.randn(8, 16, n, generator=g) * 0.1).to(weights)
+    block_diagonal = torch.zeros(8, 16 * slots, n)
+    for t in range(slots):
+        columns = slice(bounds[t], bounds[t + 1])
+        block_diagonal[:, 16 * t:16 * (t + 1), columns] = b[:, :, columns].float()
     x, y = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
     owner = torch.randint(-1, 8, (rows,), generator=g)  # -1: the base model's row
     order = [i for s in range(8) for i in torch.nonzero(owner == s).flatten().tolist()]
     counts = [int((owner == s).sum()) for s in range(8)]
     want = y.clone()
     for i in order:
-        want[i] += (x[i] @ a[owner[i]].t()) @ b[owner[i]]
+        want[i] += (x[i] @ a[owner[i]].float().t()) @ block_diagonal[owner[i]]
     cpu.lora_sgmv(x, y, torch.tensor(order, dtype=torch.int64),
                   torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int64),
-                  a, b)
+                  a, b, torch.tensor(bounds, dtype=torch.int64))
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-3)

@@ -65,6 +65,7 @@ def test_gguf_repacked(rows, qtype, n, k):
 
 @pytest.mark.parametrize("shape", [(896, 1152, 3), (100, 37, 3)],
                          ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}")
-def test_lora_segments_513_rows(shape):
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+def test_lora_segments_513_rows(shape, weights):
     """lora_sgmv.c; 1, 15 and 17 rows are in test_lora_layers.py."""
-    lora.test_kernel_at_real_shapes(shape, 513)
+    lora.check_kernel(shape, 513, weights)

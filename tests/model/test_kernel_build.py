@@ -57,7 +57,7 @@ def test_header_declares_every_kernel_as_its_source_defines_it():
             "gguf_repacked_supported", "gguf_repacked_bytes", "gguf_repack",
             "gguf_repacked_linear_f32", "paged_prefill_attention_amx", "paged_prefill_attention_dpbf16",
             "panel_width", "panel_bf16_dot",
-            "panel_linear_f32", "lora_sgmv_f32",
+            "panel_linear_f32", "lora_sgmv_f32", "lora_sgmv_bf16w",
             "kernels_isa_features"} == set(prototypes)
     assert [name for _, name in prototypes["rms_norm_f32"].params] == [
         "x", "weight", "out", "rows", "cols", "eps", "num_threads"]

@@ -63,10 +63,16 @@ int paged_prefill_attention_dpbf16(const float *q, const uint16_t *k_cache,
                                    int head_dim, int block_size, int max_blocks,
                                    int64_t q_stride, float scale, int num_threads);
 
-/* lora_sgmv.c */
+/* lora_sgmv.c: a is [segments, r, k], b [segments, r / slots, n] (the block-diagonal B
+ * without its zeros: slot t owns columns bounds[t]..bounds[t + 1]); _bf16w: both bf16 */
 void lora_sgmv_f32(const float *x, int64_t ldx, float *y, int64_t ldy, const int64_t *rows,
-                   const int64_t *seg, int segments, const float *a, const float *b, float *h,
-                   int k, int r, int n, int num_threads);
+                   const int64_t *seg, int segments, const float *a, const float *b,
+                   const int64_t *bounds, int slots, float *h, int k, int r, int n,
+                   int num_threads);
+void lora_sgmv_bf16w(const float *x, int64_t ldx, float *y, int64_t ldy, const int64_t *rows,
+                     const int64_t *seg, int segments, const uint16_t *a, const uint16_t *b,
+                     const int64_t *bounds, int slots, float *h, int k, int r, int n,
+                     int num_threads);
 
 /* ops.c */
 void rms_norm_f32(const float *x, const float *weight, float *out, int64_t rows, int cols,
