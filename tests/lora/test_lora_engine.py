@@ -6,6 +6,7 @@ adapters; adapters released and evicted; bad adapters refused by name."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.lora import LoRARequest
@@ -125,3 +126,21 @@ def test_lora_needs_enable_lora(stories_dir, adapters):
     with pytest.raises(ValueError, match="--enable-lora"):
         llm.generate(["Once"], SamplingParams(max_tokens=2), use_tqdm=False,
                      lora_request=lora(adapters, 0))
+
+
+def test_bf16_engines_hold_bf16_adapters_and_a_row_does_not_depend_on_its_batch(
+        stories_dir, adapters):
+    """--dtype bfloat16: the adapters' weights are bf16 as the base's linears are (half the
+    bytes a decode step streams), and a request's greedy output is the same alone and in a
+    batch mixing the adapters and the base (lora_sgmv.c's segments, every row's sums in
+    the same order)."""
+    llm = LLM(str(stories_dir), enable_lora=True, max_loras=4, max_lora_rank=8,
+              dtype="bfloat16", num_kv_blocks=256)
+    loras = [lora(adapters, i) for i in range(3)] + [None]
+    alone = [greedy(llm, [p], r)[0] for p, r in zip(PROMPTS, loras)]
+    assert greedy(llm, PROMPTS, loras) == alone
+    manager = llm.llm_engine.core.runner.lora
+    assert manager.use_kernel
+    pairs = [pair for _, weights in manager.adapters.values() for pair in weights.pairs.values()]
+    assert pairs and all(p.a.dtype == torch.bfloat16 for p in pairs)
+    assert alone[0] != greedy(llm, PROMPTS[:1], None)[0]  # the adapter still changes it
