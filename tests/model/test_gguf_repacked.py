@@ -1,8 +1,9 @@
 """GGUF weights repacked at load into panels of 16 columns (gguf_repack.c, gguf_repacked.c;
 AVX-512 VNNI and AVX2 variants, test_kernel_isa.py runs this file at every level):
 the same arithmetic as gguf_gemm.c on the blocks as stored (emulate_kernel) at every row
-count — decode rows, a verify step's, a prompt's, across the kernel's tiles of 8 rows and
-tasks of 64 — on tiny shapes, column counts off 16 and Qwen2.5-0.5B's; a row's result
+count — decode rows, a verify step's, a prompt's, across the kernel's tiles (AVX-512: all
+of up to 8 rows times one panel; past 8 rows, 6 rows times two panels, Q6_K 4; AVX2: 4 rows)
+and tasks of 64 — on tiny shapes, column counts off 16 and Qwen2.5-0.5B's; a row's result
 bit for bit the same alone or in any batch; the bytes a step reads those of the file.
 The rest of the GGUF kernel tests (test_gguf_kernel.py) run through the same GGUFLinear, so
 on this CPU they test this route too."""
@@ -63,7 +64,7 @@ CASES = [(qtype, n, k) for qtype in REPACKED for n, k in SHAPES[qtype]]
 
 
 @pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda v: TYPE_NAMES.get(v, str(v)))
-@pytest.mark.parametrize("rows", [1, 4, 9, 70])
+@pytest.mark.parametrize("rows", [1, 4, 8, 9, 14, 70])
 def test_repacked_equals_the_int8_kernels_arithmetic(qtype, n, k, rows):
     weight, _ = block_weight(n, k, qtype, seed=n + k)
     layer = repacked_layer(weight)

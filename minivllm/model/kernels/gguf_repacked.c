@@ -30,15 +30,10 @@
 #include "gguf_repacked.h"
 #include "kernels.h"
 
-#define CHUNK 64 /* rows of x per task, so a long prompt's int8 rows stay in L2 */
+#define CHUNK 64 /* rows of x per task: a tile of few columns still splits among threads */
 #define PREFETCH 3072 /* bytes ahead in the stream (1-4 KiB measured: 3 the best) */
-/* Rows of a task from which its panel is unpacked once into a buffer for all its tiles:
- * below, writing and reading the buffer costs more than unpacking per tile (AVX2, measured
- * on Qwen2.5-0.5B's linears: 2% slower at 16 rows, 6% faster at 32, 20% at 512). */
-#define BUFFER_ROWS 16
 
 #if defined(REPACKED_AVX512)
-#define MAX_ROWS 8 /* rows of x per tile */
 
 /* A block's 8 quads of 16 columns x 4 unsigned values from its planes at p; the bytes
  * PREFETCH ahead asked for now. */
@@ -79,42 +74,6 @@ static inline __m512i x4(const int8_t *x) { /* 4 bytes of x in every lane */
     int32_t v;
     memcpy(&v, x, 4);
     return _mm512_set1_epi32(v);
-}
-
-/* acc[i] += block b of row i of x times the unpacked block w (16 columns): scale d
- * (Q6_K: times the int8 half scales sc0 / sc1), minimum mins (the types with one). */
-static inline __attribute__((always_inline)) void block_rows(
-    const int8_t *xq, int k, const float *xs, const int32_t *xsums, int b, const __m512i w[8],
-    int qtype, int nr, __m512 d, __m512 mins, __m512 sc0, __m512 sc1, __m512 acc[MAX_ROWS]) {
-    const int nb = k / BLOCK;
-    for (int i = 0; i < nr; i++) {
-        const int8_t *x = xq + (int64_t)i * k + b * BLOCK;
-        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-        for (int t = 0; t < 4; t++) { /* two chains: the halves of the block */
-            s0 = _mm512_dpbusd_epi32(s0, w[t], x4(x + 4 * t));
-            s1 = _mm512_dpbusd_epi32(s1, w[t + 4], x4(x + 16 + 4 * t));
-        }
-        const int32_t *half = xsums + ((int64_t)i * nb + b) * 2;
-        const float sx = xs[(int64_t)i * nb + b];
-        __m512 s;
-        if (qtype == Q6_K) { /* Q6_K_EXACT: the integer sum, in fp32 without vpmulld */
-            s = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(_mm512_sub_epi32(s0, _mm512_set1_epi32(32 * half[0]))), sc0,
-                _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_sub_epi32(s1, _mm512_set1_epi32(32 * half[1]))),
-                    sc1));
-        } else {
-            __m512i si = _mm512_add_epi32(s0, s1);
-            if (panel_offset(qtype))
-                si = _mm512_sub_epi32(
-                    si, _mm512_set1_epi32(panel_offset(qtype) * (half[0] + half[1])));
-            s = _mm512_cvtepi32_ps(si);
-        }
-        acc[i] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_set1_ps(sx)), acc[i]);
-        if (has_min(qtype))
-            acc[i] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx * (float)(half[0] + half[1])),
-                                     acc[i]);
-    }
 }
 
 /* One block of a panel as the microkernel takes it: its 8 quads of 16 columns x 4 values,
@@ -159,43 +118,124 @@ static void unpack_panel(const uint8_t *p, int qtype, int nb, unpacked_block *ou
     for (int b = 0; b < nb; b++) unpack_block(p, qtype, b, out + b);
 }
 
-/* acc[0..nr) = rows 0..nr of x (quantized) times one panel (16 columns): its blocks from
- * `unpacked` (the whole panel, unpacked once for a task's many tiles), else unpacked here. */
-static inline __attribute__((always_inline)) void panel_tile(
-    const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p,
-    const unpacked_block *unpacked, int qtype, int nr, __m512 acc[MAX_ROWS]) {
-    const int nb = k / BLOCK;
-    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        unpacked_block here;
-        const unpacked_block *u = unpacked ? unpacked + b : &here;
-        if (!unpacked) unpack_block(p, qtype, b, &here);
-        block_rows(xq, k, xs, xsums, b, u->w, qtype, nr, u->d, u->m, u->sc0, u->sc1, acc);
+/* Past MAX_ROWS rows a tile is up to 6 rows of x times 2 panels (32 columns): each
+ * broadcast of 4 bytes of x feeds two vpdpbusd, and 12 int32 chains and 12 fp32 sums stay
+ * in registers (tiles of one panel spend a broadcast per vpdpbusd: 52-57% of vpdpbusd's
+ * peak at 512 rows on Qwen2.5-0.5B's Q5_0 linears, against 64-73% so; its Q6_K 46 -> 57%,
+ * benchmarks/gemm_roof.py). Q6_K's two halves
+ * each need their own chains: 4 rows. Up to MAX_ROWS rows (decode, small batches) a tile is
+ * all the rows times one panel: one tile per panel, so no panel is unpacked twice. */
+#define TILE_PANELS 2
+#define MAX_ROWS 8
+static inline int tile_rows(int qtype, int np) {
+    return np == 1 ? MAX_ROWS : qtype == Q6_K ? 4 : 6;
+}
+/* Whether a task of `rows` rows unpacks its panels once into a buffer for all its tiles:
+ * when it has more than one. */
+static inline int buffered(int64_t rows, int step) { return rows > step; }
+
+/* acc[i][h] += block b of row i of x times block b of the tile's panel h (u[h]). Each
+ * int32 chain starts from -offset * sum(x's block) (Q6_K: of its half), taking back the
+ * offset the unsigned weights carry, so it ends as the signed integer dot product; Q6_K's
+ * halves then as Q6_K_EXACT says. */
+static inline __attribute__((always_inline)) void block_tile(
+    const int8_t *xq, int k, const float *xs, const int32_t *xsums, int b,
+    const unpacked_block *const u[TILE_PANELS], int qtype, int nr, int np,
+    __m512 acc[MAX_ROWS][TILE_PANELS]) {
+    const int nb = k / BLOCK, off = panel_offset(qtype), halves = qtype == Q6_K;
+    __m512i s[MAX_ROWS][TILE_PANELS], s1[MAX_ROWS][TILE_PANELS]; /* s1: Q6_K's second half */
+    for (int i = 0; i < nr; i++) {
+        const int32_t *half = xsums + ((int64_t)i * nb + b) * 2;
+        const __m512i start = _mm512_set1_epi32(-off * (halves ? half[0] : half[0] + half[1]));
+        const __m512i start1 = _mm512_set1_epi32(-off * half[1]);
+        for (int h = 0; h < np; h++) {
+            s[i][h] = start;
+            if (halves) s1[i][h] = start1;
+        }
+    }
+    for (int t = 0; t < 8; t++) {
+        __m512i w[TILE_PANELS];
+        for (int h = 0; h < np; h++) w[h] = u[h]->w[t];
+        for (int i = 0; i < nr; i++) {
+            const __m512i xv = x4(xq + (int64_t)i * k + b * BLOCK + 4 * t);
+            for (int h = 0; h < np; h++) {
+                if (halves && t >= 4)
+                    s1[i][h] = _mm512_dpbusd_epi32(s1[i][h], w[h], xv);
+                else
+                    s[i][h] = _mm512_dpbusd_epi32(s[i][h], w[h], xv);
+            }
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        const int32_t *half = xsums + ((int64_t)i * nb + b) * 2;
+        const float sx = xs[(int64_t)i * nb + b];
+        for (int h = 0; h < np; h++) {
+            const __m512 v = halves ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][h]), u[h]->sc0,
+                                                      _mm512_mul_ps(_mm512_cvtepi32_ps(s1[i][h]),
+                                                                    u[h]->sc1))
+                                    : _mm512_cvtepi32_ps(s[i][h]);
+            acc[i][h] = _mm512_fmadd_ps(v, _mm512_mul_ps(u[h]->d, _mm512_set1_ps(sx)), acc[i][h]);
+            if (has_min(qtype))
+                acc[i][h] = _mm512_fmadd_ps(
+                    u[h]->m, _mm512_set1_ps(sx * (float)(half[0] + half[1])), acc[i][h]);
+        }
     }
 }
 
-/* y's rows r.. (nr of them), columns c0.. (cols of them) = x's rows times the panel p */
+/* y's rows r.. (nr of them), columns c0.. (cols of them, up to np * 16) = x's rows times the
+ * np panels from p (panel_stride apart), their blocks from `unpacked` (the tile's panels,
+ * unpacked once for a task's many tiles: [panel][block]), else unpacked here. A last lone
+ * panel of a pair runs as both, its copy's columns not written. */
 static inline __attribute__((always_inline)) void tile(
     const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p,
-    const unpacked_block *unpacked, int qtype, int nr, const float *bias,
-    const float *residual, int64_t ldr, float *y, int n, int cols) {
-    __m512 acc[MAX_ROWS];
-    panel_tile(xq, k, xs, xsums, p, unpacked, qtype, nr, acc);
-    const __mmask16 mask = (__mmask16)((1u << cols) - 1);
-    for (int i = 0; i < nr; i++) {
-        __m512 v = acc[i];
-        if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias));
-        if (residual) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + i * ldr));
-        _mm512_mask_storeu_ps(y + (int64_t)i * n, mask, v);
+    int64_t panel_stride, const unpacked_block *unpacked, int qtype, int nr, int np,
+    const float *bias, const float *residual, int64_t ldr, float *y, int n, int cols) {
+    const int nb = k / BLOCK;
+    const uint8_t *panels[TILE_PANELS] = {p, cols > PANEL ? p + panel_stride : p};
+    __m512 acc[MAX_ROWS][TILE_PANELS];
+    for (int i = 0; i < nr; i++)
+        for (int h = 0; h < np; h++) acc[i][h] = _mm512_setzero_ps();
+    if (unpacked) {
+        for (int b = 0; b < nb; b++) {
+            const unpacked_block *u[TILE_PANELS] = {unpacked + b, unpacked + (np - 1) * nb + b};
+            block_tile(xq, k, xs, xsums, b, u, qtype, nr, np, acc);
+        }
+    } else { /* two loops, so that here[] stays in registers */
+        for (int b = 0; b < nb; b++) {
+            unpacked_block here[TILE_PANELS];
+            for (int h = 0; h < np; h++) unpack_block(panels[h], qtype, b, &here[h]);
+            const unpacked_block *u[TILE_PANELS] = {&here[0], &here[np - 1]};
+            block_tile(xq, k, xs, xsums, b, u, qtype, nr, np, acc);
+        }
+    }
+    for (int h = 0; h < np && h * PANEL < cols; h++) {
+        const int width = cols - h * PANEL < PANEL ? cols - h * PANEL : PANEL;
+        const __mmask16 mask = (__mmask16)((1u << width) - 1);
+        for (int i = 0; i < nr; i++) {
+            __m512 v = acc[i][h];
+            if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + h * PANEL));
+            if (residual)
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + i * ldr + h * PANEL));
+            _mm512_mask_storeu_ps(y + (int64_t)i * n + h * PANEL, mask, v);
+        }
     }
 }
 
-#define TILES(TYPE) \
-    TILE(TYPE, 1) TILE(TYPE, 2) TILE(TYPE, 3) TILE(TYPE, 4) \
-    TILE(TYPE, 5) TILE(TYPE, 6) TILE(TYPE, 7) TILE(TYPE, 8)
+#define TILES_UP_TO_4(TYPE, NP) \
+    TILE(TYPE, NP, 1) TILE(TYPE, NP, 2) TILE(TYPE, NP, 3) TILE(TYPE, NP, 4)
+#define TILES_ONE_PANEL(TYPE) \
+    TILES_UP_TO_4(TYPE, 1) TILE(TYPE, 1, 5) TILE(TYPE, 1, 6) TILE(TYPE, 1, 7) TILE(TYPE, 1, 8)
+#define TILES(TYPE) TILES_ONE_PANEL(TYPE) TILES_UP_TO_4(TYPE, 2) TILE(TYPE, 2, 5) TILE(TYPE, 2, 6)
+#define TILES_Q6_K TILES_ONE_PANEL(Q6_K) TILES_UP_TO_4(Q6_K, 2)
 
 #elif defined(REPACKED_AVX2)
+#define TILE_PANELS 1
 #define MAX_ROWS 4 /* rows of x per tile: 16 ymm registers */
+static inline int tile_rows(int qtype, int np) { (void)qtype, (void)np; return MAX_ROWS; }
+/* Whether a task of `rows` rows unpacks its panel once into a buffer for all its tiles:
+ * from 17 rows; below, writing and reading the buffer costs more than unpacking per tile
+ * (measured on Qwen2.5-0.5B's linears: 2% slower at 16 rows, 6% faster at 32, 20% at 512). */
+static inline int buffered(int64_t rows, int step) { (void)step; return rows > 16; }
 #define HALF (PANEL / 2) /* columns per ymm */
 
 /* Half a block's 8 quads of 8 columns x 4 values from its planes at p (gguf_repacked.h) */
@@ -388,10 +428,12 @@ static inline __attribute__((always_inline)) void panel_tile(
 }
 
 /* y's rows r.. (nr of them), columns c0.. (cols of them) = x's rows times the panel p */
+/* (one panel a tile: np 1, panel_stride unused) */
 static inline __attribute__((always_inline)) void tile(
     const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p,
-    const unpacked_block *unpacked, int qtype, int nr, const float *bias,
-    const float *residual, int64_t ldr, float *y, int n, int cols) {
+    int64_t panel_stride, const unpacked_block *unpacked, int qtype, int nr, int np,
+    const float *bias, const float *residual, int64_t ldr, float *y, int n, int cols) {
+    (void)panel_stride, (void)np;
     for (int side = 0; side < 2 && side * HALF < cols; side++) {
         __m256 acc[MAX_ROWS];
         panel_tile(xq, k, xs, xsums, p, unpacked ? unpacked + side * (k / BLOCK) : NULL,
@@ -410,7 +452,8 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
-#define TILES(TYPE) TILE(TYPE, 1) TILE(TYPE, 2) TILE(TYPE, 3) TILE(TYPE, 4)
+#define TILES(TYPE) TILE(TYPE, 1, 1) TILE(TYPE, 1, 2) TILE(TYPE, 1, 3) TILE(TYPE, 1, 4)
+#define TILES_Q6_K TILES(Q6_K)
 
 #endif
 
@@ -424,42 +467,54 @@ static void repacked_linear(const float *x, int64_t ldx, const uint8_t *repacked
     const int64_t npanels = (n + PANEL - 1) / PANEL;
     const int64_t panel_stride = gguf_repacked_bytes(qtype, k, n) / npanels;
     const int64_t chunks = (rows + CHUNK - 1) / CHUNK;
-    const int nb = k / BLOCK;
+    /* panels a tile: TILE_PANELS unless every row fits one tile of one panel */
+    const int np = rows <= MAX_ROWS ? 1 : TILE_PANELS;
+    const int64_t tiles = (npanels + np - 1) / np;
+    const int nb = k / BLOCK, step = tile_rows(qtype, np);
 #pragma omp parallel num_threads(num_threads) if (rows * (int64_t)n * k > 1 << 18)
     {
-        /* A task of more than BUFFER_ROWS rows unpacks its panel once, into this buffer (the
-         * blocks of a panel: 768 bytes each with AVX-512, 2 x 640 with AVX2; L1 or L2), for
-         * all its tiles. */
-        unpacked_block *buffer = rows > BUFFER_ROWS
-                                     ? aligned_alloc(64, SIDES * nb * sizeof(unpacked_block))
-                                     : NULL;
+        /* The buffer of the tasks that unpack their panels once (a panel's blocks: 768 bytes
+         * each with AVX-512, 2 x 640 with AVX2; L1 or L2) */
+        unpacked_block *buffer = buffered(rows, step) ? aligned_alloc(
+                                                            64, np * SIDES * nb * sizeof(unpacked_block))
+                                                      : NULL;
+        /* Tasks go tile by tile, each tile's chunks of rows in turn, so a thread unpacks a
+         * tile's panels once for all rows (by chunks first, each panel was unpacked once per
+         * 64 rows: 5-7% of a 512-row prefill's time) */
+        int64_t in_buffer = -1; /* the tile whose panels the buffer holds */
 #pragma omp for collapse(2) schedule(static)
-        for (int64_t ch = 0; ch < chunks; ch++) {
-            for (int64_t pi = 0; pi < npanels; pi++) {
-                const int64_t c0 = pi * PANEL;
+        for (int64_t ti = 0; ti < tiles; ti++) {
+            for (int64_t ch = 0; ch < chunks; ch++) {
+                const int64_t c0 = ti * np * PANEL;
                 const int64_t end = rows < (ch + 1) * CHUNK ? rows : (ch + 1) * CHUNK;
-                const int cols = n - c0 < PANEL ? (int)(n - c0) : PANEL;
-                const uint8_t *panel = repacked + pi * panel_stride;
+                const int cols = n - c0 < np * PANEL ? (int)(n - c0) : np * PANEL;
+                const uint8_t *panel = repacked + ti * np * panel_stride;
                 const unpacked_block *unpacked = NULL;
-                if (buffer && end - ch * CHUNK > BUFFER_ROWS) {
-                    unpack_panel(panel, qtype, nb, buffer);
+                if (buffer && buffered(end - ch * CHUNK, step)) {
+                    if (in_buffer != ti)
+                        for (int h = 0; h < np; h++) /* a lone last panel twice */
+                            unpack_panel(h * PANEL < cols ? panel + h * panel_stride : panel,
+                                         qtype, nb, buffer + (int64_t)h * SIDES * nb);
+                    in_buffer = ti;
                     unpacked = buffer;
                 }
-                for (int64_t r = ch * CHUNK; r < end; r += MAX_ROWS) {
-                    const int nr = end - r < MAX_ROWS ? (int)(end - r) : MAX_ROWS;
+                for (int64_t r = ch * CHUNK; r < end; r += step) {
+                    const int nr = end - r < step ? (int)(end - r) : step;
                     const int8_t *xr = xq + r * k;
                     const float *sx = xs + r * nb;
                     const int32_t *sums = xsums + r * nb * 2;
                     const float *b = bias ? bias + c0 : NULL;
                     const float *res = residual ? residual + r * ldr + c0 : NULL;
                     float *out = y + r * (int64_t)n + c0;
-                    switch (qtype * 16 + nr) { /* one inlined copy per block type and row count */
-#define TILE(TYPE, NR)                                                                      \
-    case TYPE * 16 + NR:                                                                    \
-        tile(xr, k, sx, sums, panel, unpacked, TYPE, NR, b, res, ldr, out, n, cols);        \
+                    /* one inlined copy per panel count, block type and row count */
+                    switch ((np - 1) * 256 + qtype * 16 + nr) {
+#define TILE(TYPE, NP, NR)                                                                    \
+    case (NP - 1) * 256 + TYPE * 16 + NR:                                                     \
+        tile(xr, k, sx, sums, panel, panel_stride, unpacked, TYPE, NR, NP, b, res, ldr, out,  \
+             n, cols);                                                                        \
         break;
                         TILES(Q4_0) TILES(Q4_1) TILES(Q5_0) TILES(Q5_1) TILES(Q8_0)
-                        TILES(Q4_K) TILES(Q5_K) TILES(Q6_K)
+                        TILES(Q4_K) TILES(Q5_K) TILES_Q6_K
 #undef TILE
                     }
                 }
