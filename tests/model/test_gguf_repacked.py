@@ -152,3 +152,45 @@ def test_activations_are_quantized_as_the_reference_bit_for_bit(rows):
     xq, scales = quantize_blocks(x)
     expected = xq.float() * scales.repeat_interleave(BLOCK, dim=1)
     assert torch.equal(layer(x), expected)
+
+
+# A gate/up linear's [gate | up] rows: three panels each (pairs of the gate's and the up's
+# panel j, no pair of neighbours), and Qwen2.5-0.5B's (4,864 each, Q5_0 at K = 896)
+GATE_UP = [(Q5_0, 96, 896), (Q8_0, 96, 64), (Q4_K, 96, 512), (Q6_K, 96, 512),
+           (Q5_0, 9728, 896)]
+
+
+@pytest.mark.parametrize("qtype,n,k", GATE_UP, ids=lambda v: TYPE_NAMES.get(v, str(v)))
+@pytest.mark.parametrize("rows", [1, 7, 9, 70])
+def test_silu_and_mul_in_the_epilogue_equals_the_linear_then_silu_and_mul(qtype, n, k, rows):
+    """Bit for bit, at every tile shape (decode rows, past 6, past a task of 64); with
+    AVX-512 VNNI the fused pass runs (fuses_silu), elsewhere the fallback. Fails if a tile
+    pairs the wrong panels (neighbours, not gate j with up j)."""
+    weight, _ = block_weight(n, k, qtype, seed=k)
+    layer = repacked_layer(weight)
+    if layer is None:
+        return
+    assert layer.fuses_silu == cpu.gguf_repacked_silu_mul_supported()
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    fused = layer.silu_and_mul(x)
+    assert fused.shape == (rows, n // 2)
+    # Q6_K's random blocks make infinities: NaN where the product has them
+    torch.testing.assert_close(fused, cpu.silu_and_mul(layer(x)), rtol=0, atol=0,
+                               equal_nan=True)
+
+
+def test_a_bias_or_panels_split_by_the_halves_take_the_unfused_way():
+    """A bias (the epilogue adds none) or a half of 40 columns (its panels would hold both
+    gate and up columns): the linear, then silu_and_mul."""
+    weight, _ = block_weight(96, 64, Q5_0)
+    with_bias = repacked_layer(weight, torch.randn(96))
+    odd, _ = block_weight(80, 64, Q5_0)
+    split = repacked_layer(odd)
+    if with_bias is None:
+        return
+    assert not with_bias.fuses_silu and not split.fuses_silu
+    x = torch.randn(5, 64)
+    for layer in (with_bias, split):
+        assert torch.equal(layer.silu_and_mul(x), cpu.silu_and_mul(layer(x)))
+    with pytest.raises(ValueError, match="does not run fused"):
+        cpu.gguf_repacked_silu_mul(x, split.repacked[0], Q5_0, 80)

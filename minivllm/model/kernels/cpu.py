@@ -440,6 +440,30 @@ def gguf_repacked_linear(x: torch.Tensor, repacked: torch.Tensor, qtype: int,
     return ops.y
 
 
+def gguf_repacked_silu_mul_supported() -> bool:
+    """Whether gguf_repacked_silu_mul runs in this CPU's library (AVX-512 VNNI: its tiles
+    hold two panels, a gate's and the matching up's)."""
+    return bool(_library().gguf_repacked_silu_mul_supported())
+
+
+def gguf_repacked_silu_mul(x: torch.Tensor, repacked: torch.Tensor, qtype: int,
+                           gate_up_features: int) -> torch.Tensor:
+    """silu(gate) * up [T, gate_up_features / 2] of a fused gate/up linear's repacked weights
+    ([gate | up] rows) in one pass: the gate/up output never written whole, the same values
+    as gguf_repacked_linear then silu_and_mul."""
+    half = gate_up_features // 2
+    ops = LinearOperands(x, None, None, half)
+    scratch = _activation_buffers(ops.rows, ops.k)
+    args = {name: ops.args[name] for name in ("x", "ldx", "y", "rows", "k", "num_threads")}
+    status = _library().gguf_repacked_silu_mul_f32(
+        **args, n=gate_up_features, repacked=repacked.data_ptr(), qtype=qtype,
+        **{name: t.data_ptr() for name, t in scratch.items()})
+    if status != 0:
+        raise ValueError(f"gguf_repacked_silu_mul: GGUF type {qtype}, K={ops.k}, "
+                         f"N={gate_up_features} does not run fused in this library")
+    return ops.y
+
+
 def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, bias: torch.Tensor | None,
                 residual: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [T, K] fp32 (rows may be strided) quantized inside the call per row and block of 32,

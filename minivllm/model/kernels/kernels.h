@@ -148,6 +148,14 @@ int gguf_repacked_linear_f32(const float *x, int64_t ldx, const uint8_t *repacke
                            const float *bias, const float *residual, int64_t ldr, float *y,
                            int8_t *xq, float *xs, int32_t *xsums, int64_t rows, int k, int n,
                            int num_threads);
+/* A gate and up linear's [gate | up] weights (n rows, n / 2 a multiple of 16) times x, and
+ * y [rows, n / 2] = silu(gate) * up in the same pass (silu_and_mul_f32's values): 0, or -1
+ * where it cannot run (a type not repacked, n, or a library whose tiles hold one panel:
+ * gguf_repacked_silu_mul_supported() is 0). */
+int gguf_repacked_silu_mul_supported(void);
+int gguf_repacked_silu_mul_f32(const float *x, int64_t ldx, const uint8_t *repacked, int qtype,
+                               float *y, int8_t *xq, float *xs, int32_t *xsums, int64_t rows,
+                               int k, int n, int num_threads);
 
 /* gguf_dequant.c: rows [n0, n1) of gguf_gemm.c's blocks (n rows of k values) dequantized
  * to fp32 out [n1 - n0, k], bit for bit as gguf_blocks.py; returns 0, or -1 as

@@ -186,10 +186,11 @@ class GatedMLP(nn.Module):
         self.fused_silu = fused and activation == "silu"
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        gate_up = self.gate_up(x)
-        if self.fused_silu:
-            act = cpu.silu_and_mul(gate_up)
+        if self.fused_silu and isinstance(self.gate_up, GGUFLinear):
+            act = self.gate_up.silu_and_mul(x)  # in the kernel's epilogue where it can
+        elif self.fused_silu:
+            act = cpu.silu_and_mul(self.gate_up(x))
         else:
-            gate, up = gate_up.chunk(2, dim=-1)
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
             act = self.act(gate) * up
         return self.down(act, residual=residual)
