@@ -55,7 +55,9 @@ def test_header_declares_every_kernel_as_its_source_defines_it():
             "sampler_uniforms_f64", "int8_linear_f32", "gguf_linear_f32", "gguf_dequantize_f32",
             "int8_linear_amx_f32", "gguf_linear_amx_f32", "bf16_linear_amx_f32",
             "gguf_repacked_supported", "gguf_repacked_bytes", "gguf_repack",
-            "gguf_repacked_linear_f32", "paged_prefill_attention_amx", "paged_prefill_attention_dpbf16",
+            "gguf_repacked_linear_f32", "gguf_repacked_silu_mul_supported",
+            "gguf_repacked_silu_mul_f32", "paged_prefill_attention_amx",
+            "paged_prefill_attention_dpbf16",
             "panel_width", "panel_bf16_dot",
             "panel_linear_f32", "lora_sgmv_f32", "lora_sgmv_bf16w",
             "kernels_isa_features"} == set(prototypes)
