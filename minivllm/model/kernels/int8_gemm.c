@@ -273,6 +273,25 @@ static void tile(const int8_t *xq, int64_t kp, const float *gs, const int32_t *g
 }
 #endif
 
+/* y[j] = dots[j] (+ bias[j]) (+ residual[j]) for j < width: a loop per case, each
+ * vectorized (one loop testing both per element ran scalar: a tenth of the kernel's time at
+ * 64 rows). */
+static inline void write_row(const float *dots, int width, const float *bias,
+                             const float *residual, float *y) {
+    if (bias && residual) {
+#pragma omp simd
+        for (int j = 0; j < width; j++) y[j] = dots[j] + bias[j] + residual[j];
+    } else if (bias) {
+#pragma omp simd
+        for (int j = 0; j < width; j++) y[j] = dots[j] + bias[j];
+    } else if (residual) {
+#pragma omp simd
+        for (int j = 0; j < width; j++) y[j] = dots[j] + residual[j];
+    } else {
+        memcpy(y, dots, width * sizeof(float));
+    }
+}
+
 /* x [rows, k] fp32 (row stride ldx); w and w_scales packed as above for n columns;
  * bias [n] or NULL; residual [rows, n] (row stride ldr) or NULL; y [rows, n] contiguous.
  * scratch: rows * kp bytes for the quantized rows; gscales and gsums: rows * kp / GROUP
@@ -333,14 +352,11 @@ void int8_linear_f32(const float *x, int64_t ldx, const uint8_t *w, const float 
 #endif
 #undef TILE
                 }
+                const int width = n - p * NC < tile_panels * NC ? n - p * NC : tile_panels * NC;
                 for (int i = 0; i < tile_rows; i++)
-                    for (int j = 0; j < tile_panels * NC && p * NC + j < n; j++) {
-                        const int col = p * NC + j;
-                        float v = dots[i][j];
-                        if (bias) v += bias[col];
-                        if (residual) v += residual[(r + i) * ldr + col];
-                        y[(r + i) * (int64_t)n + col] = v;
-                    }
+                    write_row(dots[i], width, bias ? bias + p * NC : NULL,
+                              residual ? residual + (r + i) * ldr + p * NC : NULL,
+                              y + (r + i) * (int64_t)n + p * NC);
             }
         }
     }
