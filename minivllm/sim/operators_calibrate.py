@@ -13,7 +13,8 @@ The layers' operators are timed in sweeps over all layers, as a forward runs the
 weights and KV streamed from memory, not one layer's left in the cache), per layer.
 - the sampler (greedy rows, as calibrate's and the fidelity benchmark's requests) by rows;
 - a swap copy of a few blocks to the host pool, per token slot.
-Each is the median of a few calls after one warm-up call. Then the framework overhead: the
+Each is the median of a few passes after a warm-up pass, every pass timing each point of
+its table once (interleaved_medians). Then the framework overhead: the
 real engine runs a grid of batches (OVERHEAD_GRID), and what the tables do not explain of
 each step is fitted as c_step + c_decode x decodes + c_prefill x prefill chunks + c_token x
 prefill tokens (non-negative; the first two on the decode-only steps, then the other two).
@@ -48,14 +49,33 @@ QUICK = {"contexts": (0, 64, 256), "query_tokens": (2, 16, 64),
 SWAP_PROBE_BLOCKS = 8
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up: allocations, oneDNN primitives, caches
-    times = []
-    for _ in range(repeats):
+def interleaved_medians(timers: list, repeats: int) -> list:
+    """Each timer's median over `repeats` passes, after a warm-up pass (allocations, oneDNN
+    primitives, caches), every pass calling each timer once in turn. A timer returns
+    seconds, or a dict of them (medians per key). Not `repeats` calls in a row: a host's
+    memory speed can move for seconds at a time (the Zen 5, 2026-11-30: SmolLM2's batch-1
+    decode at 10.5 ms for 5-60 s, then at 13.5-15 ms, while a torch matrix-vector product
+    held its bandwidth), and consecutive calls would price each point in whichever spell it
+    fell; spread over the whole calibration, a point's median is the host's usual speed."""
+    samples: list[list] = [[] for _ in timers]
+    for done in range(repeats + 1):
+        for timer, taken in zip(timers, samples, strict=True):
+            value = timer()
+            if done:
+                taken.append(value)
+    if not timers or not isinstance(samples[0][0], dict):
+        return [statistics.median(taken) for taken in samples]
+    return [{key: statistics.median(s[key] for s in taken) for key in taken[0]}
+            for taken in samples]
+
+
+def timed(fn):
+    """A timer of fn's seconds."""
+    def timer() -> float:
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        return time.perf_counter() - t0
+    return timer
 
 
 # Up to here the rows grid holds each multiple of 64 and the count after it; beyond, the
@@ -84,8 +104,10 @@ def rows_grid(max_rows: int) -> list[int]:
 
 
 def _linears(layer) -> dict:
-    return {"qkv": layer.self_attn.qkv, "o_proj": layer.o_proj, "gate_up": layer.mlp.gate_up,
-            "down": layer.mlp.down}
+    """The four timed calls of a layer, as its forward makes them; "gate_up" with the
+    activation after it (fused into the GGUF kernel's epilogue where it runs there)."""
+    return {"qkv": layer.self_attn.qkv, "o_proj": layer.o_proj,
+            "gate_up": layer.mlp.activation, "down": layer.mlp.down}
 
 
 def time_linears(layers, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
@@ -96,29 +118,33 @@ def time_linears(layers, hidden: int, grid: list[int], dtype, repeats: int) -> d
     or quantized weight does not tell it), N from what the linear returns."""
     import torch
 
-    attn = layers[0].self_attn
+    attn, mlp = layers[0].self_attn, layers[0].mlp
     first = _linears(layers[0])
+    weights = {"qkv": attn.qkv, "o_proj": layers[0].o_proj, "gate_up": mlp.gate_up,
+               "down": mlp.down}
     widths = {"qkv": hidden, "o_proj": attn.num_heads * attn.head_dim, "gate_up": hidden}
     outs = {name: first[name](torch.zeros(1, widths[name], dtype=dtype)).shape[-1]
             for name in ("qkv", "o_proj", "gate_up")}
-    widths["down"] = outs["gate_up"] // 2  # down reads act(gate) * up
+    widths["down"] = outs["gate_up"]  # down reads act(gate) * up
+    outs["gate_up"] *= 2
     outs["down"] = first["down"](torch.zeros(1, widths["down"], dtype=dtype)).shape[-1]
     modules = [_linears(layer) for layer in layers]
-    seconds: dict[str, list[float]] = {name: [] for name in LINEARS}
-    for rows in grid:
-        inputs = {name: torch.randn(rows, widths[name], dtype=dtype) for name in LINEARS}
-        sweeps = []
-        for _ in range(repeats + 1):  # the first is a warm-up
+
+    def sweep(rows: int):
+        def timer() -> dict[str, float]:
+            inputs = {name: torch.randn(rows, widths[name], dtype=dtype) for name in LINEARS}
             totals = dict.fromkeys(LINEARS, 0.0)
             for layer in modules:
                 for name in LINEARS:
                     t0 = time.perf_counter()
                     layer[name](inputs[name])
                     totals[name] += time.perf_counter() - t0
-            sweeps.append(totals)
-        for name in LINEARS:
-            seconds[name].append(statistics.median(s[name] for s in sweeps[1:]) / len(layers))
-    return {name: {"k": widths[name], "n": outs[name], "weight": type(first[name]).__name__,
+            return totals
+        return timer
+
+    medians = interleaved_medians([sweep(rows) for rows in grid], repeats)
+    seconds = {name: [m[name] / len(layers) for m in medians] for name in LINEARS}
+    return {name: {"k": widths[name], "n": outs[name], "weight": type(weights[name]).__name__,
                    "seconds": seconds[name]} for name in LINEARS}
 
 
@@ -157,20 +183,24 @@ def time_attention(runner, layers, settings: dict, config) -> tuple[dict, dict]:
         for attn, (k_cache, v_cache) in zip(attns, caches, strict=True):
             paged_attention(q, k_cache, v_cache, meta, attn.scale, attn.window, attn.softcap)
 
-    def seconds(query_tokens: list[int], contexts: list[int], num_decodes: int) -> float:
+    def timer(query_tokens: list[int], contexts: list[int], num_decodes: int):
         q = torch.randn(sum(query_tokens), attns[0].num_heads, attns[0].head_dim,
                         dtype=runner.dtype)
         meta = _metadata(runner, query_tokens, contexts, num_decodes)
-        return median_seconds(lambda: sweep(q, meta), settings["repeats"]) / len(layers)
+        return timed(lambda: sweep(q, meta))
 
     max_len = config.max_model_len
     contexts = [c for c in settings["contexts"] if c < max_len]
     query_tokens = [n for n in settings["query_tokens"]
                     if n <= min(max_len, config.max_num_batched_tokens)]
     batches = [b for b in settings["decode_batch"] if b <= config.max_num_seqs]
-    prefill = [[seconds([n], [c], 0) for c in contexts] for n in query_tokens]
     decode_contexts = [max(c, 1) for c in contexts]
-    decode = [[seconds([1] * b, [c - 1] * b, b) for c in decode_contexts] for b in batches]
+    points = ([([n], [c], 0) for n in query_tokens for c in contexts]
+              + [([1] * b, [c - 1] * b, b) for b in batches for c in decode_contexts])
+    medians = iter(m / len(layers) for m in
+                   interleaved_medians([timer(*p) for p in points], settings["repeats"]))
+    prefill = [[next(medians) for _ in contexts] for _ in query_tokens]
+    decode = [[next(medians) for _ in decode_contexts] for _ in batches]
     return ({"query_tokens": query_tokens, "context": contexts, "seconds": prefill},
             {"batch": batches, "context": decode_contexts, "seconds": decode})
 
@@ -178,8 +208,9 @@ def time_attention(runner, layers, settings: dict, config) -> tuple[dict, dict]:
 def time_lm_head(model, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
     import torch
 
-    seconds = [median_seconds(lambda h=torch.randn(r, hidden, dtype=dtype):
-                              model.compute_logits(h), repeats) for r in grid]
+    seconds = interleaved_medians(
+        [timed(lambda h=torch.randn(r, hidden, dtype=dtype): model.compute_logits(h))
+         for r in grid], repeats)
     return {"k": hidden, "seconds": seconds}
 
 
@@ -192,8 +223,9 @@ def time_sampler(sampler, grid: list[int], repeats: int) -> dict:
     ids = [f"calibrate-{i}" for i in range(max(grid))]
     for req_id in ids:
         sampler.add_request(req_id, SamplingParams(temperature=0), [1], [], [], 0)
-    seconds = [median_seconds(lambda r=r, x=torch.randn(r, sampler.vocab_size):
-                              sampler.sample(x, ids[:r]), repeats) for r in grid]
+    seconds = interleaved_medians(
+        [timed(lambda r=r, x=torch.randn(r, sampler.vocab_size): sampler.sample(x, ids[:r]))
+         for r in grid], repeats)
     for req_id in ids:
         sampler.remove_request(req_id)
     return {"rows": grid, "seconds": seconds}
@@ -206,8 +238,9 @@ def time_swap(runner, repeats: int) -> float:
         return 0.0
     mapping = [(i, i) for i in range(n)]
     device, host = (runner.k_cache, runner.v_cache), (runner.k_host, runner.v_host)
-    return median_seconds(lambda: runner._copy(mapping, device, host),
-                          repeats) / (n * runner.block_size)
+    [seconds] = interleaved_medians([timed(lambda: runner._copy(mapping, device, host))],
+                                    repeats)
+    return seconds / (n * runner.block_size)
 
 
 def fit_overhead(model: OperatorCostModel, steps: list) -> dict[str, float]:

@@ -221,3 +221,24 @@ def test_the_rows_grid_brackets_every_block_of_rows():
     assert grid == sorted(set(grid))
     assert rows_grid(2048)[-3:] == [513, 1024, 2048]
     assert rows_grid(20) == [1, 2, 4, 8, 16, 17, 32]  # ends at the padded count
+
+
+def test_calibration_spreads_each_points_timings_over_the_whole_calibration():
+    """A host whose speed moves for seconds at a time must not price one point in its slow
+    spell: each pass times every point once, so a spell as long as one point's repeats
+    (here the first five calls, slow) moves no point's median."""
+    from minivllm.sim.operators_calibrate import interleaved_medians
+
+    calls: list[int] = []
+
+    def timer(point: int):
+        def run() -> dict[str, float]:
+            calls.append(point)
+            slow = 10.0 if len(calls) <= 5 else 1.0
+            return {"seconds": slow * (point + 1), "other": 2.0}
+        return run
+
+    medians = interleaved_medians([timer(p) for p in range(3)], repeats=5)
+    assert calls == [0, 1, 2] * 6  # a warm-up pass, then five
+    assert medians == [{"seconds": p + 1.0, "other": 2.0} for p in range(3)]
+    assert interleaved_medians([lambda: 3.0], repeats=3) == [3.0]

@@ -185,12 +185,14 @@ class GatedMLP(nn.Module):
         self.act = ACTIVATIONS[activation]
         self.fused_silu = fused and activation == "silu"
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        """act(gate(x)) * up(x): what down reads."""
         if self.fused_silu and isinstance(self.gate_up, GGUFLinear):
-            act = self.gate_up.silu_and_mul(x)  # in the kernel's epilogue where it can
-        elif self.fused_silu:
-            act = cpu.silu_and_mul(self.gate_up(x))
-        else:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            act = self.act(gate) * up
-        return self.down(act, residual=residual)
+            return self.gate_up.silu_and_mul(x)  # in the kernel's epilogue where it can
+        if self.fused_silu:
+            return cpu.silu_and_mul(self.gate_up(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.act(gate) * up
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return self.down(self.activation(x), residual=residual)
