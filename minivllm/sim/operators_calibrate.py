@@ -148,6 +148,19 @@ def time_linears(layers, hidden: int, grid: list[int], dtype, repeats: int) -> d
                    "seconds": seconds[name]} for name in LINEARS}
 
 
+def decode_probe(core, repeats: int = 5) -> float:
+    """Seconds a layer of the four linears at one row (a batch-1 decode's), timed now as the
+    calibration timed its first point: against OperatorCostModel.linears_time(1), how fast
+    the host runs now beside how fast it ran then."""
+    import torch
+
+    runner = core.runner
+    with torch.inference_mode():
+        table = time_linears(runner.model.layers, runner.model.norm.weight.shape[0], [1],
+                             runner.dtype, repeats)
+    return sum(table[name]["seconds"][0] for name in LINEARS)
+
+
 def _metadata(runner, query_tokens: list[int], contexts: list[int], num_decodes: int):
     """AttentionMetadata of requests with these new tokens after these cached ones, each on
     its own blocks (wrapping around the cache where it has too few)."""

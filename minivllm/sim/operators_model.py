@@ -15,7 +15,8 @@ Rows are the padded rows where the engine pads them (core/step_batch.RowPadding)
 are read piecewise-linearly between their measured points and extended along their last
 segment beyond them (a step larger than the grid). The overhead is fitted to real steps:
 what the tables do not explain (scheduling, input preparation, bookkeeping, and the
-per-token ops we do not time one by one: norms, RoPE and the KV write, the activation).
+per-token ops we do not time one by one: norms, RoPE and the KV write; the activation is
+timed with gate/up).
 
 A table holds for the machine it was measured on: loading refuses another CPU or ISA level,
 and, where the caller names them, other threads, dtype or KV cache dtype.

@@ -242,3 +242,18 @@ def test_calibration_spreads_each_points_timings_over_the_whole_calibration():
     assert calls == [0, 1, 2] * 6  # a warm-up pass, then five
     assert medians == [{"seconds": p + 1.0, "other": 2.0} for p in range(3)]
     assert interleaved_medians([lambda: 3.0], repeats=3) == [3.0]
+
+
+def test_the_host_probe_times_the_linears_at_one_row(tiny_llama):
+    """sim_fidelity's --host-check: the four linears at one row, per layer, as the tables'
+    first point is timed (a layer's worth, not the model's)."""
+    from minivllm.sim.calibrate import make_core
+    from minivllm.sim.operators_calibrate import decode_probe, time_linears
+
+    core = make_core(str(tiny_llama), 1, None, "auto")
+    runner = core.runner
+    probe = decode_probe(core, repeats=3)
+    table = time_linears(runner.model.layers, runner.model.norm.weight.shape[0], [1],
+                         runner.dtype, 3)
+    one_row = sum(table[name]["seconds"][0] for name in LINEARS)
+    assert 0 < probe < 10 * one_row and one_row < 10 * probe
