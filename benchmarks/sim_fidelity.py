@@ -30,11 +30,13 @@ and per request.
 
 --host-check PCT (operator tables only): before and after each engine replay, the layers'
 linears at one row (a batch-1 decode's) are timed as the calibration timed them; where
-either probe is more than PCT from the tables, the host was not running at the speed it was
-calibrated at (on the Zen 5 a memory-bound decode moves by a third for seconds to minutes at
+either probe is more than PCT slower than the tables, the host was not running at the speed
+it was calibrated at (on the Zen 5 a memory-bound decode moves by a third for seconds to minutes at
 a time, with nothing else running in the guest), and the replay is repeated, up to
 --host-retries times; before each, the probe repeats every 2 s (up to --host-wait s) until
-it is within PCT. Every attempt's probes and step-time error are reported; the last
+it is within PCT. (Faster than the tables is not checked: the calibration's medians are the
+host's usual speed, and a probe just after a replay ran up to 7-21% fast on Qwen2.5-Coder
+where the replay's steps were priced within 3-6%.) Every attempt's probes and step-time error are reported; the last
 attempt is the one compared.
 
 The issue's targets: step-time error <= 5% median; mean TTFT and mean TPOT per bucket within
@@ -133,10 +135,11 @@ def host_speed(core, tables: OperatorCostModel) -> float:
 
 
 def wait_for_host(core, tables: OperatorCostModel, within: float, wait_s: float) -> float:
-    """host_speed, probed every 2 s until within `within` of the tables or `wait_s` passed."""
+    """host_speed, probed every 2 s until at most `within` slower than the tables or `wait_s`
+    passed."""
     deadline = time.monotonic() + wait_s
     speed = host_speed(core, tables)
-    while abs(speed) > within and time.monotonic() < deadline:
+    while speed > within and time.monotonic() < deadline:
         time.sleep(2.0)
         speed = host_speed(core, tables)
     return speed
@@ -195,11 +198,11 @@ def main() -> None:
                    "the engine is from itself on this host")
     p.add_argument("--host-check", type=float, default=None, metavar="PCT",
                    help="repeat a replay whose host probe before or after it is more than "
-                   "PCT%% from the operator tables' (see above)")
+                   "PCT%% slower than the operator tables' (see above)")
     p.add_argument("--host-retries", type=int, default=2)
     p.add_argument("--host-wait", type=float, default=120.0, metavar="S",
                    help="--host-check: before a replay, probe every 2 s for up to S seconds "
-                   "until the host is within PCT")
+                   "until the host is within PCT of the tables")
     p.add_argument("--output", default=None, help="write the results as JSON here")
     args = p.parse_args()
 
@@ -255,7 +258,7 @@ def main() -> None:
                 print(f"{name}, {policy}, attempt {len(attempts)}: host probe {before:+.1%} "
                       f"before, {after:+.1%} after (+: slower than calibrated); step-time "
                       f"error median {pct(attempts[-1]['step_time_error']['median'])}")
-                quiet = max(abs(before), abs(after)) <= args.host_check / 100
+                quiet = max(before, after) <= args.host_check / 100
                 if quiet or len(attempts) > args.host_retries:
                     break
             real = summarize(real_results, real_s, trace.buckets)
