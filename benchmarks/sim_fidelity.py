@@ -29,7 +29,8 @@ and per request.
    of the error that is the host's, not the simulator's.
 
 --host-check PCT (operator tables only): before and after each engine replay, the layers'
-linears at one row (a batch-1 decode's) are timed as the calibration timed them; where
+linears at one row (a batch-1 decode's) are timed as the calibration timed them
+(operators_calibrate.decode_probe, which the calibration ran four times); where
 either probe is more than PCT slower than the tables, the host was not running at the speed
 it was calibrated at (on the Zen 5 a memory-bound decode moves by a third for seconds to minutes at
 a time, with nothing else running in the guest), and the replay is repeated, up to
@@ -130,8 +131,10 @@ def pct(x: float | None) -> str:
 
 
 def host_speed(core, tables: OperatorCostModel) -> float:
-    """The linears at one row timed now against the tables: +0.2, 20% slower."""
-    return decode_probe(core) / tables.linears_time(1) - 1
+    """The linears at one row timed now against the same probe at calibration: +0.2, 20%
+    slower (tables from before the probe: against their one-row point, timed otherwise)."""
+    then = tables.tables.get("decode_probe_seconds") or tables.linears_time(1)
+    return decode_probe(core) / then - 1
 
 
 def wait_for_host(core, tables: OperatorCostModel, within: float, wait_s: float) -> float:

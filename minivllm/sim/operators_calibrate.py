@@ -110,12 +110,13 @@ def _linears(layer) -> dict:
             "gate_up": layer.mlp.activation, "down": layer.mlp.down}
 
 
-def time_linears(layers, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
-    """Each linear's seconds a layer at each row count. Each timing is a sweep over every
-    layer's linears in forward order, each call timed, averaged over the layers: a forward
-    streams every layer's weights, where calling one linear again would find its weights
-    in the cache (for a decode, several times faster). K from the layer's shape (a packed
-    or quantized weight does not tell it), N from what the linear returns."""
+def linear_sweeps(layers, hidden: int, grid: list[int], dtype) -> tuple[list, dict]:
+    """Per row count of `grid`, a timer of one sweep over every layer's linears in forward
+    order (each call timed; seconds per linear, summed over the layers): a forward streams
+    every layer's weights, where calling one linear again would find its weights in the
+    cache (for a decode, several times faster). And each linear's k, n and weight type: K
+    from the layer's shape (a packed or quantized weight does not tell it), N from what the
+    linear returns."""
     import torch
 
     attn, mlp = layers[0].self_attn, layers[0].mlp
@@ -142,23 +143,43 @@ def time_linears(layers, hidden: int, grid: list[int], dtype, repeats: int) -> d
             return totals
         return timer
 
-    medians = interleaved_medians([sweep(rows) for rows in grid], repeats)
-    seconds = {name: [m[name] / len(layers) for m in medians] for name in LINEARS}
-    return {name: {"k": widths[name], "n": outs[name], "weight": type(weights[name]).__name__,
-                   "seconds": seconds[name]} for name in LINEARS}
+    described = {name: {"k": widths[name], "n": outs[name],
+                        "weight": type(weights[name]).__name__} for name in LINEARS}
+    return [sweep(rows) for rows in grid], described
 
 
-def decode_probe(core, repeats: int = 5) -> float:
-    """Seconds a layer of the four linears at one row (a batch-1 decode's), timed now as the
-    calibration timed its first point: against OperatorCostModel.linears_time(1), how fast
-    the host runs now beside how fast it ran then."""
+def time_linears(layers, hidden: int, grid: list[int], dtype, repeats: int) -> dict:
+    """Each linear's k, n, weight type and seconds a layer at each row count of `grid`."""
+    timers, described = linear_sweeps(layers, hidden, grid, dtype)
+    medians = interleaved_medians(timers, repeats)
+    return {name: {**described[name], "seconds": [m[name] / len(layers) for m in medians]}
+            for name in LINEARS}
+
+
+# How long decode_probe sweeps; calibration probes four times (at its start, between its
+# parts, at its end) and keeps the median: the host's speed then, for sim_fidelity's
+# --host-check to compare a probe taken before a replay with.
+PROBE_SECONDS = 1.0
+
+
+def decode_probe(core, seconds: float = PROBE_SECONDS) -> float:
+    """Seconds a layer of the four linears at one row (a batch-1 decode's), swept over the
+    layers as the calibration swept its first point, for `seconds`: the median of the
+    second half's sweeps (after an idle spell the first sweeps ran 15-50% slow on the Zen 5).
+    Against the calibration's (tables["decode_probe_seconds"]), how fast the host runs now
+    beside how fast it ran then."""
     import torch
 
     runner = core.runner
+    times = []
     with torch.inference_mode():
-        table = time_linears(runner.model.layers, runner.model.norm.weight.shape[0], [1],
-                             runner.dtype, repeats)
-    return sum(table[name]["seconds"][0] for name in LINEARS)
+        [sweep], _ = linear_sweeps(runner.model.layers, runner.model.norm.weight.shape[0], [1],
+                                   runner.dtype)
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            times.append((time.perf_counter() - start, sum(sweep().values())))
+    late = [t for at, t in times if at >= seconds / 2] or [times[-1][1]]
+    return statistics.median(late) / len(runner.model.layers)
 
 
 def _metadata(runner, query_tokens: list[int], contexts: list[int], num_decodes: int):
@@ -292,14 +313,21 @@ def calibrate_operators(model: str, *, quick: bool = False, num_threads: int | N
     settings = QUICK if quick else FULL
     grid = rows_grid(min(config.max_num_batched_tokens, settings.get("max_rows", 1 << 30)))
     repeats, dtype = settings["repeats"], runner.dtype
+    probe_s = PROBE_SECONDS / 4 if quick else PROBE_SECONDS
+    probes = [decode_probe(core, probe_s)]
     with torch.inference_mode():
         prefill, decode = time_attention(runner, layers, settings, config)
+        probes.append(decode_probe(core, probe_s))
         hidden = runner.model.norm.weight.shape[0]
-        tables = {"rows": grid, "linears": time_linears(layers, hidden, grid, dtype, repeats),
+        linears = time_linears(layers, hidden, grid, dtype, repeats)
+        probes.append(decode_probe(core, probe_s))
+        tables = {"rows": grid, "linears": linears,
                   "lm_head": time_lm_head(runner.model, hidden, grid, dtype, repeats),
                   "sampler": time_sampler(runner.sampler, grid, repeats),
                   "prefill_attention": prefill, "decode_attention": decode,
                   "swap_seconds_per_token": time_swap(runner, repeats)}
+    probes.append(decode_probe(core, probe_s))
+    tables["decode_probe_seconds"] = statistics.median(probes)
     machine = {**cpu_identity(), "num_threads": torch.get_num_threads(),
                "dtype": str(dtype).removeprefix("torch."),
                "quantization": core.config.model_config.quantization,

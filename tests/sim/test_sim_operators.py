@@ -183,6 +183,7 @@ def test_calibrate_operators_writes_tables_the_simulator_runs_with(tiny_llama, t
         tables["rows"])
     assert all(s > 0 for name in LINEARS for s in tables["linears"][name]["seconds"])
     assert all(s > 0 for row in tables["decode_attention"]["seconds"] for s in row)
+    assert tables["decode_probe_seconds"] > 0  # sim_fidelity --host-check's reference
     assert cost.engine["num_layers"] >= 1 and cost.machine["num_threads"] == 1
     assert cost.fit_error["all"]["n"] > 20 and "decode-only" in cost.fit_error
     decode = StepBatch(num_decode_seqs=4, decode_context=100, num_sampled_seqs=4)
@@ -252,7 +253,7 @@ def test_the_host_probe_times_the_linears_at_one_row(tiny_llama):
 
     core = make_core(str(tiny_llama), 1, None, "auto")
     runner = core.runner
-    probe = decode_probe(core, repeats=3)
+    probe = decode_probe(core, seconds=0.2)
     table = time_linears(runner.model.layers, runner.model.norm.weight.shape[0], [1],
                          runner.dtype, 3)
     one_row = sum(table[name]["seconds"][0] for name in LINEARS)
