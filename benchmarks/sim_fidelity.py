@@ -200,6 +200,10 @@ def main() -> None:
                    help="replay each workload through the engine a second time and report "
                    "the second run against the first as the simulator is reported: how far "
                    "the engine is from itself on this host")
+    p.add_argument("--calibrate-per-policy", action="store_true",
+                   help="--operators: calibrate on each policy's engine core before its "
+                   "replays (the weights the replays read, where they lie), not once on a "
+                   "core of its own")
     p.add_argument("--host-check", type=float, default=None, metavar="PCT",
                    help="repeat a replay whose host probe before or after it is more than "
                    "PCT%% slower than the operator tables' (see above)")
@@ -215,30 +219,41 @@ def main() -> None:
 
     if args.profile and args.operators:
         raise SystemExit("give --profile or --operators, not both")
+    if args.calibrate_per_policy and not args.operators:
+        raise SystemExit("--calibrate-per-policy calibrates operator tables: add --operators")
     if args.host_check is not None and not (args.operators or args.profile):
         raise SystemExit("--host-check needs operator tables (--operators or an operators "
                          "--profile)")
     pinning = pin_threads(args.threads)
+    profile = None  # --calibrate-per-policy: each policy's, below
     if args.profile:
         profile = load_cost_model(args.profile, args.threads)
-    else:
+    elif not args.calibrate_per_policy:
         profile = (calibrate_operators if args.operators else calibrate)(
             args.model, num_threads=args.threads)
-    if args.output and not args.profile:
-        kind = "operators" if args.operators else "profile"
-        profile.save(Path(args.output).with_suffix(f".{kind}.json"))
-    if args.host_check is not None and not isinstance(profile, OperatorCostModel):
+        if args.output:
+            kind = "operators" if args.operators else "profile"
+            profile.save(Path(args.output).with_suffix(f".{kind}.json"))
+    if args.host_check is not None and not args.calibrate_per_policy and not isinstance(
+            profile, OperatorCostModel):
         raise SystemExit(f"--host-check needs operator tables; {args.profile} is a profile")
-    print(f"{pinning}\n{profile.report()}")
+    print(pinning if profile is None else f"{pinning}\n{profile.report()}")
     doc = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-           "threads": pinning, "model": args.model, "profile": profile.describe(), "runs": {}}
+           "threads": pinning, "model": args.model,
+           "profile": None if profile is None else profile.describe(), "runs": {}}
     traces = {"azure": f"azure:{AZURE}", "mooncake": f"mooncake:{MOONCAKE}"}
     for policy in args.policies:
         core = EngineCore(EngineConfig(model=args.model, seed=0, num_threads=args.threads,
                                        scheduling_policy=policy,
                                        max_model_len=args.max_model_len))
         config = core.scheduler.config
+        if args.calibrate_per_policy:
+            profile = calibrate_operators(args.model, num_threads=args.threads, core=core)
+            if args.output:
+                profile.save(Path(args.output).with_suffix(f".{policy}.operators.json"))
+            print(f"\n{policy}'s engine: {profile.report()}")
+            doc.setdefault("profiles", {})[policy] = profile.describe()
         for name in args.workloads:
             trace = build_trace(traces.get(name, name), seed=args.seed,
                                 max_model_len=config.max_model_len, start=args.trace_start,

@@ -5,12 +5,14 @@ re-priced with the layers' linears at the speed the host probe measured around t
 
 Reads what `benchmarks/sim_fidelity.py --operators --host-check PCT --output F.json` wrote:
 F.json (each replay's steps, measured and predicted, and its host probes before and after)
-and F.operators.json (the tables; --tables for a run given --profile). For each replay: the probes, the step-time error per
+and F.operators.json (the tables; F.POLICY.operators.json after --calibrate-per-policy;
+--tables for a run given --profile). For each replay: the probes, the step-time error per
 step kind as the benchmark reported it, and again with the linears of each step of at most
 STREAMING_ROWS rows priced at (1 + the mean of the two probes) x the tables' — the model's
-own error once the host's memory speed that minute is known. A diagnosis, not the simulator's prediction: the simulator runs
-at the calibration's speed; a host whose memory-bound speed moves by a tenth or more while
-nothing else runs in the guest (the Zen 5, 2026-11-29/30) moves every decode with it.
+own error once the host's memory speed that minute is known. A diagnosis, not the
+simulator's prediction: the simulator runs at the calibration's speed; a host whose
+memory-bound speed moves by a tenth or more while nothing else runs in the guest (the Zen
+5, 2026-11-29/30) moves every decode with it.
 """
 
 from __future__ import annotations
@@ -33,16 +35,20 @@ def main() -> None:
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("fidelity_json")
     p.add_argument("--tables", default=None,
-                   help="the operator tables the run used (default: FIDELITY.operators.json, "
-                   "which the benchmark writes when it calibrates)")
+                   help="the operator tables the run used (default: FIDELITY.operators.json or "
+                   "FIDELITY.POLICY.operators.json, which the benchmark writes when it "
+                   "calibrates)")
     args = p.parse_args()
     path = Path(args.fidelity_json)
     doc = json.loads(path.read_text())
-    tables = json.loads(Path(args.tables or path.with_suffix(".operators.json")).read_text())
-    cost = OperatorCostModel(tables["tables"], tables["overhead"], tables["machine"],
-                             tables["engine"])
-    layers = cost.engine["num_layers"]
     for name, run in doc["runs"].items():
+        policy = name.rsplit("/", 1)[1]
+        own = path.with_suffix(f".{policy}.operators.json")  # --calibrate-per-policy's
+        tables = json.loads(Path(args.tables or (own if own.exists() else path.with_suffix(
+            ".operators.json"))).read_text())
+        cost = OperatorCostModel(tables["tables"], tables["overhead"], tables["machine"],
+                                 tables["engine"])
+        layers = cost.engine["num_layers"]
         checks = run.get("host_checks") or []
         if not checks:
             raise SystemExit(f"{path}: {name} has no host probes (run with --host-check)")

@@ -300,10 +300,14 @@ def fit_overhead(model: OperatorCostModel, steps: list) -> dict[str, float]:
 
 def calibrate_operators(model: str, *, quick: bool = False, num_threads: int | None = None,
                         max_num_batched_tokens: int | None = None,
-                        kv_cache_dtype: str = "auto") -> OperatorCostModel:
+                        kv_cache_dtype: str = "auto", core=None) -> OperatorCostModel:
+    """The tables of `model` on this machine, timed on `core` (an idle EngineCore of that
+    model: the engine a fidelity run replays on, its weights where they are) or on a core of
+    their own."""
     import torch
 
-    core = make_core(model, num_threads, max_num_batched_tokens, kv_cache_dtype)
+    if core is None:
+        core = make_core(model, num_threads, max_num_batched_tokens, kv_cache_dtype)
     runner, config = core.runner, core.scheduler.config
     layers = runner.model.layers
     if not all(hasattr(layer.mlp, "gate_up") for layer in layers):

@@ -40,3 +40,19 @@ def test_host_check_refuses_a_run_without_operator_tables():
         [sys.executable, str(ROOT / "benchmarks" / "sim_fidelity.py"), "--host-check", "5"],
         capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "--host-check needs operator tables" in result.stderr
+
+
+def test_calibrate_per_policy_times_the_tables_on_each_policys_engine(tmp_path):
+    out = tmp_path / "fidelity.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sim_fidelity.py"), "--model",
+         str(stories_model()), "--threads", "1", "--operators", "--calibrate-per-policy",
+         "--workloads", "seed-low", "--policies", "fcfs", "sjf", "--seed-prompts", "3",
+         "--output", str(out)], capture_output=True, text=True, timeout=900, check=True)
+    assert "fcfs's engine: operator tables" in result.stdout
+    doc = json.loads(out.read_text())
+    assert set(doc["profiles"]) == {"fcfs", "sjf"} and doc["profile"] is None
+    for policy in ("fcfs", "sjf"):
+        tables = json.loads(out.with_suffix(f".{policy}.operators.json").read_text())
+        assert tables["tables"]["decode_probe_seconds"] > 0
+    assert not out.with_suffix(".operators.json").exists()  # no core of its own
