@@ -30,10 +30,10 @@ and per request.
 
 --host-check PCT (operator tables only): before and after each engine replay, the layers'
 linears at one row (a batch-1 decode's) are timed as the calibration timed them
-(operators_calibrate.decode_probe, which the calibration ran four times); where
-either probe is more than PCT slower than the tables, the host was not running at the speed
-it was calibrated at (on the Zen 5 a memory-bound decode moves by a third for seconds to minutes at
-a time, with nothing else running in the guest), and the replay is repeated, up to
+(operators_calibrate.decode_probe, which the calibration ran four times); where either
+probe is more than PCT slower than the tables, the host was not running at the speed it was
+calibrated at (on the Zen 5 a memory-bound decode moves by a third for seconds to minutes
+at a time, with nothing else running in the guest), and the replay is repeated, up to
 --host-retries times; before each, the probe repeats every 2 s (up to --host-wait s) until
 it is within PCT. Faster than the calibration is reported, not repeated: a probe just after
 an Azure replay read 13-32% fast where the replay's steps were priced within 4-6% (the Zen
