@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
 
 from minivllm.core.lifecycle import TraceSample
 from minivllm.core.scheduler_stats import SchedulerStats, add_per_position
+from minivllm.engine.metrics_table import METRICS, MODEL, TOKEN_BUCKETS, Metric, token_buckets
 from minivllm.engine.stats import IterationStats
 
 logger = logging.getLogger(__name__)
@@ -99,167 +100,41 @@ class LoggingStatLogger(StatLoggerBase):
         self._logged_stats = s
 
 
-# vLLM's histogram buckets, in seconds, with a few finer ones for fast CPU steps.
-_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-_ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-_REQUEST_TIME_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
-                         30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
-FINISH_REASONS = ("stop", "length", "abort")
-# EngineOverloadedError.reason, plus the queue timeout.
-REJECT_REASONS = ("max_num_waiting_requests", "max_num_waiting_tokens", "request_timeout",
-                  "shutdown")
-
-
-def token_buckets(max_value: int) -> list[int]:
-    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's build_1_2_5_buckets)."""
-    buckets, exponent = [], 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_value:
-                return buckets
-            buckets.append(value)
-        exponent += 1
-
-
 class PrometheusStatLogger(StatLoggerBase):
-    """vLLM's metric names with a model_name label, in a registry of its own."""
+    """vLLM's metric names with a model_name label, in a registry of its own; each metric of
+    metrics_table.METRICS is the attribute its row names."""
 
     def __init__(self, model_name: str, max_model_len: int) -> None:
         self.registry = CollectorRegistry()
-        labels = ["model_name"]
-        r = self.registry
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=r).labels(model_name)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=r).labels(model_name)
-
-        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
-
-        self.num_running = gauge("vllm:num_requests_running", "Requests in the running batch.")
-        self.num_waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
-        self.num_swapped = gauge("vllm:num_requests_swapped", "Requests swapped out to host memory.")
-        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc",
-                                    "KV cache usage; 1 means 100 percent.")
-        self.cpu_cache_usage = gauge("vllm:cpu_cache_usage_perc",
-                                     "Swap (host) KV block usage; 1 means 100 percent.")
-        self.prefix_cache_queries = counter("vllm:prefix_cache_queries",
-                                            "Prompt tokens looked up in the prefix cache.")
-        self.prefix_cache_hits = counter("vllm:prefix_cache_hits",
-                                         "Prompt tokens served from the prefix cache.")
-        self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (swap or recompute).")
-        # The disk tier: vLLM names hits from outside the device's prefix cache "external"
-        self.kv_disk_hits = counter("vllm:external_prefix_cache_hits",
-                                    "Prompt tokens of prefix-cache hits loaded from the disk "
-                                    "tier (--kv-offloading-backend disk).")
-        self.kv_disk_bytes_read = counter("minivllm:kv_disk_bytes_read",
-                                          "Bytes of KV blocks read from the disk tier.")
-        self.kv_disk_bytes_written = counter("minivllm:kv_disk_bytes_written",
-                                             "Bytes of KV blocks written to the disk tier.")
-        self.kv_disk_evictions = counter("minivllm:kv_disk_evictions",
-                                         "Blocks deleted from the disk tier for room (LRU).")
-        self.kv_disk_corrupt = counter("minivllm:kv_disk_corrupt",
-                                       "Disk tier blocks that failed their check (deleted, "
-                                       "recomputed).")
-        self.kv_disk_blocks = gauge("minivllm:kv_disk_blocks", "Block files in the disk tier.")
-        self.kv_disk_used_bytes = gauge("minivllm:kv_disk_used_bytes",
-                                        "Bytes the disk tier's block files take.")
-        self.kv_disk_capacity_bytes = gauge("minivllm:kv_disk_capacity_bytes",
-                                            "The disk tier's size (--kv-offloading-size).")
-        self.num_recomputed_tokens = counter(
-            "minivllm:num_recomputed_tokens",
-            "Tokens computed again after recompute preemption (the recompute tax's numerator).")
-        self.num_computed_tokens = counter(
-            "minivllm:num_computed_tokens",
-            "Tokens computed by the model, recomputed ones included (prefix-cache hits not).")
-        self.num_requests_shed = counter(
-            "minivllm:num_requests_shed",
-            "Requests finished with an error for missing their deadline while queued (edf).")
-        self.num_requests_deprioritized = counter(
-            "minivllm:num_requests_deprioritized",
-            "Requests ranked last for missing their deadline (edf).")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
-        self.request_success = Counter("vllm:request_success", "Finished requests by reason.",
-                                       labels + ["finished_reason"], registry=r)
-        for reason in FINISH_REASONS:  # export zeros before the first request finishes
-            self.request_success.labels(model_name, reason)
-        self.requests_rejected = Counter(
-            "vllm:num_requests_rejected", "Requests turned away before any output, by reason.",
-            labels + ["reason"], registry=r)
-        for reason in REJECT_REASONS:
-            self.requests_rejected.labels(model_name, reason)
         self._model_name = model_name
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
-                              _TTFT_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between output tokens.",
-                             _ITL_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
-                             _REQUEST_TIME_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Arrival to first scheduled.", _REQUEST_TIME_BUCKETS)
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
-                                      "First scheduled to first token.", _REQUEST_TIME_BUCKETS)
-        self.decode_time = histogram("vllm:request_decode_time_seconds",
-                                     "First token to finish.", _REQUEST_TIME_BUCKETS)
-        buckets = token_buckets(max_model_len)
-        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens",
-                                               "Prompt length of finished requests.", buckets)
-        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
-                                                   "Tokens generated by finished requests.", buckets)
-        self.spec_num_drafts = counter("vllm:spec_decode_num_drafts",
-                                       "Verifications of draft tokens (speculative decoding).")
-        self.spec_num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
-                                             "Draft tokens proposed.")
-        self.spec_num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens",
-                                                "Draft tokens accepted.")
-        self.spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                    "Draft tokens accepted, by their position in the draft.",
-                                    labels + ["position"], registry=r)
-        # LoRA: vLLM's info gauge (its labels name the adapters, its value is the time), and
-        # requests per adapter.
-        self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on LoRA requests.",
-                               ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
-                               registry=r)
-        self.lora_running = Gauge("minivllm:lora_requests_running",
-                                  "Running requests, by LoRA adapter.", labels + ["lora_name"],
-                                  registry=r)
-        self.lora_waiting = Gauge("minivllm:lora_requests_waiting",
-                                  "Waiting requests, by LoRA adapter.", labels + ["lora_name"],
-                                  registry=r)
-        self.lora_received = Counter("minivllm:lora_requests",
-                                     "Requests received, by LoRA adapter.",
-                                     labels + ["lora_name"], registry=r)
+        for metric in METRICS:
+            setattr(self, metric.attr, self._declare(metric, max_model_len))
         # SchedulerStats counters are cumulative; Prometheus counters take increments.
         self._last = SchedulerStats()
+
+    def _declare(self, metric: Metric, max_model_len: int):
+        """The metric in this registry: the model's series where model_name is its only
+        label, else the labelled metric with its `zeros` series exported."""
+        buckets = metric.buckets
+        extra = {} if buckets is None else {
+            "buckets": token_buckets(max_model_len) if buckets == TOKEN_BUCKETS else buckets}
+        declared = metric.kind(metric.name, metric.help, list(metric.labels),
+                               registry=self.registry, **extra)
+        if metric.labels == MODEL:
+            return declared.labels(self._model_name)
+        for value in metric.zeros:
+            declared.labels(self._model_name, value)
+        return declared
 
     def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats,
                engine_idx: int = 0) -> None:
         s = scheduler_stats
-        self.num_running.set(s.num_running)
-        self.num_waiting.set(s.num_waiting)
-        self.num_swapped.set(s.num_swapped)
-        self.kv_cache_usage.set(s.kv_cache_usage)
-        self.kv_disk_blocks.set(s.kv_disk_blocks)
-        self.kv_disk_used_bytes.set(s.kv_disk_used_bytes)
-        self.kv_disk_capacity_bytes.set(s.kv_disk_capacity_bytes)
+        for metric in METRICS:
+            if metric.mirrors_stats:
+                self._mirror(metric, s)
         used_swap = s.num_total_swap_blocks - s.num_free_swap_blocks
         self.cpu_cache_usage.set(used_swap / s.num_total_swap_blocks if s.num_total_swap_blocks
                                  else 0.0)
-        for name in ("prefix_cache_queries", "prefix_cache_hits", "kv_disk_hits",
-                     "kv_disk_bytes_read", "kv_disk_bytes_written", "kv_disk_evictions",
-                     "kv_disk_corrupt", "num_preemptions",
-                     "num_recomputed_tokens", "num_computed_tokens", "num_requests_shed",
-                     "num_requests_deprioritized", "spec_num_drafts", "spec_num_draft_tokens",
-                     "spec_num_accepted_tokens"):
-            delta = getattr(s, name) - getattr(self._last, name)
-            if delta > 0:
-                getattr(self, name).inc(delta)
         per_pos = add_per_position(s.spec_num_accepted_tokens_per_pos,
                                    self._last.spec_num_accepted_tokens_per_pos, -1)
         for position, delta in enumerate(per_pos):
@@ -284,6 +159,16 @@ class PrometheusStatLogger(StatLoggerBase):
             self.decode_time.observe(req.decode_time)
             self.request_prompt_tokens.observe(req.num_prompt_tokens)
             self.request_generation_tokens.observe(req.num_generation_tokens)
+
+    def _mirror(self, metric: Metric, s: SchedulerStats) -> None:
+        """A gauge to the SchedulerStats field of its name; a counter by the field's growth."""
+        value = getattr(s, metric.attr)
+        if metric.kind is Gauge:
+            getattr(self, metric.attr).set(value)
+            return
+        delta = value - getattr(self._last, metric.attr)
+        if delta > 0:
+            getattr(self, metric.attr).inc(delta)
 
     def _record_lora(self, s: SchedulerStats) -> None:
         self.lora_info.clear()  # one series: the adapters now

@@ -24,7 +24,8 @@ from minivllm.engine.errors import (
 )
 from minivllm.engine.inproc_client import InprocClient
 from minivllm.engine.messages import EngineCoreOutput, EngineCoreOutputs
-from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger, token_buckets
+from minivllm.engine.metrics_table import token_buckets
+from minivllm.engine.stat_loggers import LoggingStatLogger, PrometheusStatLogger
 from minivllm.engine.stats import FinishedRequestStats, IterationStats
 from minivllm.entrypoints.openai.api_server import build_app
 from minivllm.sampling_params import SamplingParams
