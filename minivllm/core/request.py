@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from minivllm.lora.request import LoRARequest
+from minivllm.lora_request import LoRARequest
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
