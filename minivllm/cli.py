@@ -9,8 +9,9 @@ import argparse
 import logging
 import sys
 
+from minivllm.bench import check_kernels
 from minivllm.bench import cli as bench_cli
-from minivllm.entrypoints import cli_check_kernels, cli_generate
+from minivllm.entrypoints import cli_generate
 from minivllm.entrypoints.openai import cli_serve
 from minivllm.sim import cli as sim_cli
 
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command's parser (tests read the commands' flags from it)."""
     parser = argparse.ArgumentParser(prog="minivllm", description="minivllm: a small vLLM")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (cli_generate, cli_serve, bench_cli, sim_cli, cli_check_kernels):
+    for module in (cli_generate, cli_serve, bench_cli, sim_cli, check_kernels):
         module.add_parser(subparsers)
     for name, sub in subparsers.choices.items():
         # The server's log is its output; elsewhere only warnings interrupt the results.

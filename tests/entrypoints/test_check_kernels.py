@@ -105,7 +105,7 @@ def test_gemm_table_names_the_faster_way_and_its_roof():
     memory-bound at one row and compute-bound at many."""
     from types import SimpleNamespace
 
-    from minivllm.entrypoints.cli_check_gemm import gemm_table, model_shapes
+    from minivllm.bench.check_gemm import gemm_table, model_shapes
 
     cfg = SimpleNamespace(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                           intermediate_size=96, vocab_size=200)
@@ -132,7 +132,7 @@ def test_gemm_table_names_the_faster_way_and_its_roof():
 
 
 def test_each_way_is_held_to_the_peak_of_the_instructions_it_runs():
-    from minivllm.entrypoints.cli_check_gemm import way_peak
+    from minivllm.bench.check_gemm import way_peak
 
     peaks = {"fp32": 100.0, "int8_avx2": 300.0, "int8_vnni": 400.0, "bf16": 200.0}
     assert way_peak("fp32 panels", peaks) == way_peak("bf16 panels", peaks) == 100e9

@@ -1,6 +1,7 @@
 """`minivllm check-kernels MODEL`: run a model once through the kernels and once through
 torch, and print the largest difference per decoder layer and of the logits. With --gemm,
-the speed of its linears instead (cli_check_gemm.py).
+the speed of its linears instead (check_gemm.py). A lab tool, in bench/ beside the GEMM
+table's peaks (peaks.py), though a top-level command.
 
 Both builds take the same weights, loaded once; "torch" is what MINIVLLM_DISABLE_KERNELS=1
 gives (no C kernels, no oneDNN linears). The prompt runs as a serving step would: a prefill
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivllm.entrypoints.cli_check_gemm import DEFAULT_ROWS, run_gemm
+from minivllm.bench.check_gemm import DEFAULT_ROWS, run_gemm
 
 # Relative tolerance per dtype: fp32 sums in another order, ~1e-5 of the values here; a
 # bf16 / fp16 result rounds to 3 significant digits, and the paths round at other places.

@@ -4,7 +4,7 @@ count: GFLOP/s (a multiply-add counted as two), the way `--kernel-choice measure
 its fraction of the roof.
 
 The roof of a GEMM is the lower of two: the arithmetic peak of the instructions the way
-runs on (measured here, bench/peaks.py: fp32 FMA for fp32 and the bf16 panels' fp32
+runs on (measured here, peaks.py: fp32 FMA for fp32 and the bf16 panels' fp32
 arithmetic, vpdpbusd or AVX2's mix for int8; none is measured for AMX or oneDNN's bf16,
 whose roof is then the memory's alone), and the memory's: the bandwidth of a large copy
 times the operations per byte the call must move (weights once, x and y once).
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.bench.machine import cpu_description, when_and_load
+from minivllm.bench.peaks import measure_peaks, memory_bandwidth
 from minivllm.model.kernels.linear_choice import time_ways
 
 DEFAULT_ROWS = (1, 4, 16, 64, 256, 512)
@@ -98,9 +100,6 @@ def gemm_table(cfg, weights: str, rows_list: tuple[int, ...], peaks: dict[str, f
 
 
 def run_gemm(args, hf_config) -> int:
-    from minivllm.bench.machine import cpu_description, when_and_load
-    from minivllm.bench.peaks import measure_peaks, memory_bandwidth
-
     threads = torch.get_num_threads()
     weights = ("int8" if args.quantization == "int8"
                else "bf16" if args.dtype == "bfloat16" else "float32")
