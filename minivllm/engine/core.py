@@ -23,8 +23,9 @@ from minivllm.core.lifecycle import LifecycleTracer, TraceSample
 from minivllm.core.policies.edf import own_deadlines
 from minivllm.core.request import Request, RequestStatus, check_context_length
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.scheduler_stats import SchedulerStats
-from minivllm.core.step import EngineStep
+from minivllm.core.step import EngineStep, ScheduledStep
 from minivllm.engine.errors import EngineOverloadedError
 from minivllm.engine.messages import (
     EngineCoreOutput,
@@ -34,9 +35,10 @@ from minivllm.engine.messages import (
     resolve_max_tokens,
 )
 from minivllm.engine.parallel_sampling import CoreRequests, make_sequences, num_sequences
+from minivllm.lora.manager import LoRAManager
 from minivllm.lora.request import LoRARequest
 from minivllm.model.loader import resolve_model_path
-from minivllm.model.runner import ModelRunner
+from minivllm.model.runner import ModelRunner, ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.manager import StructuredOutputManager
 
@@ -74,6 +76,9 @@ class EngineCore:
                                                   self.eos_token_ids)
         self.runner = ModelRunner(config, path, self.hf_config, self.max_model_len,
                                   structured=self.structured)
+        # LoRA adapters (--enable-lora): their deltas ride on the runner's decoder linears.
+        self.lora = self._lora_manager() if config.lora_config.enable_lora else None
+        self.runner.lora = self.lora
         self._compiling: dict[str, tuple[futures.Future, Request]] = {}
         # The configured scheduler, with what the model and the allocated cache decide.
         scheduler_config = dataclasses.replace(
@@ -93,6 +98,13 @@ class EngineCore:
         log = config.policy_config.length_prediction_log
         self._prediction_log = open(log, "a", buffering=1) if log else None
         self._log_capacity(path)
+
+    def _lora_manager(self) -> LoRAManager:
+        """The adapters, installed on the runner's model (and told each step's rows by the
+        runner)."""
+        lora, runner = self.config.lora_config, self.runner
+        return LoRAManager(runner.model, self.hf_config, lora.max_lora_rank, lora.max_cpu_loras,
+                           runner.dtype, runner.device, bf16_weights=runner.bf16_weights)
 
     def _log_capacity(self, path) -> None:
         """vLLM's start-up lines: the KV cache in tokens, and how many requests of the full
@@ -169,10 +181,10 @@ class EngineCore:
 
     def _acquire_lora(self, lora: LoRARequest) -> None:
         """Load the request's adapter if need be and hold it until the request ends."""
-        if self.runner.lora is None:
+        if self.lora is None:
             raise ValueError(f"the request asks for the LoRA adapter {lora.lora_name!r}, but "
                              "LoRA is not enabled (--enable-lora)")
-        self.runner.lora.acquire(lora)
+        self.lora.acquire(lora)
 
     def _validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if not prompt_token_ids:
@@ -240,7 +252,7 @@ class EngineCore:
             self._compiling.pop(group_id, None)
             lora = group.requests[0].core_request.lora_request
             if lora is not None:
-                self.runner.lora.release(lora.lora_int_id)
+                self.lora.release(lora.lora_int_id)
 
     def _log_prediction(self, request: Request, status: RequestStatus) -> None:
         """One JSON line for --length-prediction-log: what the predictor said (at arrival,
@@ -326,15 +338,36 @@ class EngineCore:
     # ---- one step ---------------------------------------------------------------------
 
     def step(self) -> EngineCoreOutputs:
+        """Schedule, run the model, and report: each sequence's new tokens (or pooled
+        vector), its logprobs and why it finished; the requests failed since the last step;
+        the step's statistics and the tracer's sample."""
         if self.config.request_timeout is not None:
             self._expire_waiting(time.time())
         self._admit_compiled()
         scheduled = self.engine_step.schedule()
         sched_out = scheduled.scheduler_output
         self._fail_shed(scheduled.shed)
-        now = started = time.time()
+        started = time.time()
         if self.tracer is not None:
-            self.tracer.see_arrivals(now)
+            self.tracer.see_arrivals(started)
+        num_prompt_tokens = self._count_scheduled(sched_out, started)
+        result = self.runner.execute(sched_out)
+        self.scheduler.record_step_time(time.time() - started)
+        outputs = self._step_outputs(scheduled, result)
+        failed, self._failed = self._failed, []
+        ended = time.time()
+        if self.tracer is not None:
+            self.tracer.observe(started, ended, sched_out)
+        return EngineCoreOutputs(timestamp=ended, outputs=failed + outputs,
+                                 scheduler_stats=self.get_stats(),
+                                 num_prompt_tokens=num_prompt_tokens,
+                                 # the last step before idling: no later one would
+                                 trace=self.take_trace(ended,
+                                                       force=not self.has_unfinished_requests()))
+
+    def _count_scheduled(self, sched_out: SchedulerOutput, now: float) -> int:
+        """Note the step on each scheduled group (when it was first scheduled, the steps and
+        step tokens of its prefill); the prompt tokens the step computes."""
         num_prompt_tokens, step_tokens = 0, sched_out.total_num_scheduled_tokens
         counted = set()
         for req_id, num_new in sched_out.num_scheduled_tokens.items():
@@ -348,8 +381,11 @@ class EngineCore:
                 group.step_tokens += step_tokens
             start = request.num_computed_tokens
             num_prompt_tokens += max(0, min(start + num_new, request.num_prompt_tokens) - start)
-        result = self.runner.execute(sched_out)
-        self.scheduler.record_step_time(time.time() - started)
+        return num_prompt_tokens
+
+    def _step_outputs(self, scheduled: ScheduledStep, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """The step's outputs by sequence: prompt logprobs, then what the scheduler made of
+        the sampled tokens; the sequences that finished are forgotten."""
         outputs: dict[str, EngineCoreOutput] = {}
         for req_id, (first, scored) in result.prompt_logprobs.items():
             self._output(outputs, req_id).prompt_logprobs = (
@@ -357,32 +393,27 @@ class EngineCore:
         done = self.engine_step.update(scheduled, result.sampled_token_ids,
                                        result.prompt_hidden)
         for request in done.sampled:
-            out = self._output(outputs, request.request_id)
-            num_new = request.num_new_tokens
-            out.new_token_ids = request.output_token_ids[-num_new:]
-            if len(request.output_token_ids) == num_new:  # its first: the prefill is over
-                group = self.groups.of(request.request_id)
-                out.prefill_steps, out.prefill_step_tokens = group.steps, group.step_tokens
-            logprobs = result.logprobs.get(request.request_id)
-            if logprobs is not None:
-                out.new_logprobs = [pack_logprobs(entry) for entry in logprobs[:num_new]]
-            out.num_cached_tokens = request.num_cached_tokens
-            if request.is_pooling:  # its prompt is computed: the vector is its output
-                out.pooled = result.pooled[request.request_id]
-            if request.is_finished:  # the scheduler's stop rule ended it (core/stop.py)
-                out.finish_reason, out.stop_reason = request.status.value, request.stop_reason
+            self._sampled_output(self._output(outputs, request.request_id), request, result)
         for request in done.finished:  # after the loop: _output reads their groups
             self._forget(request, request.status)
-        failed, self._failed = self._failed, []
-        ended = time.time()
-        if self.tracer is not None:
-            self.tracer.observe(started, ended, sched_out)
-        return EngineCoreOutputs(timestamp=ended, outputs=failed + list(outputs.values()),
-                                 scheduler_stats=self.get_stats(),
-                                 num_prompt_tokens=num_prompt_tokens,
-                                 # the last step before idling: no later one would
-                                 trace=self.take_trace(ended,
-                                                       force=not self.has_unfinished_requests()))
+        return list(outputs.values())
+
+    def _sampled_output(self, out: EngineCoreOutput, request: Request,
+                        result: ModelRunnerOutput) -> None:
+        """A sequence's new tokens (or its pooled vector) and logprobs, and why it finished."""
+        num_new = request.num_new_tokens
+        out.new_token_ids = request.output_token_ids[-num_new:]
+        if len(request.output_token_ids) == num_new:  # its first: the prefill is over
+            group = self.groups.of(request.request_id)
+            out.prefill_steps, out.prefill_step_tokens = group.steps, group.step_tokens
+        logprobs = result.logprobs.get(request.request_id)
+        if logprobs is not None:
+            out.new_logprobs = [pack_logprobs(entry) for entry in logprobs[:num_new]]
+        out.num_cached_tokens = request.num_cached_tokens
+        if request.is_pooling:  # its prompt is computed: the vector is its output
+            out.pooled = result.pooled[request.request_id]
+        if request.is_finished:  # the scheduler's stop rule ended it (core/stop.py)
+            out.finish_reason, out.stop_reason = request.status.value, request.stop_reason
 
     def _output(self, outputs: dict[str, EngineCoreOutput], req_id: str) -> EngineCoreOutput:
         out = outputs.get(req_id)
