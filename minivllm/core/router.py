@@ -3,7 +3,7 @@
 A policy picks a replica from those that are up, given what the router knows of each:
 its load, as the replica last reported it (requests running and waiting, KV cache usage)
 plus the requests routed to it since that report, and the prefixes it has served, as the
-chained block hashes the KV manager keys its prefix cache by (kv_cache.extend_block_hashes).
+chained block hashes the KV manager keys its prefix cache by (prefix_cache.extend_block_hashes).
 Adding a policy is one class and one `@register` line.
 
 - round_robin: each replica in turn.
@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from minivllm.core.kv_cache import extend_block_hashes
+from minivllm.core.prefix_cache import extend_block_hashes
 
 ROUTER_POLICIES: dict[str, type[RouterPolicy]] = {}
 DEFAULT_ROUTER_POLICY = "cache_aware"

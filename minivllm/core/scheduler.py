@@ -166,25 +166,12 @@ class Scheduler:
         """Queues, KV cache and counters (cumulative) now."""
         kv, tax, spec = self.kv, self.recompute_tax, self.spec_decoding.stats
         preemptions = self.preemptor.num_preemptions_by_mode
-        disk = kv.disk  # the prefix cache's disk tier, if any
         return SchedulerStats(
             num_running=len(self.running), num_waiting=len(self.waiting),
-            num_swapped=len(self.swapped), num_total_blocks=kv.num_blocks,
-            num_free_blocks=kv.num_free_blocks, kv_cache_usage=kv.usage,
-            num_total_swap_blocks=kv.num_swap_blocks,
-            num_free_swap_blocks=len(kv.free_swap_blocks),
+            num_swapped=len(self.swapped), **kv.stats(),
             num_preemptions=self.preemptor.num_preemptions,
             num_preemptions_swap=preemptions["swap"],
             num_preemptions_recompute=preemptions["recompute"],
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
-            kv_disk_hits=kv.disk_hits * kv.block_size,
-            kv_disk_bytes_read=disk.bytes_read if disk else 0,
-            kv_disk_bytes_written=disk.bytes_written if disk else 0,
-            kv_disk_evictions=disk.evictions if disk else 0,
-            kv_disk_corrupt=disk.corrupt if disk else 0,
-            kv_disk_blocks=len(disk.index) if disk else 0,
-            kv_disk_used_bytes=disk.used if disk else 0,
-            kv_disk_capacity_bytes=disk.capacity if disk else 0,
             num_recomputed_tokens=tax.num_recomputed_tokens,
             num_computed_tokens=tax.num_computed_tokens_total,
             num_requests_shed=self.deadlines.num_requests_shed,

@@ -57,7 +57,7 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
-    # The disk tier's (core/kv_cache.py): evicted blocks to write first, (block, stable key);
+    # The disk tier's (core/kv_disk_connector.py): evicted blocks to write first, (block, stable key);
     # blocks to fill from disk before the forward, (stable key, block).
     disk_writes: list[tuple[int, bytes]] = field(default_factory=list)
     disk_loads: list[tuple[bytes, int]] = field(default_factory=list)

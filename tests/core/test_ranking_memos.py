@@ -24,7 +24,7 @@ def plain_path(monkeypatch) -> None:
     lookup = KVCacheManager.find_cached_blocks
 
     def from_scratch(kv: KVCacheManager, request):
-        kv._verified_hits.pop(request.request_id, None)
+        kv.prefix_cache._verified_hits.pop(request.request_id, None)
         return lookup(kv, request)
 
     monkeypatch.setattr(KVCacheManager, "find_cached_blocks", from_scratch)

@@ -109,7 +109,7 @@ def test_sticky_sessions_keep_a_user_on_its_replica_within_the_threshold():
 
 
 def router_hashes(token_ids: list[int]) -> list[int]:
-    from minivllm.core.kv_cache import extend_block_hashes
+    from minivllm.core.prefix_cache import extend_block_hashes
 
     return extend_block_hashes([], token_ids, BLOCK)
 
