@@ -20,8 +20,8 @@ import torch
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.timing import call_seconds
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear import Linear
-from minivllm.model.kernels.linear_panels import PanelLinear
+from minivllm.model.linear.onednn import Linear
+from minivllm.model.linear.panels import PanelLinear
 
 SHAPES = {"qwen qkv": (1152, 896), "qwen gate_up": (9728, 896), "qwen down": (896, 4864),
           "qwen lm_head": (151936, 896), "smollm2 gate_up": (3072, 576),

@@ -30,10 +30,10 @@ from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.peaks import measure_peaks
 from minivllm.bench.timing import call_seconds
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear import Linear
-from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear, cat_rows
-from minivllm.model.kernels.linear_int8 import Int8Linear
-from minivllm.model.kernels.linear_panels import PanelLinear
+from minivllm.model.linear.gguf import BlockWeight, GGUFLinear, cat_rows
+from minivllm.model.linear.int8 import Int8Linear
+from minivllm.model.linear.onednn import Linear
+from minivllm.model.linear.panels import PanelLinear
 
 # (out, in) of the engine's fused linears
 SHAPES = {"smollm2": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576),

@@ -27,7 +27,7 @@ from minivllm.bench.timing import call_seconds
 from minivllm.model.gguf import open_gguf
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.gguf_blocks import TYPE_NAMES
-from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
+from minivllm.model.linear.gguf import BlockWeight, GGUFLinear
 
 COPY_BYTES = 512 << 20  # far past the last-level cache
 

@@ -29,9 +29,9 @@ import torch
 from minivllm.bench.peaks import measure_peaks
 from minivllm.bench.timing import call_seconds
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear import Linear
-from minivllm.model.kernels.linear_amx import AmxBf16Linear
-from minivllm.model.kernels.linear_int8 import Int8Linear
+from minivllm.model.linear.amx import AmxBf16Linear
+from minivllm.model.linear.int8 import Int8Linear
+from minivllm.model.linear.onednn import Linear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
           "lm_head": (49152, 576)}

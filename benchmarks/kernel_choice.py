@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def chosen_ways(model) -> Counter:
     """How many linears run each way (a ChosenLinear counts each of its buckets' ways)."""
-    from minivllm.model.kernels.linear_choice import ChosenLinear
+    from minivllm.model.linear.choice import ChosenLinear
 
     counts: Counter = Counter()
     layers = [model.lm_head, *(m for layer in model.layers for m in (

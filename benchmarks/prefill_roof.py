@@ -29,7 +29,7 @@ from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.models import save_smollm2
 from minivllm.bench.timing import call_seconds, timed
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_amx import AmxBf16Linear
+from minivllm.model.linear.amx import AmxBf16Linear
 
 
 def linear_shapes(config: dict) -> list[tuple[int, int]]:

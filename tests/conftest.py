@@ -6,7 +6,7 @@ import pytest
 from minivllm.model.loader import resolve_model_path
 from tests.model_factory import CONFIGS, STORIES, save_tiny_model
 
-# Engines under test run each linear's default way: a measured choice (linear_choice.py)
+# Engines under test run each linear's default way: a measured choice (linear/choice.py)
 # could differ between runs of a loaded machine, and with it the last bits of a result.
 # tests/model/test_linear_choice.py tests the choice itself.
 os.environ.setdefault("MINIVLLM_KERNEL_CHOICE", "default")

@@ -1,5 +1,5 @@
 """`minivllm check-kernels MODEL --gemm`: the model's linear shapes, each way this CPU can run
-them, timed as the engine's measured choice times them (linear_choice.time_ways), per row
+them, timed as the engine's measured choice times them (linear/choice.time_ways), per row
 count: GFLOP/s (a multiply-add counted as two), the way `--kernel-choice measure` runs, and
 its fraction of the roof.
 
@@ -18,7 +18,7 @@ import torch
 
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.peaks import measure_peaks, memory_bandwidth
-from minivllm.model.kernels.linear_choice import time_ways
+from minivllm.model.linear.choice import time_ways
 
 DEFAULT_ROWS = (1, 4, 16, 64, 256, 512)
 WEIGHT_BYTES = {"float32": 4.0, "bf16": 2.0, "int8": 1 + 4 / 32}  # int8: a scale per 32
@@ -67,8 +67,8 @@ def roof(way: str, weights: str, shape: Shape, rows: int, peaks: dict[str, float
 def ways_for(shape: Shape, weights: str) -> tuple[dict, str]:
     """(name -> layer for each way the engine chooses between, the weights they hold): as
     CausalLM builds them, whose bf16 LM head stays fp32 where bf16 would round the logits."""
-    from minivllm.model.kernels.linear_int8 import Int8Linear
-    from minivllm.model.models.layers import bf16_logits_stay_fp32, linear_ways
+    from minivllm.model.linear.int8 import Int8Linear
+    from minivllm.model.linear.registry import bf16_logits_stay_fp32, linear_ways
 
     weight = torch.randn(shape.n, shape.k) * 0.05
     if weights == "int8":

@@ -1,30 +1,15 @@
 """What a benchmark figure must name: the CPU model and the ISA flags that decide which
-kernels and dtypes are fast on it, and the load it ran under."""
+kernels and dtypes are fast on it (cpu_description, kept beside the kernels, whose table of
+measured times names the CPU too), and the load it ran under."""
 
 from __future__ import annotations
 
 import os
-import platform
 from datetime import datetime, timezone
-from pathlib import Path
 
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+from minivllm.model.kernels.processor import cpu_description
 
-
-def cpu_description() -> str:
-    """'Intel(R) Xeon(R) Processor, family 6 (avx2 avx512f ...)' from /proc/cpuinfo (the
-    platform's processor name elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    model = next((line.partition(":")[2].strip() for line in text.splitlines()
-                  if line.startswith("model name")), platform.machine())
-    flags = next((line.partition(":")[2].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
-    family = next((line.partition(":")[2].strip() for line in text.splitlines()
-                   if line.startswith("cpu family")), "?")
-    return f"{model}, family {family} ({' '.join(f for f in ISA_FLAGS if f in flags) or 'no AVX2'})"
+__all__ = ["cpu_description", "when_and_load"]
 
 
 def when_and_load() -> str:

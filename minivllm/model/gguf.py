@@ -26,7 +26,7 @@ import torch
 
 from minivllm.model.gguf_bytes import Tensor, WeightBytes
 from minivllm.model.kernels.gguf_blocks import UNIT_BYTES
-from minivllm.model.kernels.linear_gguf import BlockWeight
+from minivllm.model.linear.gguf import BlockWeight
 
 logger = logging.getLogger(__name__)
 # The pointer from a cache directory to its GGUF file; load_state_dict looks for it.
@@ -217,7 +217,7 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
 
     keep_blocks (`quantization="gguf"`): the linear weights and the token embeddings stored
     as a block type the kernels run (kernels/gguf_blocks.py) come back as their blocks
-    (BlockWeight, kernels/linear_gguf.py), not dequantized; the rest as above. Looked up,
+    (BlockWeight, linear/gguf.py), not dequantized; the rest as above. Looked up,
     the embeddings' rows are dequantized; a tied LM head runs from their blocks. The start
     log (gguf_bytes.py) says which tensors run in which type, and the bytes of weights a
     decode step reads; a linear dequantized under keep_blocks is a warning saying what it

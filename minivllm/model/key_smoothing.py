@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.model.kernels.linear_gguf import BlockWeight
+from minivllm.model.linear.gguf import BlockWeight
 
 # s = (size / median size) ** STRENGTH: 1 would make every stored channel the same size, but
 # q * s then magnifies the rounding of the large channels. Qwen2.5-Coder-0.5B, perplexity of

@@ -19,15 +19,15 @@ from minivllm.model.attention import AttentionMetadata
 from minivllm.model.draft_model import DraftModel
 from minivllm.model.input_batch import InputBatch, StepInputs
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_choice import (
+from minivllm.model.kernels.threads import ThreadGovernor
+from minivllm.model.kv_disk import DiskKVStore, model_fingerprint
+from minivllm.model.kv_pools import KVPools
+from minivllm.model.linear.choice import (
     ChoiceTable,
     KernelChoice,
     default_table_path,
     row_padding,
 )
-from minivllm.model.kernels.threads import ThreadGovernor
-from minivllm.model.kv_disk import DiskKVStore, model_fingerprint
-from minivllm.model.kv_pools import KVPools
 from minivllm.model.loader import load_state_dict, resolve_device
 from minivllm.model.models import build_model
 from minivllm.model.models.layers import GatedMLP

@@ -1,4 +1,4 @@
-"""bf16 linears on AMX tiles (kernels/linear_amx.py, amx_gemm.c's bf16_linear_amx_f32): the
+"""bf16 linears on AMX tiles (linear/amx.py, amx_gemm.c's bf16_linear_amx_f32): the
 packing into B tiles, and the kernel against its definition (x and the weights rounded to
 bf16, exact products accumulated in fp32, fp32 out) on tiny odd shapes and SmolLM2's, one
 row to many. The kernel tests run where the CPU has AMX-BF16 (skipped elsewhere, saying
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_amx import AmxBf16Linear, pack_weight, reference_linear
+from minivllm.model.linear.amx import AmxBf16Linear, pack_weight, reference_linear
 from tests.kernel_marks import needs_kernels
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.model.kernels.linear_int8 import Int8Linear
+from minivllm.model.linear.int8 import Int8Linear
 from minivllm.model.loader import load_state_dict
 from minivllm.model.models import build_model
 from tests.model_factory import _load, hf_greedy_batch

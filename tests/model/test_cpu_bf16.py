@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from minivllm import LLM, SamplingParams
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.isa import native_bf16
-from minivllm.model.kernels.linear import Linear
-from minivllm.model.kernels.linear_amx import AmxBf16Linear
-from minivllm.model.kernels.linear_panels import PanelLinear
+from minivllm.model.linear.amx import AmxBf16Linear
+from minivllm.model.linear.onednn import Linear
+from minivllm.model.linear.panels import PanelLinear
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])

@@ -15,7 +15,7 @@ from minivllm.model.attention import (
     write_kv,
 )
 from minivllm.model.kernels import cpu, threads
-from minivllm.model.kernels.linear import Linear
+from minivllm.model.linear.onednn import Linear
 from minivllm.model.rope import RotaryEmbedding, apply_rope
 from tests.model_factory import CONFIGS
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from minivllm.model.kernels.gguf_blocks import Q4_K, Q5_0, Q6_K, Q8_0, TYPE_NAMES
-from minivllm.model.kernels.linear_gguf import emulate_kernel
-from minivllm.model.kernels.linear_int8 import Int8Linear
-from minivllm.model.kernels.linear_panels import reference_linear
+from minivllm.model.linear.gguf import emulate_kernel
+from minivllm.model.linear.int8 import Int8Linear
+from minivllm.model.linear.panels import reference_linear
 from tests.kernel_marks import needs_kernels
 from tests.lora import test_lora_layers as lora
 from tests.model.test_gguf_kernel import block_weight

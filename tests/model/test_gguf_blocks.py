@@ -1,5 +1,5 @@
 """quantization="gguf": a GGUF file's linear weights and token embeddings run from their
-stored blocks (model/gguf.py, kernels/linear_gguf.py), on a tiny Llama written here as
+stored blocks (model/gguf.py, linear/gguf.py), on a tiny Llama written here as
 llama.cpp's converter writes it (Q/K rows permuted): its token embeddings Q5_0 (looked up a
 row at a time; the tied LM head runs from them), layer 0's linears Q8_0, layer 1's q / k
 Q4_0 and v Q8_0 (one q/k/v of two types), o_proj Q5_1, gate/up Q4_1 and down_proj BF16
@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
+from minivllm.model.linear.gguf import BlockWeight, GGUFLinear
 from minivllm.model.loader import load_state_dict, resolve_model_path
 from tests.model.test_gguf import write_gguf
 

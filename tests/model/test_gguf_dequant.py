@@ -16,7 +16,7 @@ from gguf.quants import dequantize
 
 from minivllm.model.kernels import cpu
 from minivllm.model.kernels.gguf_blocks import K_TYPES, TYPE_NAMES, UNIT_BYTES
-from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear, emulate_kernel
+from minivllm.model.linear.gguf import BlockWeight, GGUFLinear, emulate_kernel
 from tests.kernel_marks import needs_kernels
 from tests.model.test_gguf_kernel import block_weight, random_blocks
 

@@ -1,4 +1,4 @@
-"""GGUF blocks as stored (minivllm/model/kernels/gguf_blocks.py, linear_gguf.py, gguf_gemm.c),
+"""GGUF blocks as stored (minivllm/model/kernels/gguf_blocks.py, linear/gguf.py, gguf_gemm.c),
 every type the kernels run: the torch dequantization equals the gguf package's bit for bit
 (on quantized weights, and on random bytes: every bit pattern of every field), and the C
 kernel equals the torch emulation of what it computes (int8 activation blocks x the weight
@@ -33,7 +33,7 @@ from minivllm.model.kernels.gguf_blocks import (
     UNIT_BYTES,
     UNIT_VALUES,
 )
-from minivllm.model.kernels.linear_gguf import (
+from minivllm.model.linear.gguf import (
     BlockRows,
     BlockWeight,
     GGUFLinear,

@@ -31,7 +31,7 @@ from minivllm.model.kernels.gguf_blocks import (
     UNIT_BYTES,
     UNIT_VALUES,
 )
-from minivllm.model.kernels.linear_gguf import (
+from minivllm.model.linear.gguf import (
     BlockWeight,
     GGUFLinear,
     emulate_kernel,

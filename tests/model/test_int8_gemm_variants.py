@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivllm.model.kernels.linear_int8 import (
+from minivllm.model.linear.int8 import (
     GROUP,
     pack_scales,
     pack_weight,

@@ -13,7 +13,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.config import ModelConfig
 from minivllm.core.step_batch import row_bucket
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_choice import (
+from minivllm.model.linear.choice import (
     MEASURED_MAX_ROWS,
     ChoiceTable,
     ChosenLinear,
@@ -23,9 +23,9 @@ from minivllm.model.kernels.linear_choice import (
     time_ways,
     timed_rows,
 )
+from minivllm.model.linear.registry import bf16_logits_stay_fp32, linear_ways
 from minivllm.model.loader import load_state_dict
 from minivllm.model.models import build_model
-from minivllm.model.models.layers import linear_ways
 
 needs_onednn = pytest.mark.skipif(
     not (cpu.available(torch.device("cpu"), torch.float32)
@@ -182,32 +182,26 @@ def test_fp32_ways_agree_and_time_ways_measures_each():
     assert set(times) == set(ways) and all(0 < t < 1 for t in times.values())
 
 
-def test_bf16_ways_keep_oneDNNs_rounded_output_off_the_lm_head(monkeypatch):
-    """On a CPU with AMX, AVX512-BF16 and the panels (the usability checks faked: the ways
-    are only listed, not built): every way for a layer, AMX first (the default); for the LM
-    head, whose logits must stay fp32, not oneDNN's bf16, which rounds its output. Without
-    AMX the bf16 dot panels keep the head in bf16, fp32 logits; without them it is fp32."""
-    from minivllm.model.models import layers
-
-    amx, pairs = [True], [True]
-    monkeypatch.setattr(layers.linear_amx, "usable", lambda weight, fast: fast and amx[0])
-    monkeypatch.setattr(layers, "_native_onednn_bf16", lambda weight, fast: fast)
-    monkeypatch.setattr(layers.linear_panels, "usable", lambda weight, fast, stored="bf16":
-                        fast and (stored != "bf16 pairs" or pairs[0]))
+def test_bf16_ways_keep_oneDNNs_rounded_output_off_the_lm_head():
+    """On a CPU with AMX, AVX512-BF16 and the panels (a faked Machine: the ways are only
+    listed, not built): every way for a layer, AMX first (the default); for the LM head,
+    whose logits must stay fp32, not oneDNN's bf16, which rounds its output. Without AMX the
+    bf16 dot panels keep the head in bf16, fp32 logits; without them it is fp32."""
+    machine = SimpleNamespace(amx=True, panels=True, bf16_pairs=True, onednn_bf16=True)
     weight = torch.randn(32, 64)
-    assert list(linear_ways(weight, None, True, "bf16")) == [
-        "AMX bf16", "oneDNN bf16", "bf16 dot panels", "bf16 panels"]
-    assert list(linear_ways(weight, None, True, "bf16", head=True)) == [
-        "AMX bf16", "bf16 dot panels", "bf16 panels"]
-    assert list(linear_ways(weight, None, False, "bf16")) == ["bf16"]  # no kernels: torch
-    amx[0] = False
-    assert list(linear_ways(weight, None, True, "bf16")) == [
-        "oneDNN bf16", "bf16 dot panels", "bf16 panels"]
-    assert list(linear_ways(weight, None, True, "bf16", head=True)) == [
-        "bf16 dot panels", "bf16 panels"]
-    assert layers.bf16_logits_stay_fp32(weight, True)
-    pairs[0] = False
-    assert not layers.bf16_logits_stay_fp32(weight, True)  # CausalLM's head stays fp32
+
+    def ways(fast=True, head=False):
+        return list(linear_ways(weight, None, fast, "bf16", head, machine))
+
+    assert ways() == ["AMX bf16", "oneDNN bf16", "bf16 dot panels", "bf16 panels"]
+    assert ways(head=True) == ["AMX bf16", "bf16 dot panels", "bf16 panels"]
+    assert ways(fast=False) == ["bf16"]  # no kernels: torch
+    machine.amx = False
+    assert ways() == ["oneDNN bf16", "bf16 dot panels", "bf16 panels"]
+    assert ways(head=True) == ["bf16 dot panels", "bf16 panels"]
+    assert bf16_logits_stay_fp32(weight, True, machine)
+    machine.bf16_pairs = False
+    assert not bf16_logits_stay_fp32(weight, True, machine)  # CausalLM's head stays fp32
 
 
 @needs_onednn

@@ -1,4 +1,4 @@
-"""Weights packed into panels (panel_gemm.c, linear_panels.py; AVX-512 and AVX2 variants,
+"""Weights packed into panels (panel_gemm.c, linear/panels.py; AVX-512 and AVX2 variants,
 test_kernel_isa.py runs this file at every level), stored as bf16 or fp32 (fp32
 arithmetic) or as bf16 pairs (bf16 dot products, AVX512-BF16 only; elsewhere the kernel
 must refuse them): x (rounded to bf16 for the pairs) times the weights as stored, in fp32,
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_panels import PanelLinear, pack_weight, reference_linear
+from minivllm.model.linear.panels import PanelLinear, pack_weight, reference_linear
 from tests.kernel_marks import needs_kernels
 
 pytestmark = needs_kernels

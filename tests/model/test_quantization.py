@@ -16,7 +16,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_int8 import (
+from minivllm.model.linear.int8 import (
     GROUP,
     WGROUP,
     Int8Linear,

@@ -38,7 +38,7 @@ from gguf.quants import dequantize
 from minivllm import LLM, SamplingParams
 from minivllm.bench.qwen25_coder import qwen25_coder_gguf
 from minivllm.model.kernels import build, cpu, isa
-from minivllm.model.kernels.linear_gguf import BlockWeight, GGUFLinear
+from minivllm.model.linear.gguf import BlockWeight, GGUFLinear
 from minivllm.model.loader import load_state_dict, resolve_model_path
 from tests.model.test_gguf_kernel import emulated, on_amx
 from tests.model_factory import greedy_batch

@@ -1,5 +1,6 @@
-"""CPU fast paths: oneDNN linear layers (linear.py), C kernels for decode attention and
-the small per-token ops (cpu.py), and the intra-op thread governor (threads.py).
+"""CPU fast paths: the C kernels (cpu.py; the linears that run on them are model/linear/),
+the instruction-set levels they are built for (isa.py), the CPU's name (processor.py), and
+the intra-op thread governor (threads.py).
 
 Each kernel has a pure-torch reference it is tested against. MINIVLLM_DISABLE_KERNELS=1
 turns them all off (the reference paths then run everywhere).

@@ -1,6 +1,6 @@
 """GGUF's weight block types as the file stores them, decoded in torch: the reference that
-gguf_gemm.c is tested against (linear_gguf.py), and the dequantization of blocks the kernels
-do not run. gguf_gemm.c's top comment draws each layout.
+gguf_gemm.c is tested against (model/linear/gguf.py), and the dequantization of blocks the
+kernels do not run. gguf_gemm.c's top comment draws each layout.
 
 Every type is read as blocks of 32 input values, each block's weights w = d * q + m * p:
   q: the block's integers, what the kernel multiplies by the int8 activations (for Q2_K,

@@ -11,9 +11,9 @@ checkpoint's names (models/__init__.py checks that nothing else differs):
   the RoPE parameters of their layer type (Gemma 3's local base).
 - Mixtral / Qwen3-MoE: the MLP is a SparseMoeBlock (moe.py).
 With quantization="int8" every linear, the LM head included, is W8A8
-(kernels/linear_int8.py), experts too; embeddings, norms, routers and attention stay fp32.
+(linear/int8.py), experts too; embeddings, norms, routers and attention stay fp32.
 With quantization="gguf" the linears whose weights a GGUF file stores as a block type the
-kernels run, run from those blocks (kernels/linear_gguf.py; q/k/v and gate/up concatenated as
+kernels run, run from those blocks (linear/gguf.py; q/k/v and gate/up concatenated as
 blocks, or one kernel call per part where their types differ); the token embeddings' blocks
 are dequantized a looked-up row at a time, and a tied LM head runs from them.
 """
@@ -29,9 +29,10 @@ from torch import nn
 from minivllm.model import kernels, key_smoothing
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.kernels import cpu
-from minivllm.model.kernels.linear_choice import KernelChoice
-from minivllm.model.kernels.linear_gguf import BlockWeight, cat_rows
-from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm, bf16_logits_stay_fp32, linear
+from minivllm.model.linear.choice import KernelChoice
+from minivllm.model.linear.gguf import BlockWeight, cat_rows
+from minivllm.model.linear.registry import bf16_logits_stay_fp32, build_linear
+from minivllm.model.models.layers import Attention, GatedMLP, RMSNorm
 from minivllm.model.models.moe import EXPERT_NAMES, SparseMoeBlock
 from minivllm.model.rope import RotaryEmbedding, rope_layer_types, rotary_dim
 
@@ -77,8 +78,8 @@ class DecoderLayer(nn.Module):
         qk_scale = _qk_scales(cfg, arch, w) if smooth_keys else None
         norm = lambda name: RMSNorm(w(name) + 1 if arch.gemma else w(name), eps,  # noqa: E731
                                     fused)
-        lin = lambda weight, bias=None: linear(weight, bias, fast, linear_weights,  # noqa: E731
-                                               kernel_choice)
+        lin = lambda weight, bias=None: build_linear(  # noqa: E731
+            weight, bias, fast, linear_weights, kernel_choice)
         attn = "self_attn."
         if (qkv := w.maybe(attn + "qkv_proj.weight")) is None:  # Phi-3 ships it fused
             qkv = cat_rows([w(attn + f"{p}_proj.weight") for p in "qkv"])
@@ -176,7 +177,7 @@ class CausalLM(nn.Module):
         linear_weights="bf16": fp32 weights everywhere but in the linears, which hold bf16
         (the CPU's bf16: model/runner.py). smooth_keys: the KV cache is int8, so the keys
         are stored smoothed (key_smoothing.py). kernel_choice: the linears that can run
-        more than one way run the fastest measured (linear_choice.py); None: the default."""
+        more than one way run the fastest measured (linear/choice.py); None: the default."""
         super().__init__()
         fast = kernels.enabled() if fast is None else fast
         embed = weights.pop("model.embed_tokens.weight")
@@ -209,7 +210,7 @@ class CausalLM(nn.Module):
         if linear_weights == "bf16" and not (isinstance(lm_head, torch.Tensor)
                                              and bf16_logits_stay_fp32(lm_head, fast)):
             head_weights = None
-        self.lm_head = linear(lm_head, None, fast, head_weights, kernel_choice, head=True)
+        self.lm_head = build_linear(lm_head, None, fast, head_weights, kernel_choice, head=True)
         # A tensor nothing here reads is a part of the model we do not implement (Qwen2-MoE's
         # shared expert, a bias we do not add...): refuse it rather than run without it.
         unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]

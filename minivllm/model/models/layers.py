@@ -1,25 +1,18 @@
-"""The parts every decoder here is built from: RMSNorm, linears (oneDNN, int8, bf16, GGUF), the
-attention block over the paged KV cache and the gated MLP. On the CPU in fp32 the small
-per-token ops (RMSNorm, RoPE + KV write, SiLU-and-mul) run as fused C kernels; everywhere
-else, and with fast=False, they are the plain torch ops."""
+"""The parts every decoder here is built from: RMSNorm, the attention block over the paged
+KV cache and the gated MLP (their linears built by model/linear/registry.py). On the CPU in
+fp32 the small per-token ops (RMSNorm, RoPE + KV write, SiLU-and-mul) run as fused C
+kernels; everywhere else, and with fast=False, they are the plain torch ops."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minivllm.model.attention import AttentionMetadata, paged_attention, write_kv
-from minivllm.model.kernels import cpu, linear_amx, linear_panels
-from minivllm.model.kernels.isa import native_bf16
-from minivllm.model.kernels.linear import Linear, onednn_usable
-from minivllm.model.kernels.linear_amx import AmxBf16Linear
-from minivllm.model.kernels.linear_choice import ChosenLinear, KernelChoice
-from minivllm.model.kernels.linear_gguf import BlockRows, BlockWeight, GGUFLinear
-from minivllm.model.kernels.linear_int8 import Int8Linear
-from minivllm.model.kernels.linear_panels import PanelLinear
+from minivllm.model.kernels import cpu
+from minivllm.model.linear.gguf import GGUFLinear
+from minivllm.model.linear.registry import AnyLinear
 from minivllm.model.rope import apply_rope
 
 # hidden_act / hidden_activation -> the function (transformers' names)
@@ -48,84 +41,13 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-AnyLinear = Linear | Int8Linear | GGUFLinear | AmxBf16Linear | PanelLinear
-
-
-def linear(weight: torch.Tensor | BlockWeight | BlockRows, bias: torch.Tensor | None,
-           fast: bool, weights: str | None, choice: KernelChoice | None = None,
-           head: bool = False) -> AnyLinear | ChosenLinear:
-    """weights: None (the model's dtype), "int8" (W8A8, linear_int8.py) or "bf16" (bf16
-    weights, fp32 activations: the CPU's bf16, see CausalLM): on AMX tiles where the CPU has
-    them (linear_amx.py), oneDNN's native bf16 products or panel_gemm.c's bf16 dot products
-    where it has AVX512-BF16, and elsewhere bf16-stored weights with fp32 arithmetic
-    (linear_panels.py). A GGUF file's
-    blocks (quantization="gguf") run as stored (linear_gguf.py). Where more than one way
-    runs here, `choice` picks per row count by measuring them (linear_choice.py; the first
-    way listed is the default without it). head: the LM head, whose output must not be
-    rounded to bf16, and whose rows are the step's sampled ones."""
-    if isinstance(weight, BlockWeight | BlockRows):
-        return GGUFLinear(weight, bias, use_kernel=fast)
-    if weights == "int8":
-        return Int8Linear(weight, bias, use_kernel=fast)
-    ways = linear_ways(weight, bias, fast, weights, head)
-    if choice is None:
-        return next(iter(ways.values()))()
-    return choice.choose(ways, *weight.shape, bias is not None,
-                         choice.max_sampled_rows if head else None)
-
-
-def linear_ways(weight: torch.Tensor, bias: torch.Tensor | None, fast: bool,
-                weights: str | None, head: bool = False) -> dict[str, Callable[[], AnyLinear]]:
-    """name -> a builder, for each way a float weight can run here (the default first)."""
-    if weights == "bf16":
-        ways = {}
-        if linear_amx.usable(weight, fast):
-            ways["AMX bf16"] = lambda: AmxBf16Linear(weight, bias)
-        # oneDNN's bf16 rounds its output to bf16: never the LM head's (bf16_logits_stay_fp32)
-        if (_native_onednn_bf16(weight, fast)
-                and not (head and (ways or linear_panels.usable(weight, fast, "bf16 pairs")))):
-            ways["oneDNN bf16"] = lambda: Linear(weight.to(torch.bfloat16), bias)
-        if linear_panels.usable(weight, fast, "bf16 pairs"):
-            ways["bf16 dot panels"] = lambda: PanelLinear(weight, bias, "bf16 pairs")
-        if linear_panels.usable(weight, fast):
-            ways["bf16 panels"] = lambda: PanelLinear(weight, bias)
-        return ways or {"bf16": lambda: Linear(weight.to(torch.bfloat16), bias, fast)}
-    ways = {}
-    if fast and onednn_usable(weight):
-        ways["oneDNN"] = lambda: Linear(weight, bias)
-    ways["torch"] = lambda: Linear(weight, bias, False)
-    if weight.dtype == torch.float32 and linear_panels.usable(weight, fast):
-        ways["fp32 panels"] = lambda: PanelLinear(weight, bias, "fp32")
-    return ways
-
-
-def _native_onednn_bf16(weight: torch.Tensor, fast: bool) -> bool:
-    return fast and onednn_usable(weight[:0].bfloat16()) and native_bf16()
-
-
-def _bf16_kind(weight: torch.Tensor, fast: bool) -> str:
-    if linear_amx.usable(weight, fast):
-        return "amx"
-    if linear_panels.usable(weight, fast, "bf16 pairs"):
-        return "dot panels"
-    native = _native_onednn_bf16(weight, fast)
-    return "fp32 arithmetic" if not native and linear_panels.usable(weight, fast) else "rounded"
-
-
-def bf16_logits_stay_fp32(weight: torch.Tensor, fast: bool) -> bool:
-    """Whether linear(weight, ..., "bf16") returns its products unrounded (AMX tiles,
-    panel_gemm.c, bf16 dot panels included), not rounded to bf16 (oneDNN's bf16 and
-    F.linear's)."""
-    return _bf16_kind(weight, fast) != "rounded"
-
-
 class Attention(nn.Module):
     """q/k/v (one fused matmul), optional per-head RMSNorm on q and k before RoPE (Qwen3,
     Gemma 3), K/V to the cache, paged attention with the layer's window and softcap.
     qk_scale (an int8 KV cache's key smoothing, key_smoothing.py): the factors q and k
     are multiplied by before RoPE. Returns the heads' outputs [T, H * D], before o_proj."""
 
-    def __init__(self, cfg, qkv: Linear | Int8Linear, q_norm: RMSNorm | None,
+    def __init__(self, cfg, qkv: AnyLinear, q_norm: RMSNorm | None,
                  k_norm: RMSNorm | None, scale: float, window: int, softcap: float,
                  fused: bool, qk_scale: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -178,7 +100,7 @@ class Attention(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)), gate and up as one matmul; the residual add rides on down."""
 
-    def __init__(self, gate_up: Linear | Int8Linear, down: Linear | Int8Linear,
+    def __init__(self, gate_up: AnyLinear, down: AnyLinear,
                  activation: str, fused: bool) -> None:
         super().__init__()
         self.gate_up, self.down = gate_up, down

@@ -1,8 +1,8 @@
 """Linear layers over GGUF weight blocks as the file stores them (`quantization="gguf"`):
 every block type of the common files (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K; their
-layouts and torch decoding in gguf_blocks.py). A matrix [N, K] is N rows of K / 32 blocks
-(K / 256 super-blocks), rows along the output dimension, so whole rows can be permuted or
-concatenated as bytes (gguf.py undoes llama.cpp's Q/K permutation so).
+layouts and torch decoding in kernels/gguf_blocks.py). A matrix [N, K] is N rows of K / 32
+blocks (K / 256 super-blocks), rows along the output dimension, so whole rows can be permuted
+or concatenated as bytes (model/gguf.py undoes llama.cpp's Q/K permutation so).
 
 On the CPU with the C kernels built, the product runs as llama.cpp's does: activations
 quantized per row and block of 32 to int8 (its q8_0 activations), each block's integer dot
@@ -121,7 +121,7 @@ def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, k = x.shape
     blocks = x.float().reshape(rows, -1, BLOCK)
     amax = blocks.abs().amax(dim=2, keepdim=True)
-    full = torch.full_like(amax, 127.0)  # see linear_int8.quantize_per_group
+    full = torch.full_like(amax, 127.0)  # see int8.quantize_per_group
     inv = torch.where(amax > 0, full / amax, torch.zeros_like(amax))
     scales = torch.where(amax > 0, amax / full, torch.ones_like(amax))
     return torch.round(blocks * inv).to(torch.int8).reshape(rows, k), scales.reshape(rows, -1)

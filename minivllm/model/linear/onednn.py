@@ -19,8 +19,6 @@ from minivllm.core.step_batch import padded_rows
 _PACK_BATCH = 64
 
 
-
-
 def onednn_usable(weight: torch.Tensor) -> bool:
     # oneDNN's packed bf16 weights need avx512_bf16-class hardware (or AVX-NE-CONVERT);
     # elsewhere reordering them fails, so bf16 takes F.linear.

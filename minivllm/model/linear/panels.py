@@ -11,7 +11,7 @@ arithmetic, fp32 x and y (bias and residual added in the same pass):
   bf16 once per call, products added in fp32, y fp32 (unlike oneDNN's bf16 linear, not
   rounded to bf16): one of the ways a bf16 linear runs there, the LM head's among them.
 - fp32 weights: one of the ways an fp32 linear can run, beside oneDNN's and torch's
-  (layers.linear_ways); `--kernel-choice measure` runs it for the row counts where it is
+  (registry.py); `--kernel-choice measure` runs it for the row counts where it is
   the fastest measured (a decode step's few rows, where each weight vector it loads feeds
   every row of a tile).
 """
@@ -46,13 +46,6 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, stored: str = "bf16"
         return F.linear(x.float(), weight.float())
     x = x.float() if stored == "bf16" else x.bfloat16().float()
     return F.linear(x, weight.bfloat16().float())
-
-
-def usable(weight: torch.Tensor, fast: bool, stored: str = "bf16") -> bool:
-    """Where this layer runs: the CPU, with the C kernels at AVX2 or above (AVX512-BF16 for
-    "bf16 pairs")."""
-    return (fast and weight.device.type == "cpu" and cpu.panel_width() > 0
-            and (stored != "bf16 pairs" or cpu.panel_bf16_dot()))
 
 
 class PanelLinear:

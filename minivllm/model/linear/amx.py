@@ -3,7 +3,7 @@ rounded to bf16 and packed once at load into amx_gemm.c's B-tile layout, x is ro
 bf16 inside the call, products accumulate in fp32 and y comes back in fp32, bias and
 residual added in the same pass.
 
-Against oneDNN's bf16 linear (linear.py), which the CPU's bf16 runs elsewhere: no fp32 <->
+Against oneDNN's bf16 linear (onednn.py), which the CPU's bf16 runs elsewhere: no fp32 <->
 bf16 conversions around the call, and the output is not rounded to bf16, so the LM head
 can be bf16 too (oneDNN's bf16 logits tied SmolLM2's top two tokens, and the LM head stays
 fp32 there: 4 bytes a weight read at every step).
@@ -32,11 +32,6 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """What the kernel computes before bias and residual: bf16 x times bf16 weights, exact
     products accumulated in fp32."""
     return F.linear(x.float().bfloat16().float(), weight.bfloat16().float())
-
-
-def usable(weight: torch.Tensor, fast: bool) -> bool:
-    """Where this layer runs: the CPU, the C kernels built with AMX (cpu.amx())."""
-    return fast and weight.device.type == "cpu" and cpu.amx()
 
 
 class AmxBf16Linear:

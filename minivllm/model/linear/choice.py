@@ -14,6 +14,7 @@ ever adds time). The faster over both ends runs that bucket. Times are kept in a
 JSON file per machine (CPU model and flags, the kernels' ISA level, threads, torch), so the
 next load of any model with those shapes measures nothing; ways that win no bucket are never
 built, or dropped with their weights. `minivllm check-kernels MODEL --gemm` prints the table.
+registry.build_linear hands each layer's ways here (a KernelChoice) where the engine measures.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from pathlib import Path
 import torch
 
 from minivllm.core.step_batch import RowPadding, row_bucket
+from minivllm.model.kernels import cpu
+from minivllm.model.kernels.processor import cpu_description
 
 MEASURED_MAX_ROWS = 512  # from here on every way runs at its large-batch speed
 REPEATS = 3
@@ -69,9 +72,6 @@ def time_ways(ways: dict[str, Way], k: int, rows: int) -> dict[str, float]:
 
 def machine_key() -> dict:
     """What a measured time is valid for."""
-    from minivllm.bench.machine import cpu_description
-    from minivllm.model.kernels import cpu
-
     return {"cpu": cpu_description(), "kernels": cpu.isa_summary(),
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
@@ -143,10 +143,10 @@ class KernelChoice:
         self.table, self.timer = table, timer
 
     def times(self, builders: dict[str, Callable[[], Way]], n: int, k: int, bias: bool,
-              max_rows: int | None = None) -> dict[int, dict[str, float]]:
-        """bucket -> way -> seconds (summed over timed_rows) for every bucket, measured
-        where the table has none."""
-        counts = {top: timed_rows(top) for top in row_buckets(max_rows or self.max_rows)}
+              max_rows: int) -> dict[int, dict[str, float]]:
+        """bucket -> way -> seconds (summed over timed_rows) for every bucket up to
+        max_rows, measured where the table has none."""
+        counts = {top: timed_rows(top) for top in row_buckets(max_rows)}
         prefix = f"{'+'.join(builders)}|{n}x{k}|{'bias' if bias else 'no bias'}|"
         missing = [rows for each in counts.values() for rows in each
                    if prefix + str(rows) not in self.table.times]
@@ -160,13 +160,15 @@ class KernelChoice:
                 for top, each in counts.items()}
 
     def choose(self, builders: dict[str, Callable[[], Way]], n: int, k: int, bias: bool,
-               max_rows: int | None = None) -> Way:
+               head: bool = False) -> Way:
         """The layer: the one way that wins every bucket, or a ChosenLinear over the
         winners. builders: name -> a function building that way, the engine's default
-        first (it wins a tie). max_rows: this layer's largest call, default the step's."""
+        first (it wins a tie). head: the LM head, whose largest call is the step's sampled
+        rows (max_sampled_rows), not all of them (max_rows)."""
         if len(builders) == 1:
             return next(iter(builders.values()))()
-        times = self.times(builders, n, k, bias, max_rows)
+        times = self.times(builders, n, k, bias,
+                           self.max_sampled_rows if head else self.max_rows)
         winners = [min(builders, key=lambda name: row[name]) for row in times.values()]
         ways = {name: builders[name]() for name in dict.fromkeys(winners)}
         return next(iter(ways.values())) if len(ways) == 1 else ChosenLinear(ways, winners)
