@@ -14,7 +14,8 @@ Its parts, each in its own module: the config (scheduler_config.py), the step bu
 the chunked-prefill rules (step_budget.py), speculative drafts (spec_decoding.py), LoRA
 admission (lora_admission.py), deadline shedding (deadline_shedding.py), the runner's
 block-table diffs (block_table_diffs.py), preemption (preemptor.py; its victim rules and
-the recompute tax: preemption.py), and the stats it reports (scheduler_stats.py).
+the recompute tax: preemption.py), the step-time model's use (step_timing.py), the KV cache
+(kv_cache.py), and the stats it reports (scheduler_stats.py).
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.core.scheduler_stats import SchedulerStats
 from minivllm.core.spec_decoding import SpecDecoding
 from minivllm.core.speculative import SpeculativeConfig
-from minivllm.core.step_batch import StepBatch, step_batch
 from minivllm.core.step_budget import StepBudget, tokens_left
-from minivllm.core.step_cost import OnlineStepCost
+from minivllm.core.step_timing import StepTiming
 from minivllm.core.stop import check_stop
 
 
@@ -83,14 +83,8 @@ class Scheduler:
         )
         policy.attach(self.kv.num_cached_tokens_probe, config.max_num_batched_tokens,
                       config.block_size)
-        # target_tpot_ms and policies that predict (goodput): the step-time model, and the
-        # last step's composition, which record_step_time pairs with the time it took.
-        self.step_cost = (OnlineStepCost() if config.target_tpot_ms is not None
-                          or policy.needs_step_cost else None)
-        self._last_batch: StepBatch | None = None
-        if policy.needs_step_cost:
-            policy.prefill_seconds = self._prefill_seconds
-        self._decodes_at: tuple[int, StepBatch] = (-1, StepBatch())  # _prefill_seconds' cache
+        self.step_timing = StepTiming(config, policy, self.running, lambda: self.step_count)
+        self.step_cost = self.step_timing.cost  # the step-time model (None: not needed)
         self.recompute_tax = RecomputeTax()
         self.spec_decoding = SpecDecoding(SpeculativeConfig.parse(config.speculative_config),
                                           proposer, valid_drafts)
@@ -204,8 +198,7 @@ class Scheduler:
             self._schedule_waiting(out, budget, now)
         self.block_tables.emit(out, budget.scheduled, self.kv)
         self.spec_decoding.scheduled(out)
-        if self.step_cost is not None:
-            self._last_batch = step_batch(out, self.requests, self.config.block_size)
+        self.step_timing.scheduled(out, self.requests)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: StepBudget, now: float) -> None:
@@ -401,20 +394,4 @@ class Scheduler:
         simulator's cost model timed it): what the step-time models learn from (the
         scheduler's, and speculation's price of a verification row)."""
         self.spec_decoding.step_time(seconds)
-        if self.step_cost is not None and self._last_batch is not None:
-            self.step_cost.observe(self._last_batch, seconds)
-            self._last_batch = None
-
-    def _prefill_seconds(self, num_tokens: int) -> float | None:
-        """Predicted seconds to prefill num_tokens prompt tokens in steps beside the running
-        decodes (the goodput policy asks), None before the step-time model is ready."""
-        if not self.step_cost.ready:
-            return None
-        if self._decodes_at[0] != self.step_count:  # the running decodes, once a step
-            decodes = StepBatch()
-            for request in self.running:
-                if request.num_tokens - request.num_computed_tokens <= 1:
-                    decodes.add(1, request.num_computed_tokens)
-            self._decodes_at = (self.step_count, decodes)
-        return self.step_cost.prefill_seconds(self._decodes_at[1], num_tokens,
-                                              self.config.max_num_batched_tokens)
+        self.step_timing.observe(seconds)
