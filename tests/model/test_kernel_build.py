@@ -1,5 +1,5 @@
 """Building and loading the C kernels: kernels.h against the definitions and the Python
-callers, the cache key, and every way of not getting the kernels (no compiler, a failed
+callers, a kernel built from its .c file and its one declaration, the cache key, and every way of not getting the kernels (no compiler, a failed
 build, a library that does not load) ending on the torch path with a warning."""
 
 import _ctypes
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.model.kernels import build, cpu, header, isa
+from minivllm.model.kernels import build, cpu, declarations, isa
 
 needs_compiler = pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
 CPU = torch.device("cpu")
@@ -20,11 +20,11 @@ CPU = torch.device("cpu")
 
 def _sources(tmp_path: Path, edit=None) -> Path:
     """A copy of the kernel sources, with kernels.h passed through edit."""
-    for name in [header.HEADER, *build.INTERNAL_HEADERS, *build.SOURCES]:
-        shutil.copy(build.SOURCE_DIR / name, tmp_path / name)
+    for path in [*build.headers(), *build.sources()]:
+        shutil.copy(path, tmp_path / path.name)
     if edit is not None:
-        text = (tmp_path / header.HEADER).read_text()
-        (tmp_path / header.HEADER).write_text(edit(text))
+        text = (tmp_path / declarations.HEADER).read_text()
+        (tmp_path / declarations.HEADER).write_text(edit(text))
     return tmp_path
 
 
@@ -49,7 +49,7 @@ def kernel_cache(tmp_path, monkeypatch):
 
 
 def test_header_declares_every_kernel_as_its_source_defines_it():
-    prototypes = header.read(build.SOURCE_DIR, build.SOURCES)
+    declared = declarations.read(build.SOURCE_DIR, build.sources())
     assert {"paged_decode_attention_f32", "paged_prefill_attention_f32", "rms_norm_f32",
             "silu_and_mul_f32", "rope_write_kv_f32", "argmax_rows_f32", "sample_rows_f32",
             "sampler_uniforms_f64", "int8_linear_f32", "gguf_linear_f32", "gguf_dequantize_f32",
@@ -60,8 +60,8 @@ def test_header_declares_every_kernel_as_its_source_defines_it():
             "paged_prefill_attention_dpbf16",
             "panel_width", "panel_bf16_dot",
             "panel_linear_f32", "lora_sgmv_f32", "lora_sgmv_bf16w",
-            "kernels_isa_features"} == set(prototypes)
-    assert [name for _, name in prototypes["rms_norm_f32"].params] == [
+            "kernels_isa_features"} == set(declared)
+    assert declared["rms_norm_f32"].names == [
         "x", "weight", "out", "rows", "cols", "eps", "num_threads"]
 
 
@@ -79,14 +79,14 @@ NOT_DEFINED = ("void argmax_rows_f32(", "void argmax_rows(")
     (*SWAP_SAME_TYPE, "paged_decode_attention_f32 in paged_decode_attention.c does not match"),
     (*NARROWED, "rms_norm_f32 in ops.c does not match"),
     (*NOT_DEFINED, "argmax_rows: 0 definitions"),
-    ("int64_t n);", "size_t n);", "type 'size_t' is not one header.py knows"),
+    ("int64_t n);", "size_t n);", "cannot parse kernels.h"),  # not a type it knows
 ])
 def test_a_header_that_does_not_match_the_sources_is_an_error(tmp_path, old, new, complaint):
     source_dir = _sources(tmp_path, lambda text: text.replace(old, new, 1))
-    assert (source_dir / header.HEADER).read_text() != (
-        build.SOURCE_DIR / header.HEADER).read_text()
-    with pytest.raises(header.HeaderError, match=complaint):
-        header.read(source_dir, build.SOURCES)
+    assert (source_dir / declarations.HEADER).read_text() != (
+        build.SOURCE_DIR / declarations.HEADER).read_text()
+    with pytest.raises(declarations.DeclarationError, match=complaint):
+        declarations.read(source_dir, build.sources(source_dir))
 
 
 @needs_compiler
@@ -120,6 +120,32 @@ def test_kernels_are_called_by_keyword_as_the_header_names_them():
                             num_threads=1)
     lib.argmax_rows_f32(x=x.data_ptr(), out=out.data_ptr(), rows=2, cols=5, num_threads=1)
     assert torch.equal(out, x.argmax(1))
+
+
+# A new kernel: its .c file and its one declaration in kernels.h (and a test, this one).
+TOY_DECLARATION = "void scale_f32(const float *x, float *out, int64_t n, float factor);"
+TOY_SOURCE = """#include "kernels.h"
+
+void scale_f32(const float *x, float *out, int64_t n, float factor) {
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * factor;
+}
+"""
+
+
+@needs_compiler
+def test_a_new_kernel_is_its_c_file_and_its_declaration(tmp_path, kernel_cache):
+    """A toy kernel in a folder of its own, beside isa_info.c (which every library holds,
+    for the loader's check of its ISA): built, and bound from its declaration."""
+    shutil.copy(build.SOURCE_DIR / "isa_info.c", tmp_path)
+    (tmp_path / declarations.HEADER).write_text(
+        f"#include <stdint.h>\nint kernels_isa_features(void);\n{TOY_DECLARATION}\n")
+    (tmp_path / "scale.c").write_text(TOY_SOURCE)
+    lib = build.load(tmp_path)
+    x, out = torch.randn(10), torch.empty(10)
+    lib.scale_f32(x=x.data_ptr(), out=out.data_ptr(), n=10, factor=0.5)
+    assert torch.equal(out, x * 0.5)
+    with pytest.raises(TypeError):  # bound by keyword, as every kernel
+        lib.scale_f32(x.data_ptr(), out.data_ptr(), 10, 0.5)
 
 
 @needs_compiler

@@ -151,7 +151,7 @@ def test_each_library_is_compiled_for_exactly_its_level(level):
 @needs_compiler
 def test_only_avx512_libraries_hold_zmm_instructions():
     for level in MACHINE_LEVELS:
-        code = subprocess.run(["objdump", "-d", _library_of(level).library._name],
+        code = subprocess.run(["objdump", "-d", _library_of(level).path],
                               capture_output=True, text=True, check=True).stdout
         assert ("%zmm" in code) == ("avx512f" in isa.features(level)), level
 
@@ -161,7 +161,7 @@ def test_only_avx512_libraries_hold_zmm_instructions():
 def test_an_avx2_cpu_never_loads_an_avx512_library_from_a_shared_cache(tmp_path,
                                                                        monkeypatch, caplog):
     compiler = build.find_compiler()
-    built = {level: _library_of(level).library._name for level in ("avx2", "avx512")}
+    built = {level: _library_of(level).path for level in ("avx2", "avx512")}
     monkeypatch.setattr(isa, "cpu_features", lambda: ZEN3)
     monkeypatch.delenv(isa.ENV, raising=False)
 

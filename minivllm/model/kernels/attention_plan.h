@@ -97,6 +97,42 @@ static inline void write_outputs(float *out, const float *o, int64_t row_step,
     }
 }
 
+/* The arguments of the two bf16 kernels (kernels.h), as their items read them. */
+typedef struct {
+    const float *q;
+    const uint16_t *k_cache, *v_cache;
+    const int64_t *block_table, *query_start_loc, *seq_lens;
+    float *out;
+    int num_heads, num_kv_heads, head_dim, block_size, max_blocks;
+    int64_t q_stride;
+    float scale;
+} bf16_prefill_args;
+
+/* One item of a bf16 kernel: queries 0..nq at positions first_pos + i (their rows of q at
+ * q, q_stride apart; their outputs at out), kv head g, the request's block table row
+ * `table`, in the calling thread's scratch. */
+typedef void bf16_attend_item(const bf16_prefill_args *a, const float *q, float *out,
+                              const int64_t *table, int64_t first_pos, int nq, int g,
+                              void *scratch);
+
+/* Inside a parallel region: the step's items (plan_prefill_work's, tiles of `tile`
+ * queries), taken by the threads in turn, each attended in the calling thread's scratch.
+ * A thread without scratch (memory ran out) still meets the loop, as OpenMP requires, and
+ * skips its items: its kernel then returns -1 and the caller redoes the whole step. */
+static inline void attend_bf16_items(const bf16_prefill_args *a, const prefill_work *items,
+                                     int64_t num_items, int tile, bf16_attend_item *attend,
+                                     void *scratch) {
+#pragma omp for schedule(dynamic)
+    for (int64_t it = 0; it < num_items; it++) {
+        if (!scratch) continue;
+        const prefill_work item = items[it];
+        const item_queries at = locate_item(item, a->query_start_loc, a->seq_lens, tile);
+        attend(a, a->q + at.token * a->q_stride, a->out + at.token * a->num_heads * a->head_dim,
+               a->block_table + (int64_t)item.req * a->max_blocks, at.first_pos, at.nq,
+               item.kv_head, scratch);
+    }
+}
+
 /* A step of the two bf16 kernels: kv head g's K and V rows of the n context positions from
  * `start`, in place in a bf16 cache (through the block table), the zero row for positions
  * at or past len. */

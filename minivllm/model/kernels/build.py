@@ -1,17 +1,17 @@
-"""Builds the C kernels with the machine's C compiler and loads them with ctypes: no torch
-headers, so a build takes about a second. One library per instruction-set level (isa.py),
-compiled with exactly that level's flags (never -march=native) and cached under
-~/.cache/minivllm/kernels (or $MINIVLLM_CACHE/kernels), keyed by the sources, the compiler,
-its flags and the level: a cache shared between machines hands each CPU a library of a
-level it has, and the library's own report of what it was compiled for is checked against
-the CPU before it is used. The CPU runs its highest level, or MINIVLLM_ISA's (a level it
-lacks is an error). Without a compiler, or when the build, the header check or the load
-fails, `load` logs a warning and returns None, and the callers keep their pure-torch
-paths."""
+"""Builds the C kernels with the machine's C compiler and loads them through cffi: no torch
+headers, so a build takes about a second. Every .c file of the folder is compiled, and
+each function kernels.h declares is bound (declarations.py): a new kernel is its .c file
+and its declaration. One library per instruction-set level (isa.py), compiled with exactly
+that level's flags (never -march=native) and cached under ~/.cache/minivllm/kernels (or
+$MINIVLLM_CACHE/kernels), keyed by the sources, the compiler, its flags and the level: a
+cache shared between machines hands each CPU a library of a level it has, and the
+library's own report of what it was compiled for is checked against the CPU before it is
+used. The CPU runs its highest level, or MINIVLLM_ISA's (a level it lacks is an error).
+Without a compiler, or when the build, the declarations' check or the load fails, `load`
+logs a warning and returns None, and the callers keep their pure-torch paths."""
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
@@ -22,17 +22,22 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from minivllm.model.kernels import header, isa
+from minivllm.model.kernels import declarations, isa
 
 logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ["paged_decode_attention.c", "paged_prefill_attention.c", "ops.c", "sampler.c",
-           "int8_gemm.c", "panel_gemm.c", "amx_gemm.c", "amx_attention.c", "dpbf16_attention.c",
-           "gguf_gemm.c", "gguf_repack.c", "gguf_repacked.c", "gguf_dequant.c", "lora_sgmv.c",
-           "isa_info.c"]
-# included by sources, part of the cache key
-INTERNAL_HEADERS = ["amx_tiles.h", "attention_plan.h", "gguf_activations.h", "gguf_repacked.h",
-                    "gguf_scales.h", "gguf_unpack.h", "kv_rows.h", "vector_exp.h"]
+
+
+def sources(source_dir: Path = SOURCE_DIR) -> list[Path]:
+    """The .c files, each compiled into the library."""
+    return sorted(source_dir.glob("*.c"))
+
+
+def headers(source_dir: Path = SOURCE_DIR) -> list[Path]:
+    """kernels.h and the headers the sources include: part of the cache key."""
+    return sorted(source_dir.glob("*.h"))
+
+
 # Compile with -ffast-math (vectorized expf), but link without it: linking with it adds
 # crtfastmath.o, which turns on flush-to-zero for the whole process at load time. An
 # exported function must be declared in kernels.h (missing-prototypes).
@@ -57,8 +62,8 @@ def library_path(compiler: str, level: str, source_dir: Path = SOURCE_DIR) -> Pa
     """Where the library of this ISA level, built from these sources by this compiler,
     lives."""
     key = hashlib.sha256()
-    for name in [header.HEADER, *INTERNAL_HEADERS, *SOURCES]:
-        key.update((source_dir / name).read_bytes())
+    for path in [*headers(source_dir), *sources(source_dir)]:
+        key.update(path.name.encode() + b"\0" + path.read_bytes())
     key.update(" ".join([compiler, *compile_flags(level), *_LINK, platform.machine(),
                          level]).encode())
     return cache_dir() / f"minivllm-kernels-{level}-{key.hexdigest()[:16]}.so"
@@ -99,10 +104,11 @@ def _build(compiler: str, level: str, source_dir: Path, target: Path) -> bool:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            objects = [str(Path(tmp) / f"{Path(source).stem}.o") for source in SOURCES]
+            files = sources(source_dir)
+            objects = [str(Path(tmp) / f"{source.stem}.o") for source in files]
             built = Path(tmp) / target.name
-            if not all(_run([compiler, *compile_flags(level), "-c", str(source_dir / source),
-                             "-o", obj]) for source, obj in zip(SOURCES, objects)):
+            if not all(_run([compiler, *compile_flags(level), "-c", str(source), "-o", obj])
+                       for source, obj in zip(files, objects)):
                 return False
             if not _run([compiler, *objects, *_LINK, "-o", str(built)]):
                 return False
@@ -115,8 +121,8 @@ def _build(compiler: str, level: str, source_dir: Path, target: Path) -> bool:
 
 def load(source_dir: Path = SOURCE_DIR) -> SimpleNamespace | None:
     """The kernels of this CPU's highest ISA level (or MINIVLLM_ISA's) as keyword-only
-    functions named as in kernels.h, built if needed, with isa_level, isa_features (what
-    the library was compiled for) and isa_summary; or None, with a warning saying why, when
+    functions named as in kernels.h, built if needed, with path, isa_level, isa_features
+    (what the library was compiled for) and isa_summary; or None, with a warning saying why, when
     they cannot be had. Raises isa.IsaError when MINIVLLM_ISA is not a level of this CPU."""
     level, forced = isa.select()
     compiler = find_compiler()
@@ -124,9 +130,10 @@ def load(source_dir: Path = SOURCE_DIR) -> SimpleNamespace | None:
         logger.warning("no C compiler found: using the pure-torch paths")
         return None
     try:
-        prototypes = header.read(source_dir, SOURCES)
-    except header.HeaderError as exc:
-        logger.warning("the C kernels do not match %s, using torch: %s", header.HEADER, exc)
+        declared = declarations.read(source_dir, sources(source_dir))
+    except declarations.DeclarationError as exc:
+        logger.warning("the C kernels do not match %s, using torch: %s", declarations.HEADER,
+                       exc)
         return None
     target = library_path(compiler, level, source_dir)
     if not target.exists() and not forced:
@@ -135,7 +142,7 @@ def load(source_dir: Path = SOURCE_DIR) -> SimpleNamespace | None:
     if not target.exists() and not _build(compiler, level, source_dir, target):
         return None
     try:
-        lib = header.bind(ctypes.CDLL(str(target)), prototypes)
+        lib = declarations.bind(target, declared)
     except (OSError, AttributeError) as exc:  # not a library, or one that lacks a function
         logger.warning("cannot load the C kernels from %s, using torch: %s", target, exc)
         return None

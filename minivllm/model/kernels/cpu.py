@@ -1,10 +1,9 @@
-"""The C kernels (paged_decode_attention.c, paged_prefill_attention.c, amx_attention.c,
-dpbf16_attention.c, ops.c, sampler.c, int8_gemm.c, panel_gemm.c, gguf_gemm.c, gguf_repacked.c,
-gguf_dequant.c, amx_gemm.c) behind torch-facing wrappers: built and loaded by build.py on
-first use, for this CPU's ISA level (isa.py), called with keyword arguments named as in
-kernels.h. Without a compiler, or when the build or the load fails, `available()` is False
-and the callers keep their pure-torch paths, which stay the tested references. fp32 CPU
-tensors only."""
+"""The C kernels (the .c files beside this one) behind torch-facing wrappers: built and
+loaded by build.py on first use, for this CPU's ISA level (isa.py), called with keyword
+arguments named as in kernels.h (declarations.py binds them). `_kernels()` decides whether
+they run: not with MINIVLLM_DISABLE_KERNELS, nor without a compiler, or when the build or
+the load fails; then `available()` is False and the callers keep their pure-torch paths,
+which stay the tested references. fp32 CPU tensors only."""
 
 from __future__ import annotations
 
@@ -24,16 +23,22 @@ def _library() -> SimpleNamespace | None:
     return build.load()
 
 
+def _kernels() -> SimpleNamespace | None:
+    """The library, or None where the torch paths run (turned off, or not to be had). The
+    variant questions below (amx(), panel_width()...) ask _library(): they are asked on
+    the kernels' own paths, chosen when the model was built."""
+    return _library() if kernels.enabled() else None
+
+
 def available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels can run on this device and dtype (building them if needed)."""
-    return (device.type == "cpu" and dtype == torch.float32 and kernels.enabled()
-            and _library() is not None)
+    return device.type == "cpu" and dtype == torch.float32 and _kernels() is not None
 
 
 def isa_summary() -> str | None:
     """Which ISA level's kernels run and what they were compiled for (the start-up line's
     words), or None when the torch paths run."""
-    lib = _library() if kernels.enabled() else None
+    lib = _kernels()
     return lib.isa_summary if lib is not None else None
 
 

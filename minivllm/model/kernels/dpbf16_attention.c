@@ -184,10 +184,14 @@ static void softmax_step(const scratch *w, int rows) {
 
 /* One item: queries 0..nq at positions first_pos + i, kv head g (paged_prefill_attention.c's
  * prefill_item, without window and softcap). */
-static void attend_item(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                        const int64_t *table, int64_t first_pos, int nq, int g, int num_heads,
-                        int num_kv_heads, int head_dim, int block_size, int64_t q_stride,
-                        float scale, float *out, scratch *w) {
+static void attend_item(const bf16_prefill_args *a, const float *q, float *out,
+                        const int64_t *table, int64_t first_pos, int nq, int g, void *scratch_) {
+    scratch *w = scratch_;
+    const int num_heads = a->num_heads, num_kv_heads = a->num_kv_heads, head_dim = a->head_dim;
+    const int block_size = a->block_size;
+    const int64_t q_stride = a->q_stride;
+    const float scale = a->scale;
+    const uint16_t *k_cache = a->k_cache, *v_cache = a->v_cache;
     const int group = num_heads / num_kv_heads, used = nq * group;
     const int rows = (used + VL - 1) / VL * VL;
     const int64_t len = first_pos + nq; /* the context the last query sees */
@@ -235,6 +239,9 @@ int paged_prefill_attention_dpbf16(const float *q, const uint16_t *k_cache,
     if (head_dim % 16) return -1;
     const int group = num_heads / num_kv_heads;
     const int tile = queries_per_item(group);
+    const bf16_prefill_args args = {q, k_cache, v_cache, block_table, query_start_loc,
+                                    seq_lens, out, num_heads, num_kv_heads, head_dim,
+                                    block_size, max_blocks, q_stride, scale};
     int64_t num_items;
     prefill_work *items = plan_prefill_work(query_start_loc, seq_lens, num_reqs, num_kv_heads,
                                             tile, 0, &num_items);
@@ -263,16 +270,7 @@ int paged_prefill_attention_dpbf16(const float *q, const uint16_t *k_cache,
         } else {
             __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         }
-#pragma omp for schedule(dynamic)
-        for (int64_t it = 0; it < num_items; it++) {
-            if (!buf) continue; /* every thread meets the loop; the caller redoes it all */
-            const prefill_work item = items[it];
-            const item_queries at = locate_item(item, query_start_loc, seq_lens, tile);
-            attend_item(q + at.token * q_stride, k_cache, v_cache,
-                        block_table + (int64_t)item.req * max_blocks, at.first_pos, at.nq,
-                        item.kv_head, num_heads, num_kv_heads, head_dim, block_size, q_stride,
-                        scale, out + at.token * num_heads * head_dim, &w);
-        }
+        attend_bf16_items(&args, items, num_items, tile, attend_item, buf ? &w : NULL);
         free(buf);
     }
     free(items);

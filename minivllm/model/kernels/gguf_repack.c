@@ -7,21 +7,9 @@
 #include "gguf_repacked.h"
 #include "kernels.h"
 
-int gguf_repacked_supported(void) {
-#if defined(REPACKED_AVX512) || defined(REPACKED_AVX2)
-    return 1;
-#else
-    return 0;
-#endif
-}
+int gguf_repacked_supported(void) { return repacked_supported(); }
 
-int64_t gguf_repacked_bytes(int qtype, int k, int n) {
-    const int unit_values = BLOCK * unit_blocks(qtype);
-    if (!gguf_repacked_supported() || !panel_bits(qtype) || !unit_bytes(qtype) ||
-        k % unit_values)
-        return 0;
-    return (int64_t)((n + PANEL - 1) / PANEL) * (k / unit_values) * panel_unit_bytes(qtype);
-}
+int64_t gguf_repacked_bytes(int qtype, int k, int n) { return repacked_bytes(qtype, k, n); }
 
 #if defined(REPACKED_AVX512) || defined(REPACKED_AVX2)
 
@@ -109,7 +97,7 @@ static void repack_unit(const uint8_t *blocks, int64_t row_bytes, int n, int64_t
 
 int gguf_repack(const uint8_t *blocks, int qtype, int k, int n, uint8_t *repacked,
                 int num_threads) {
-    if (!gguf_repacked_bytes(qtype, k, n)) return -1;
+    if (!repacked_bytes(qtype, k, n)) return -1;
 #if defined(REPACKED_AVX512) || defined(REPACKED_AVX2)
     const int unit_values = BLOCK * unit_blocks(qtype);
     const int64_t units = k / unit_values, row_bytes = units * unit_bytes(qtype);

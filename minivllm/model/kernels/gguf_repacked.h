@@ -1,7 +1,8 @@
 /* The layout of GGUF weights repacked at load (gguf_repack.c writes it, gguf_repacked.c
- * reads it): panels of 16 output columns, so that one instruction serves many columns
- * (llama.cpp repacks Q4_0 / Q4_K into interleaved rows for the same reason; this layout is
- * our own, int8_gemm.c's panels of 16 columns x 4 values).
+ * reads it; both ask this header, never each other, which types and sizes it holds):
+ * panels of 16 output columns, so that one instruction serves many columns (llama.cpp
+ * repacks Q4_0 / Q4_K into interleaved rows for the same reason; this layout is our own,
+ * int8_gemm.c's panels of 16 columns x 4 values).
  *
  * Each weight is stored as q = wq + offset (Q4_0: 8, Q5_0: 16, Q6_K: 32, Q8_0: 128 with
  * AVX-512 VNNI and 0 — signed — with AVX2, the types with a minimum: 0), unsigned but for
@@ -37,6 +38,8 @@
 #endif
 
 #define PANEL 16 /* output columns per panel: the int32 / fp32 lanes of a zmm */
+/* bytes a reader asks for ahead in the stream (1-4 KiB measured: 3 the best) */
+#define PREFETCH 3072
 
 /* Bits of q, 0 for the types not repacked (Q2_K, Q3_K: gguf_gemm.c) */
 static inline int panel_bits(int qtype) {
@@ -75,6 +78,24 @@ static inline int header_bytes(int qtype) {
 
 static inline int64_t panel_unit_bytes(int qtype) {
     return header_bytes(qtype) + (int64_t)unit_blocks(qtype) * plane_bytes(panel_bits(qtype));
+}
+
+/* Whether this library repacks (gguf_repacked_supported) */
+static inline int repacked_supported(void) {
+#if defined(REPACKED_AVX512) || defined(REPACKED_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* The repacked size of n rows of k values, or 0 for a type (or k) not repacked
+ * (gguf_repacked_bytes) */
+static inline int64_t repacked_bytes(int qtype, int k, int n) {
+    const int unit_values = BLOCK * unit_blocks(qtype);
+    if (!repacked_supported() || !panel_bits(qtype) || !unit_bytes(qtype) || k % unit_values)
+        return 0;
+    return (int64_t)((n + PANEL - 1) / PANEL) * (k / unit_values) * panel_unit_bytes(qtype);
 }
 
 #endif

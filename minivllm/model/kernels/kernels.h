@@ -1,13 +1,17 @@
-/* Every function the C kernels export, the one place their signatures are written.
+/* Every function the C kernels export, the one place their signatures are written: a new
+ * kernel is its .c file (build.py compiles every one in this folder), its declaration
+ * here, and a test.
  *
  * Each .c file includes this header, so the compiler checks every definition's types
  * against it (and -Werror=missing-prototypes rejects an exported function missing here).
- * header.py reads it at load time: it checks that each definition names its parameters as
- * declared here (a swap of two same-typed arguments passes the compiler), and builds the
- * ctypes bindings from it, which cpu.py calls with keyword arguments named as here.
+ * declarations.py reads it at load time with pycparser: it checks that each definition
+ * names its parameters as declared here (a swap of two same-typed arguments passes the
+ * compiler), and binds each declaration through cffi, which cpu.py calls with keyword
+ * arguments named as here.
  *
- * Keep to what header.py parses: one prototype per function, of the types int, int32_t,
- * int64_t, float, double, void or a pointer, every parameter named. */
+ * Keep to what crosses into Python: one declaration per function, of scalar types (int,
+ * float, double, <stdint.h>'s) or pointers (passed as addresses: tensor.data_ptr(), None
+ * for NULL), every parameter named. */
 #ifndef MINIVLLM_KERNELS_H
 #define MINIVLLM_KERNELS_H
 
