@@ -3,6 +3,11 @@ the scheduler's per-step diffs update, performs the block copies a SchedulerOutp
 for, runs one forward over the flattened batch and samples.
 
 The only part of minivllm that touches tensors and devices. What it returns is plain data.
+
+A step, in execute(): the diffs, the block copies, the drafts (speculation.py), the LoRA
+adapters' rows, one forward, then what each output reads of its rows (step_rows.py) and the
+sampling. The LoRA adapters (lora/, which sits above model/) are the engine core's, handed
+to the runner as `lora`.
 """
 
 from __future__ import annotations
