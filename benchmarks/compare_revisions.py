@@ -4,7 +4,8 @@ same machine, same run, rounds alternating A B A B:
     git worktree add ../baseline <commit>
     python benchmarks/compare_revisions.py --baseline ../baseline [--rounds 3]
 
-Two measurements per round and tree, on random weights in SmolLM-135M's shape:
+Two measurements per round and tree, on random weights in SmolLM-135M's shape (or --model's
+file, e.g. a GGUF; batch-1 decode: --model F --num-prompts 1 --skip-serving):
 - offline: `minivllm bench throughput` (LLM.generate, --num-prompts prompts of --input-len
   tokens, --output-len tokens each, greedy, EOS ignored): output tok/s;
 - serving: `minivllm serve` (the default engine mode) under this tree's `bench serve`
@@ -92,15 +93,19 @@ def main() -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--model-dir", default=str(HERE / "results" / "smollm-135m-random"))
+    p.add_argument("--model", type=Path, help="this model (a directory or GGUF file) instead "
+                   "of random SmolLM-135M weights")
+    p.add_argument("--skip-serving", action="store_true", help="offline only")
     args = p.parse_args()
-    model = save_random_model("smollm-135m", Path(args.model_dir))
+    model = args.model or save_random_model("smollm-135m", Path(args.model_dir))
     print(f"{when_and_load()}; {cpu_description()}, {os.cpu_count()} cores")
     trees = {"this": HERE, "baseline": args.baseline.resolve()}
     rows: dict[str, list] = {name: [] for name in trees}
     for r in range(args.rounds):
         for name, tree in trees.items():
             off = offline(tree, model, args)
-            tok, ttft = serving(tree, model, args)
+            tok, ttft = (float("nan"),) * 2 if args.skip_serving else serving(tree, model,
+                                                                               args)
             rows[name].append((off, tok, ttft))
             print(f"round {r + 1} {name:8s}: offline {off:7.1f} tok/s, serving {tok:7.1f} "
                   f"tok/s, TTFT mean {ttft:7.0f} ms (load {os.getloadavg()[0]:.1f})",

@@ -11,6 +11,8 @@ import pytest
 from minivllm.config import ENGINE_ARGS, EngineConfig
 from minivllm.core.policies.vtc import VirtualTokenCounterPolicy
 from minivllm.core.policy import POLICIES, PolicyConfig, make_policy
+from minivllm.core.kv_cache import KVCacheManager
+from minivllm.core.kv_disk_connector import DiskConnector
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.scheduler_stats import SchedulerStats
@@ -106,12 +108,15 @@ def test_every_policy_option_is_a_setting_its_policy_checks():
 
 def test_scheduler_stats_are_scheduler_stats_fields():
     """Scheduler.stats() is the typed SchedulerStats with every field set by name (none left
-    to its default by omission)."""
+    to its default by omission): its own, and the KV cache's and disk tier's, which it
+    spreads in as dicts keyed by the field names."""
     scheduler = Scheduler(SchedulerConfig(num_blocks=8, block_size=4), make_policy("fcfs"))
     stats = scheduler.stats()
     assert type(stats) is SchedulerStats
     assert stats.num_total_blocks == 8 and stats.num_free_blocks == 8
     named = set(re.findall(r"(\w+)=", inspect.getsource(Scheduler.stats)))
+    for part in (KVCacheManager.stats, DiskConnector.stats):
+        named |= set(re.findall(r'"(\w+)":', inspect.getsource(part)))
     assert named == {f.name for f in dataclasses.fields(SchedulerStats)}
 
 
