@@ -3,6 +3,7 @@ callers, a kernel built from its .c file and its one declaration, the cache key,
 build, a library that does not load) ending on the torch path with a warning."""
 
 import _ctypes
+import gc
 import logging
 import shutil
 from functools import cache
@@ -141,6 +142,7 @@ def test_a_new_kernel_is_its_c_file_and_its_declaration(tmp_path, kernel_cache):
         f"#include <stdint.h>\nint kernels_isa_features(void);\n{TOY_DECLARATION}\n")
     (tmp_path / "scale.c").write_text(TOY_SOURCE)
     lib = build.load(tmp_path)
+    gc.collect()  # the library stays loaded as long as its functions are held
     x, out = torch.randn(10), torch.empty(10)
     lib.scale_f32(x=x.data_ptr(), out=out.data_ptr(), n=10, factor=0.5)
     assert torch.equal(out, x * 0.5)

@@ -147,5 +147,7 @@ def bind(path: Path, declarations: dict[str, Declaration]) -> SimpleNamespace:
     ffi = cffi.FFI()
     ffi.cdef("\n".join(d.cdef() for d in declarations.values()))
     lib = ffi.dlopen(str(path))
-    return SimpleNamespace(path=path, **{
+    # held by the namespace: cffi closes the library when its lib object goes, and the
+    # functions taken from it do not hold it
+    return SimpleNamespace(path=path, library=lib, ffi=ffi, **{
         name: _keyword_function(getattr(lib, name), d) for name, d in declarations.items()})
