@@ -110,7 +110,9 @@ def main() -> int:
             print(f"round {r + 1} {name:8s}: offline {off:7.1f} tok/s, serving {tok:7.1f} "
                   f"tok/s, TTFT mean {ttft:7.0f} ms (load {os.getloadavg()[0]:.1f})",
                   flush=True)
-    for i, what in enumerate(("offline tok/s", "serving tok/s", "TTFT mean")):
+    measured = ("offline tok/s",) if args.skip_serving else ("offline tok/s",
+                                                              "serving tok/s", "TTFT mean")
+    for i, what in enumerate(measured):
         ratios = [a[i] / b[i] for a, b in zip(rows["this"], rows["baseline"])]
         print(f"{what}: this / baseline median {statistics.median(ratios):.3f} "
               f"(rounds {', '.join(f'{x:.3f}' for x in ratios)})")
