@@ -9,10 +9,10 @@ import re
 import pytest
 
 from minivllm.config import ENGINE_ARGS, EngineConfig
-from minivllm.core.policies.vtc import VirtualTokenCounterPolicy
-from minivllm.core.policy import POLICIES, PolicyConfig, make_policy
 from minivllm.core.kv_cache import KVCacheManager
 from minivllm.core.kv_disk_connector import DiskConnector
+from minivllm.core.policies.vtc import VirtualTokenCounterPolicy
+from minivllm.core.policy import POLICIES, PolicyConfig, make_policy
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.core.scheduler_stats import SchedulerStats
