@@ -10,17 +10,16 @@
  * over them; so is top-p's alone on a peaked row. On a flat row (many tokens carry mass),
  * top-p goes through a histogram of the whole row and a quickselect in the one bin where
  * the mass crosses top_p. */
-#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
+#include "sampler_select.h"
 
 #define BLOCK 32         /* a block's max is checked before its elements are looked at */
 #define DRAW_BLOCK 256   /* the draw over a whole row finds its block, then its token */
-#define NO_LIMIT (-FLT_MAX) /* a disabled threshold (finite: -ffast-math assumes no inf) */
 #define MIN_EXPONENT (-200.f) /* exp of this is 0 in fp32; keeps expf away from -inf */
 
 /* Per-row parameters, packed by the caller into [rows, NUM_F] floats and [rows, NUM_I]
@@ -81,7 +80,7 @@ typedef struct {
     float *tops;                      /* the maxima of the row's blocks */
     int32_t *ids;                     /* candidates: token, value, relative probability */
     float *vals, *rel;
-    float *work[2], *work_rel[2];     /* the selections' buffers */
+    SelectBuffers select;             /* the thresholds' (sampler_select.h) */
     double *block_sums;
 } Scratch;
 
@@ -117,87 +116,6 @@ static int64_t collect(const float *y, int64_t n, const float *tops, float cut, 
 static float cut_for(float m, float inv_temp, float d) {
     const double cut = m + (double)d / inv_temp;
     return (float)(cut - 1e-5 * (fabs(cut) + fabs(m)) - 1e-30);
-}
-
-/* One step of a selection: v[0:n] (and their masses w, if not NULL) split around pivot
- * into out (and out_w): the values above it at the front, those below at the back. No
- * branch on the values: every value is written to both ends and counted at one. The
- * masses are summed in a loop of their own, which vectorizes. */
-typedef struct {
-    int64_t greater, less;
-    double greater_mass, equal_mass;
-} Split;
-
-static Split split(const float *v, const float *w, int64_t n, float pivot, float *out,
-                   float *out_w) {
-    Split s = {0, 0, 0., 0.};
-    for (int64_t i = 0; i < n; i++) {
-        const float x = v[i];
-        out[s.greater] = x, out[n - 1 - s.less] = x;
-        if (w) out_w[s.greater] = w[i], out_w[n - 1 - s.less] = w[i];
-        s.greater += x > pivot;
-        s.less += x < pivot;
-    }
-    if (w) {
-        double greater = 0., equal = 0.;
-#pragma omp simd reduction(+ : greater, equal)
-        for (int64_t i = 0; i < n; i++) {
-            greater += v[i] > pivot ? w[i] : 0.f;
-            equal += v[i] == pivot ? w[i] : 0.f;
-        }
-        s.greater_mass = greater, s.equal_mass = equal;
-    }
-    return s;
-}
-
-static float median3(const float *v, int64_t n) {
-    const float a = v[0], b = v[n / 2], c = v[n - 1];
-    return a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
-}
-
-/* The k-th largest of v[0:n] (1 <= k <= n, ties counted), by quickselect; v is left as
- * is, s->work[0] and [1] hold the parts still searched. */
-static float kth_of(const float *v, int64_t n, int64_t k, Scratch *s) {
-    for (int turn = 0;; turn ^= 1) {
-        const float pivot = median3(v, n);
-        float *out = s->work[turn];
-        const Split p = split(v, NULL, n, pivot, out, NULL);
-        if (k <= p.greater) {
-            v = out, n = p.greater;
-        } else if (k <= n - p.less) {
-            return pivot;
-        } else {
-            k -= n - p.less;
-            v = out + n - p.less, n = p.less;
-        }
-    }
-}
-
-/* top-p's threshold over v[0:n] (an upper set of the row: every token with a larger y is
- * in it, or outside with mass_above < limit): a token is kept iff the mass of the tokens
- * with a strictly larger y is < limit, so ties are kept or dropped together and the kept
- * set is {y >= t}. Returns t, by a quickselect weighted by mass: the split around a pivot
- * value tells whether the pivot is kept, and the search goes on in the part above it (if
- * not) or below it (if so); the parts go to s->work[turn] and [turn ^ 1]. */
-static float select_top_p(const float *v, const float *w, int64_t n, double limit,
-                          double mass_above, int turn, Scratch *s) {
-    /* Invariant: mass_above, the mass of the tokens above v[0:n], is < limit, so the
-     * largest of v[0:n] is kept; and every token below v[0:n] is dropped. */
-    float threshold = NO_LIMIT;
-    for (; n > 0; turn ^= 1) {
-        const float pivot = median3(v, n);
-        float *out = s->work[turn], *out_w = s->work_rel[turn];
-        const Split p = split(v, w, n, pivot, out, out_w);
-        if (mass_above + p.greater_mass >= limit) { /* the pivot is dropped: t is above */
-            v = out, w = out_w, n = p.greater;
-            continue;
-        }
-        threshold = pivot; /* kept, and all above it */
-        mass_above += p.greater_mass + p.equal_mass;
-        if (mass_above >= limit) break; /* everything below is dropped */
-        v = out + n - p.less, w = out_w + n - p.less, n = p.less;
-    }
-    return threshold;
 }
 
 #define HIST_BINS 1024 /* draw_top_p_dense's histogram */
@@ -243,12 +161,12 @@ static int64_t draw_top_p_dense(const float *y, int64_t vocab, float m, float in
         above += h;
     }
     int64_t count = 0;
-    float *in = s->work[1], *in_w = s->work_rel[1];
+    float *in = s->select.work[1], *in_w = s->select.work_rel[1];
     for (int64_t i = 0; i < vocab; i++) { /* the crossing bin's values, branch-free */
         in[count] = y[i], in_w[count] = rel[i];
         count += (int)((fmaxf(y[i], lo) - lo) * scale) == bin;
     }
-    const float t_p = select_top_p(in, in_w, count, limit, above, 0, s);
+    const float t_p = select_top_p(in, in_w, count, limit, above, 0, &s->select);
 #define KEPT(i) (y[i] >= t_p && (y[i] - m) * inv_temp >= log_min_p)
     const int64_t blocks = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double total = 0.;
@@ -281,11 +199,11 @@ static int64_t draw_top_p_dense(const float *y, int64_t vocab, float m, float in
  * blocks whose maximum passes it are looked into. */
 static int64_t top_k_candidates(const float *y, int64_t n, int64_t k, Scratch *s) {
     const int64_t blocks = (n + BLOCK - 1) / BLOCK;
-    const float cut = k <= blocks ? kth_of(s->tops, blocks, k, s) : NO_LIMIT;
+    const float cut = k <= blocks ? kth_of(s->tops, blocks, k, &s->select) : NO_LIMIT;
     int64_t count = collect(y, n, s->tops, cut, s->ids, s->vals);
     /* Fewer than k finite values: the -inf ones (banned) complete the top k, and have no
      * mass, so every finite value is a candidate. */
-    const float kth = count < k ? NO_LIMIT : kth_of(s->vals, count, k, s);
+    const float kth = count < k ? NO_LIMIT : kth_of(s->vals, count, k, &s->select);
     int64_t kept = 0;
     for (int64_t c = 0; c < count; c++) { /* keep those >= kth, in order */
         s->ids[kept] = s->ids[c];
@@ -364,8 +282,9 @@ static int64_t sample_row(const float *y, int64_t vocab, const float *fp, const 
             if (d_cut == floor_cut || d_cut == log_min_p || mass > limit * (1. + 1e-6)) break;
         }
     }
-    const float t_p = top_p < 1.f ? select_top_p(s->vals, s->rel, n, top_p * base_mass, 0., 0, s)
-                                  : NO_LIMIT;
+    const float t_p = top_p < 1.f
+                          ? select_top_p(s->vals, s->rel, n, top_p * base_mass, 0., 0, &s->select)
+                          : NO_LIMIT;
 
     /* The draw: inverse CDF over the kept candidates in token order (without branches on
      * the values: the cumulative mass only grows at kept tokens, so the first to pass the
@@ -424,7 +343,8 @@ void sample_rows_f32(float *logits, int64_t rows, int64_t vocab, const float *fp
         const size_t size = (size_t)(vocab + BLOCK) * sizeof(float);
         s.tops = malloc(size / BLOCK + sizeof(float));
         s.ids = malloc(size), s.vals = malloc(size), s.rel = malloc(size);
-        for (int i = 0; i < 2; i++) s.work[i] = malloc(size), s.work_rel[i] = malloc(size);
+        for (int i = 0; i < 2; i++)
+            s.select.work[i] = malloc(size), s.select.work_rel[i] = malloc(size);
         s.block_sums = malloc((size_t)(vocab / DRAW_BLOCK + 1) * sizeof(double));
         float *saved = malloc((size_t)(most_edits + 1) * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
@@ -455,7 +375,7 @@ void sample_rows_f32(float *logits, int64_t rows, int64_t vocab, const float *fp
             for (int64_t j = num_seen - 1; j >= 0; j--) y[seen[j]] = *--save;
         }
         free(s.tops), free(s.ids), free(s.vals), free(s.rel), free(s.block_sums);
-        for (int i = 0; i < 2; i++) free(s.work[i]), free(s.work_rel[i]);
+        for (int i = 0; i < 2; i++) free(s.select.work[i]), free(s.select.work_rel[i]);
         free(saved);
     }
 }
