@@ -30,7 +30,7 @@ import torch
 
 from minivllm.bench.timing import alternating, call_seconds, ratio_summary, timed
 from minivllm.model.attention import _one_request
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import attention_ops, library
 from minivllm.model.kv_quant import FORMATS, QuantizedKV, quantize
 
 SHAPES = {  # name: (heads, kv heads, head_dim)
@@ -88,8 +88,8 @@ def measure_prefill(shape, query_lens, cached, repeats):
         return per_request_sdpa(q, k_cache, v_cache, tables, qsl, seq_lens, scale)
 
     def kernel():
-        return cpu.paged_prefill_attention(q, k_cache, v_cache, block_table, qsl, seq_lens,
-                                           scale)
+        return attention_ops.paged_prefill_attention(q, k_cache, v_cache, block_table, qsl,
+                                                     seq_lens, scale)
 
     diff = (kernel() - sdpa()).abs().max().item()  # also the warm-up
     times = alternating({"sdpa": lambda: timed(sdpa)[1], "kernel": lambda: timed(kernel)[1]},
@@ -104,8 +104,9 @@ def measure_bf16_prefill(shape, query_lens, cached, repeats):
     k_cache, v_cache, scale = k_cache.bfloat16(), v_cache.bfloat16(), shape[2] ** -0.5
 
     def run(bf16_products):
-        return cpu.paged_prefill_attention(q, k_cache, v_cache, block_table, qsl, seq_lens,
-                                           scale, bf16_products=bf16_products)
+        return attention_ops.paged_prefill_attention(q, k_cache, v_cache, block_table, qsl,
+                                                     seq_lens, scale,
+                                                     bf16_products=bf16_products)
 
     diff = (run(True) - run(False)).abs().max().item()  # also the warm-up
     times = alternating({"fp32": lambda: timed(partial(run, False))[1],
@@ -122,7 +123,7 @@ def prefill_table(args) -> None:
             sdpa_ms, kernel_ms, diff = measure_prefill(shape, query_lens, cached, args.repeats)
             print(f"{shape_name:14} {case_name:14} {sdpa_ms:9.2f} {kernel_ms:10.2f} "
                   f"{sdpa_ms / kernel_ms:6.2f}x {diff:11.1e}", flush=True)
-    if not cpu.bf16_prefill_products():
+    if not library.bf16_prefill_products():
         return
     print(f"\nprefill over a bf16 cache, best of {args.repeats}: the fp32-math kernel against "
           "the bf16 products")
@@ -139,7 +140,9 @@ def prefill_table(args) -> None:
 def decode_ms(q, k_cache, v_cache, table, seq_lens, calls: int) -> float:
     scale = q.shape[-1] ** -0.5
     times = call_seconds(
-        lambda: cpu.paged_decode_attention(q, k_cache, v_cache, table, seq_lens, scale), calls)
+        lambda: attention_ops.paged_decode_attention(q, k_cache, v_cache, table, seq_lens,
+                                                     scale),
+        calls)
     return statistics.mean(times) * 1e3
 
 
@@ -178,7 +181,7 @@ def main() -> None:
                         help="decode: calls per round (their mean)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if not cpu.available(torch.device("cpu"), torch.float32):
+    if not library.available(torch.device("cpu"), torch.float32):
         raise SystemExit("the C kernels are not available (no compiler?)")
     print(f"{datetime.now():%Y-%m-%d %H:%M}; {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.threads} threads; load average {os.getloadavg()[0]:.2f}; torch "

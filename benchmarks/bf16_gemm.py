@@ -19,7 +19,7 @@ import torch
 
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.timing import call_seconds
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.linear.onednn import Linear
 from minivllm.model.linear.panels import PanelLinear
 
@@ -40,9 +40,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if not cpu.panel_width():
+    if not library.panel_width():
         raise SystemExit("panel_gemm.c does not run here (no C kernels at AVX2 or above)")
-    print(f"# {cpu_description()}; kernels {cpu._library().isa_summary}; "
+    print(f"# {cpu_description()}; kernels {library._library().isa_summary}; "
           f"{args.threads} threads; {when_and_load()}")
     print(f"# copy bandwidth (read + write): {copy_bandwidth() / 1e9:.1f} GB/s")
     print("| shape | N x K | rows | bf16 ms | GFLOP/s | GB/s | fp32 oneDNN ms | GFLOP/s | GB/s "

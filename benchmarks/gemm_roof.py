@@ -29,7 +29,7 @@ import torch
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.peaks import measure_peaks
 from minivllm.bench.timing import call_seconds
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.linear.gguf import BlockWeight, GGUFLinear, cat_rows
 from minivllm.model.linear.int8 import Int8Linear
 from minivllm.model.linear.onednn import Linear
@@ -74,13 +74,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-gguf", action="store_true", help="skip Qwen's GGUF tensors")
     args = parser.parse_args()
-    if not cpu.available(torch.device("cpu"), torch.float32):
+    if not library.available(torch.device("cpu"), torch.float32):
         raise SystemExit("the C kernels are not available here: nothing to measure")
     torch.set_num_threads(args.threads)
     peaks = measure_peaks(args.threads)
     int8_peak = peaks.get("int8_vnni", peaks["int8_avx2"])
     int8_kind = "VNNI vpdpbusd" if "int8_vnni" in peaks else "AVX2 vpmaddubsw mix"
-    print(f"CPU: {cpu_description()}; kernels: {cpu.isa_summary()}; {args.threads} threads")
+    print(f"CPU: {cpu_description()}; kernels: {library.isa_summary()}; {args.threads} threads")
     print(f"peaks: fp32 FMA {peaks['fp32']:.0f} GFLOP/s; int8 ({int8_kind}) {int8_peak:.0f} "
           f"GOP/s")
     gguf = {} if args.no_gguf else gguf_layers()

@@ -25,7 +25,7 @@ import torch
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.timing import call_seconds
 from minivllm.model.gguf import open_gguf
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.kernels.gguf_blocks import TYPE_NAMES
 from minivllm.model.linear.gguf import BlockWeight, GGUFLinear
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--seconds", type=float, default=3.0, help="timed per row count")
     args = parser.parse_args()
-    if not cpu.available(torch.device("cpu"), torch.float32):
+    if not library.available(torch.device("cpu"), torch.float32):
         raise SystemExit("the C kernels are not available here: nothing to measure")
     if args.gguf is None:
         from minivllm.bench.qwen25_coder import qwen25_coder_gguf
@@ -75,7 +75,7 @@ def main() -> None:
     print(f"{args.gguf.name}: {len(linears)} linears "
           f"({', '.join(f'{n} {q}' for q, n in sorted(types.items()))}), "
           f"the kernel reads {step / 1e6:.1f} MB per pass")
-    print(f"CPU: {cpu_description()}; kernels: {cpu.isa_summary()}; {args.threads} threads")
+    print(f"CPU: {cpu_description()}; kernels: {library.isa_summary()}; {args.threads} threads")
     copy, read = bandwidth(args.threads)
     print(f"bandwidth: copy {copy:.1f} GB/s (read + write), sum {read:.1f} GB/s (read)")
     print(f"{'rows':>4} {'ms/pass':>8} {'GB/s':>6} {'of sum':>7}")

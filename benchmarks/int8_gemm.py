@@ -28,7 +28,7 @@ import torch
 
 from minivllm.bench.peaks import measure_peaks
 from minivllm.bench.timing import call_seconds
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.linear.amx import AmxBf16Linear
 from minivllm.model.linear.int8 import Int8Linear
 from minivllm.model.linear.onednn import Linear
@@ -83,7 +83,7 @@ def candidates(weight: torch.Tensor, x: torch.Tensor) -> dict:
                                                    "") * x_scales[:, None]
 
     found = {"fp32 oneDNN": lambda: fp32(x), "bf16": lambda: bf16(x_bf16).float()}
-    if cpu.amx():  # what dtype=bfloat16 runs on such a CPU, fp32 in and out
+    if library.amx():  # what dtype=bfloat16 runs on such a CPU, fp32 in and out
         amx_bf16 = AmxBf16Linear(weight)
         found["minivllm bf16 AMX"] = lambda: amx_bf16(x)
     return {**found, "minivllm int8": lambda: ours(x),

@@ -28,7 +28,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.bench.machine import cpu_description, when_and_load
 from minivllm.bench.models import save_smollm2
 from minivllm.bench.timing import call_seconds, timed
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.linear.amx import AmxBf16Linear
 
 
@@ -55,7 +55,7 @@ def gemm_roof(config: dict, rows: int, dtype: torch.dtype, repeats: int) -> floa
     """FLOP/s of one layer's linears at `rows` rows, through the engine's kernel for dtype."""
     shapes = linear_shapes(config)
     x = {k: torch.randn(rows, k) for _, k in shapes}
-    if dtype == torch.bfloat16 and cpu.amx():
+    if dtype == torch.bfloat16 and library.amx():
         layers = [(AmxBf16Linear(torch.randn(n, k) * 0.02), k) for n, k in shapes]
     else:  # oneDNN, the x converted to the weights' dtype as linear.py does
         weights = [(torch.randn(n, k).to(dtype) * 0.02, k) for n, k in shapes]
@@ -83,7 +83,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     print(f"# prefill against the GEMM roof; {when_and_load()}\n# {cpu_description()}\n"
           f"# SmolLM2-135M-Instruct, dtype {args.dtype}, {torch.get_num_threads()} threads, "
-          f"kernels: {'AMX tiles' if dtype == torch.bfloat16 and cpu.amx() else 'oneDNN'}\n")
+          f"kernels: {'AMX tiles' if dtype == torch.bfloat16 and library.amx() else 'oneDNN'}\n")
     print("| prompt | step budget | prefill s | tok/s | model GFLOP/s | GEMM roof GFLOP/s "
           "(at the chunk's rows) | of roof |\n|---|---|---|---|---|---|---|")
     max_len = max(args.lengths) + 8

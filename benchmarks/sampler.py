@@ -22,7 +22,7 @@ import statistics
 import torch
 
 from minivllm.bench.timing import call_seconds
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 
@@ -64,7 +64,7 @@ def run(setting: str, vocab: int, args) -> tuple[float, float | None]:
 
     torch_ms = median_ms(step(False), args.repeats)
     kernel_ms = (median_ms(step(True), args.repeats)
-                 if cpu.available(torch.device("cpu"), torch.float32) else None)
+                 if library.available(torch.device("cpu"), torch.float32) else None)
     return torch_ms, kernel_ms
 
 

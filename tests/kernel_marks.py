@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 
-needs_kernels = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
+needs_kernels = pytest.mark.skipif(not library.available(torch.device("cpu"), torch.float32),
                                    reason="the C kernels are not built here (no compiler?)")

@@ -96,13 +96,13 @@ class _Path:
     """One build of the model with its own KV cache, recording each layer's output."""
 
     def __init__(self, hf_config, weights: dict, kernels_on: bool, num_tokens: int) -> None:
-        from minivllm.model.kernels import cpu
+        from minivllm.model.kernels import library
         from minivllm.model.models import build_model, head_dim
 
         dtype = next(iter(weights.values())).dtype
         with _kernels(kernels_on):
             self.model = build_model(hf_config, dict(weights))  # it pops what it takes
-            self.use_kernel = cpu.available(torch.device("cpu"), dtype)
+            self.use_kernel = library.available(torch.device("cpu"), dtype)
         num_blocks = -(-num_tokens // BLOCK_SIZE)
         shape = (hf_config.num_hidden_layers, num_blocks, BLOCK_SIZE,
                  hf_config.num_key_value_heads, head_dim(hf_config))
@@ -129,12 +129,11 @@ class _Path:
 
 
 def kernels_unavailable_reason() -> str | None:
-    from minivllm.model import kernels
-    from minivllm.model.kernels import cpu
+    from minivllm.model.kernels import library
 
-    if not kernels.enabled():
+    if not library.enabled():
         return "MINIVLLM_DISABLE_KERNELS is set: unset it to check the kernels"
-    if not cpu.available(torch.device("cpu"), torch.float32):
+    if not library.available(torch.device("cpu"), torch.float32):
         return "the C kernels cannot be built or loaded here (see the warning above)"
     return None
 
@@ -200,13 +199,13 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoConfig, AutoTokenizer
 
-    from minivllm.model.kernels import cpu
+    from minivllm.model.kernels import library
     from minivllm.model.loader import load_state_dict, resolve_dtype, resolve_model_path
 
     reason = kernels_unavailable_reason()
     if reason:
         raise SystemExit(f"cannot check the kernels: {reason}")
-    print(f"C kernels: {cpu.isa_summary()}")  # MINIVLLM_ISA=<level> checks another level
+    print(f"C kernels: {library.isa_summary()}")  # MINIVLLM_ISA=<level> checks another level
     path = resolve_model_path(args.model)
     hf_config = AutoConfig.from_pretrained(path)
     if args.gemm:

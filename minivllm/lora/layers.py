@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.lora.weights import LoRAPair, LoRAWeights
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import lora_ops
 
 # Batched when the padded rows (adapters x the most rows of one) are at most this many
 # times the real ones.
@@ -132,7 +132,7 @@ class LoRALinear:
         elif step.segments is not None:
             stacks = step.kernel_stacked(self.key, y.shape[1])
             if stacks is not None:
-                cpu.lora_sgmv(x, y, *step.segments, *stacks)
+                lora_ops.lora_sgmv(x, y, *step.segments, *stacks)
         elif step.gather is not None:
             stacks = step.stacked(self.key)
             if stacks is not None:

@@ -14,7 +14,7 @@ from minivllm.lora.layers import MAX_PADDING, LoRAStep, install
 from minivllm.lora.peft_format import read_adapter
 from minivllm.lora.request import LoRARequest
 from minivllm.lora.weights import LoRAWeights
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 
 
 class LoRAManager:
@@ -28,7 +28,7 @@ class LoRAManager:
         self.device = device
         self.step = LoRAStep()
         # Every step with adapters: lora_sgmv.c where the C kernels run (fp32, CPU).
-        self.use_kernel = cpu.available(device, dtype)
+        self.use_kernel = library.available(device, dtype)
         self.weight_dtype = torch.bfloat16 if bf16_weights and self.use_kernel else dtype
         self.dense_mlp_layers = install(model, self.step)
         self.adapters: OrderedDict[int, tuple[LoRARequest, LoRAWeights]] = OrderedDict()

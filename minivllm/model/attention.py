@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import attention_ops
 from minivllm.model.kv_quant import QuantizedKV, gather
 
 # A layer's K or V cache: a tensor (fp32, bf16), or values and scales (kv_quant.py)
@@ -125,8 +125,8 @@ def decode_attention(q: torch.Tensor, k_cache: Cache, v_cache: Cache,
                      softcap: float = 0.0) -> torch.Tensor:
     """q: [B, H, D], one new token per request."""
     if use_kernel:
-        return cpu.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale,
-                                          window, softcap)
+        return attention_ops.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens,
+                                                    scale, window, softcap)
     return padded_decode_attention(q, k_cache, v_cache, block_table, seq_lens, block_size,
                                    scale, window, softcap)
 
@@ -152,9 +152,9 @@ def prefill_attention(q: torch.Tensor, k_cache: Cache, v_cache: Cache,
     first = meta.num_decodes
     starts = meta.query_start_loc[first:] - meta.query_start_loc[first]
     if meta.use_kernel:  # reads the paged cache in place: no gathered copy, no dense mask
-        return cpu.paged_prefill_attention(q, k_cache, v_cache, meta.block_table[first:],
-                                           starts, meta.seq_lens[first:], scale, window,
-                                           softcap)
+        return attention_ops.paged_prefill_attention(q, k_cache, v_cache, meta.block_table[first:],
+                                                     starts, meta.seq_lens[first:], scale, window,
+                                                     softcap)
     out = torch.empty_like(q)
     bounds, seq_lens = starts.tolist(), meta.seq_lens[first:].tolist()
     for i, seq_len in enumerate(seq_lens):

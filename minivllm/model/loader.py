@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from minivllm.config import DEMO_MODEL_NAME
-from minivllm.model import gguf, kernels
+from minivllm.model import gguf
+from minivllm.model.kernels import library
 from minivllm.model.kernels.isa import cpu_features, native_bf16
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device | None = None) -> 
         return torch.float32
     native = native_bf16(cpu_features())
     stored = (not native and configured == torch.bfloat16 and "avx2" in cpu_features()
-              and kernels.enabled())
+              and library.enabled())
     logger.info("dtype auto on this CPU: %s (the checkpoint: %s; %s)",
                 "bfloat16" if native or stored else "float32", configured or "no dtype named",
                 "native bf16 dot products" if native else

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.config import ModelConfig
-from minivllm.model import kernels
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.loader import resolve_dtype
 
@@ -58,14 +57,14 @@ def resolve_precision(model_config: ModelConfig, hf_config,
 
 def _bf16_linears() -> str:
     """How the CPU's bf16 linears run, for the start-up line."""
-    if kernels.enabled() and cpu.amx():
+    if library.enabled() and library.amx():
         return "AMX-BF16 tiles, the LM head too, fp32 logits"
-    if kernels.enabled() and cpu.panel_bf16_dot():
+    if library.enabled() and library.panel_bf16_dot():
         return ("native bf16 dot products, oneDNN's or panel_gemm.c's, the LM head on the "
                 "latter, fp32 logits")
     if torch.ops.mkldnn._is_mkldnn_bf16_supported() and native_bf16():
         return "oneDNN, native bf16 dot products; the LM head fp32"
-    if kernels.enabled() and cpu.panel_width():
+    if library.enabled() and library.panel_width():
         return ("stored in bf16, fp32 arithmetic (no AVX512-BF16: half fp32's bytes per "
                 "token, no rounding but the weights'), the LM head too")
     return "emulated: this CPU has no AVX512-BF16 and no AVX2 kernels; float32 is faster here"

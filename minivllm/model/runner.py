@@ -23,7 +23,7 @@ from minivllm.model import kv_quant
 from minivllm.model.attention import AttentionMetadata
 from minivllm.model.draft_model import DraftModel
 from minivllm.model.input_batch import InputBatch, StepInputs
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.kv_disk import DiskKVStore, model_fingerprint
 from minivllm.model.kv_pools import KVPools
@@ -108,9 +108,9 @@ class ModelRunner:
         # self.model once it is loaded (lora/ sits above model/); it is told each step's
         # rows per adapter (set_step).
         self.lora = None
-        self.use_kernels = cpu.available(self.device, self.dtype)  # builds them once
+        self.use_kernels = library.available(self.device, self.dtype)  # builds them once
         self.sampler = Sampler(hf_config.vocab_size, self.device, model_config.seed,
-                               use_kernel=cpu.available(self.device, torch.float32),
+                               use_kernel=library.available(self.device, torch.float32),
                                structured=structured)
         self.pooler = Pooler()  # pooling requests (embeddings) are pooled, not sampled
         max_len = getattr(hf_config, "max_position_embeddings", 2048)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library, sampler_ops
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.manager import (
@@ -235,7 +235,7 @@ class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int,
                  use_kernel: bool, structured: StructuredOutputManager | None = None) -> None:
         self.vocab_size, self.device = vocab_size, torch.device(device)
-        self.use_kernel = use_kernel and cpu.available(self.device, torch.float32)
+        self.use_kernel = use_kernel and library.available(self.device, torch.float32)
         self.generator = torch.Generator().manual_seed(seed)  # the seeds of unseeded requests
         self._requests: dict[str, _RequestState] = {}
         # Compiles the grammars of structured_outputs requests (the engine core's).
@@ -293,12 +293,12 @@ class Sampler:
         if kernel:
             logits = logits.contiguous()
         if all(s.plain_greedy() for s in states):  # one argmax for the whole batch
-            tokens = cpu.argmax(logits) if kernel else logits.argmax(dim=-1)
+            tokens = sampler_ops.argmax(logits) if kernel else logits.argmax(dim=-1)
         else:
             batch = _pack(states)
             if kernel:
-                tokens = cpu.sample_rows(logits, batch.fparams, batch.iparams, batch.seen,
-                                         batch.penalties, batch.bans)
+                tokens = sampler_ops.sample_rows(logits, batch.fparams, batch.iparams, batch.seen,
+                                                 batch.penalties, batch.bans)
             else:
                 tokens = _sample_torch(logits, states, batch)
         token_ids = tokens.tolist()

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from minivllm.cli import main
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import fused_ops, library
 from tests.kernel_marks import needs_kernels
 
 # past the window of 8, prefilled in chunks of 16 (a chunk reads the cache of the previous)
@@ -62,12 +62,12 @@ def test_ok_on_gemma3_with_one_kv_head(gemma3_one_kv_head, capsys):
 @needs_kernels
 def test_catches_the_strided_rms_norm_bug_at_layer_0(gemma3_one_kv_head, capsys,
                                                      monkeypatch):
-    fixed = cpu.rms_norm
+    fixed = fused_ops.rms_norm
 
     def reads_dense_rows(x, weight, eps):  # the bug: a view's row stride ignored
         return fixed(x.as_strided(x.shape, (x.shape[1], 1)), weight, eps)
 
-    monkeypatch.setattr(cpu, "rms_norm", reads_dense_rows)
+    monkeypatch.setattr(fused_ops, "rms_norm", reads_dense_rows)
     status, out = check(gemma3_one_kv_head, capsys)
     assert status == 1, out
     assert "<- differs" in layer_line(out, "layer 0")
@@ -78,14 +78,14 @@ def test_catches_the_strided_rms_norm_bug_at_layer_0(gemma3_one_kv_head, capsys,
 def test_names_a_later_layer_when_only_it_differs(tiny_model_dirs, capsys, monkeypatch):
     """An error in layer 1's fused SiLU-and-mul only (the kernels run layer by layer: odd
     calls are layer 1's): layer 0 still agrees."""
-    fixed, calls = cpu.silu_and_mul, []
+    fixed, calls = fused_ops.silu_and_mul, []
 
     def wrong_on_layer_1(x):
         calls.append(None)
         out = fixed(x)
         return out + 1e-2 if len(calls) % 2 == 0 else out
 
-    monkeypatch.setattr(cpu, "silu_and_mul", wrong_on_layer_1)
+    monkeypatch.setattr(fused_ops, "silu_and_mul", wrong_on_layer_1)
     status, out = check(tiny_model_dirs["llama"], capsys)
     assert status == 1, out
     assert "differs" not in layer_line(out, "layer 0")
@@ -124,7 +124,7 @@ def test_gemm_table_names_the_faster_way_and_its_roof():
         pytest.skip("one fp32 way here (no oneDNN)")
     # one row: 2 * 64 * 64 operations in 1 us = 8.2 GFLOP/s; the memory roof is 10 GB/s
     # times 8192 operations per 16,384 + 512 bytes moved = 4.8 GFLOP/s
-    panels = (", fp32 panels 2.0", ", fp32 panels 1048.6") if cpu.panel_width() else ("", "")
+    panels = (", fp32 panels 2.0", ", fp32 panels 1048.6") if library.panel_width() else ("", "")
     assert o_rows[0] == (f"| o | 64 x 64 | 1 | oneDNN 4.1, torch 8.2{panels[0]} | torch | "
                          "4.8 (memory) | 169% |")
     assert o_rows[1].startswith(f"| o | 64 x 64 | 512 | oneDNN 4194.3, torch 2097.2{panels[1]} "

@@ -129,9 +129,9 @@ def check_kernel(shape: tuple[int, int, int], rows: int, weights: torch.dtype) -
     odd ones, 8 adapters of rank 16 over rows in a random order, some rows of none, against
     the product with the whole block-diagonal B; bf16 weights against the same product of
     their fp32 values (the kernel widens them exactly)."""
-    from minivllm.model.kernels import cpu
+    from minivllm.model.kernels import library, lora_ops
 
-    if not cpu.available(torch.device("cpu"), torch.float32):
+    if not library.available(torch.device("cpu"), torch.float32):
         pytest.fail("the C kernels are not available")
     k, n, slots = shape
     g = torch.Generator().manual_seed(rows * k + n)
@@ -149,7 +149,7 @@ def check_kernel(shape: tuple[int, int, int], rows: int, weights: torch.dtype) -
     want = y.clone()
     for i in order:
         want[i] += (x[i] @ a[owner[i]].float().t()) @ block_diagonal[owner[i]]
-    cpu.lora_sgmv(x, y, torch.tensor(order, dtype=torch.int64),
-                  torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int64),
-                  a, b, torch.tensor(bounds, dtype=torch.int64))
+    lora_ops.lora_sgmv(x, y, torch.tensor(order, dtype=torch.int64),
+                       torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int64),
+                       a, b, torch.tensor(bounds, dtype=torch.int64))
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-3)

@@ -4,7 +4,7 @@ MINIVLLM_TEST_ISA_LEVELS (comma-separated), each time with that level's library.
 test_kernel_isa.py runs the kernels-vs-torch tests of the other files through it, in one
 subprocess (`-p tests.model.every_isa_level`), so that each level this CPU has, not only
 the one the suite runs, is checked against the torch references. Every kernel caller reaches
-the library through cpu._library(), which the fixture points at the level's library; a
+the library through library._library(), which the fixture points at the level's library; a
 level whose library does not build or load is an error, never a skip."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from functools import cache
 
 import pytest
 
-from minivllm.model.kernels import build, cpu, isa
+from minivllm.model.kernels import build, isa, library
 
 LEVELS_ENV = "MINIVLLM_TEST_ISA_LEVELS"
 _ran: Counter[str] = Counter()
@@ -44,7 +44,7 @@ def pytest_generate_tests(metafunc):
 def kernel_isa_level(request):
     lib = _library(request.param)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpu, "_library", lambda: lib)
+        patch.setattr(library, "_library", lambda: lib)
         patch.setenv(isa.ENV, request.param)  # for an engine process a test may start
         yield request.param
 

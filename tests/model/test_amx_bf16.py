@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.linear.amx import AmxBf16Linear, pack_weight, reference_linear
 from tests.kernel_marks import needs_kernels
 
@@ -28,7 +28,7 @@ def test_packing_puts_each_pair_of_k_of_16_columns_in_a_tile_row():
                          + [(rows, n, k) for n, k in [(960, 576), (3072, 576), (576, 1536),
                                                       (49152, 576)] for rows in (1, 64)])
 def test_kernel_matches_its_definition(rows, n, k):
-    if not cpu.amx():
+    if not library.amx():
         pytest.skip("no AMX tiles here (no amx_bf16, or MINIVLLM_ISA forced a lower level)")
     gen = torch.Generator().manual_seed(n + k)
     weight, bias = torch.randn(n, k, generator=gen) * 0.05, torch.randn(n, generator=gen)

@@ -5,9 +5,9 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.model.attention import AttentionMetadata, paged_attention, reference_attention
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 
-KERNEL_BUILT = cpu.available(torch.device("cpu"), torch.float32)
+KERNEL_BUILT = library.available(torch.device("cpu"), torch.float32)
 
 
 @pytest.mark.parametrize("use_kernel", [False, True] if KERNEL_BUILT else [False])

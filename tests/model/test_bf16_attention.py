@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from minivllm.model.attention import _one_request
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import attention_ops, library
 from tests.model.test_prefill_kernel import _batch, _reference
 
 
 def _runs(kernel: str) -> bool:
     """Whether this library runs the kernel: AMX where amx(), the pair dots where it was built
     with AVX512-BF16 (the avx512_bf16 and amx levels: a library with AMX has them too)."""
-    if not cpu.available(torch.device("cpu"), torch.float32):
+    if not library.available(torch.device("cpu"), torch.float32):
         return False
-    return cpu.amx() if kernel == "amx" else cpu.bf16_prefill_products()
+    return library.amx() if kernel == "amx" else library.bf16_prefill_products()
 
 
 KERNELS = [pytest.param(kernel, marks=pytest.mark.skipif(
@@ -46,7 +46,7 @@ def _call(kernel, q, k_cache, v_cache, table, qsl, seq_lens, scale) -> tuple[int
     _, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     out = torch.empty_like(q)
-    run = getattr(cpu._library(), f"paged_prefill_attention_{kernel}")
+    run = getattr(library._library(), f"paged_prefill_attention_{kernel}")
     status = run(
         q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
         block_table=table.data_ptr(), query_start_loc=qsl.data_ptr(),
@@ -89,8 +89,8 @@ def test_random_batches_match_reference_within_bf16(kernel, seed):
     torch.testing.assert_close(got, expected, rtol=0, atol=2e-2)
     assert (got - expected).abs().mean() < 1e-3
     if kernel == DISPATCHED:  # the dispatch runs it for a bf16 cache
-        assert torch.equal(cpu.paged_prefill_attention(q, k_cache, v_cache, table, qsl,
-                                                       seq_lens, scale), got)
+        assert torch.equal(attention_ops.paged_prefill_attention(q, k_cache, v_cache, table, qsl,
+                                                                 seq_lens, scale), got)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -107,7 +107,7 @@ def test_long_prompt_and_sharp_scores(kernel):
     assert (got - expected).abs().mean() < 2e-3
 
 
-@pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
+@pytest.mark.skipif(not library.available(torch.device("cpu"), torch.float32),
                     reason="no kernels here")
 @pytest.mark.parametrize("dim,window,softcap", [(40, 0, 0.0), (64, 20, 0.0), (64, 0, 5.0)])
 def test_what_it_does_not_take_runs_the_fp32_kernel(dim, window, softcap):
@@ -116,8 +116,8 @@ def test_what_it_does_not_take_runs_the_fp32_kernel(dim, window, softcap):
     q, k_cache, v_cache, tables, table, qsl, seq_lens = _bf16_batch(
         [30, 9], [5, 40], 4, 2, dim, 8, seed=1)
     scale = dim ** -0.5
-    got = cpu.paged_prefill_attention(q, k_cache, v_cache, table, qsl, seq_lens, scale,
-                                      window, softcap)
+    got = attention_ops.paged_prefill_attention(q, k_cache, v_cache, table, qsl, seq_lens, scale,
+                                                window, softcap)
     for i, blocks in enumerate(tables):
         start, end = qsl[i].item(), qsl[i + 1].item()
         expected = _one_request(q[start:end], k_cache, v_cache, blocks, seq_lens[i].item(),

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.linear.amx import AmxBf16Linear
 from minivllm.model.linear.onednn import Linear
@@ -59,14 +59,14 @@ def test_a_bf16_engine_holds_bf16_linears_and_kv_with_fp32_activations(bf16_runs
     assert runner.dtype == torch.float32 and runner.kv_dtype == torch.bfloat16
     assert runner.k_cache.dtype == torch.bfloat16
     head, gate_up = runner.model.lm_head, runner.model.layers[0].mlp.gate_up
-    if cpu.amx():  # bf16 weights packed as AMX tiles, the LM head too (fp32 logits)
+    if library.amx():  # bf16 weights packed as AMX tiles, the LM head too (fp32 logits)
         assert isinstance(head, AmxBf16Linear) and isinstance(gate_up, AmxBf16Linear)
         assert head.packed.dtype == gate_up.packed.dtype == torch.bfloat16
-    elif not native_bf16() and cpu.panel_width():
+    elif not native_bf16() and library.panel_width():
         # no AVX512-BF16: stored in bf16, fp32 arithmetic, the LM head too (fp32 logits)
         assert isinstance(head, PanelLinear) and isinstance(gate_up, PanelLinear)
         assert head.packed.dtype == gate_up.packed.dtype == torch.bfloat16
-    elif cpu.panel_bf16_dot():
+    elif library.panel_bf16_dot():
         # AVX512-BF16: oneDNN's bf16 products, and the LM head on panel_gemm.c's bf16 dot
         # products, whose logits are not rounded to bf16
         assert isinstance(head, PanelLinear) and head.stored == "bf16 pairs"
@@ -75,7 +75,7 @@ def test_a_bf16_engine_holds_bf16_linears_and_kv_with_fp32_activations(bf16_runs
         assert runner.model.lm_head.weight.dtype == torch.float32
         assert runner.model.layers[0].mlp.gate_up.weight.dtype == torch.bfloat16
     assert runner.model.embed.dtype == torch.float32
-    assert runner.use_kernels == cpu.available(torch.device("cpu"), torch.float32)
+    assert runner.use_kernels == library.available(torch.device("cpu"), torch.float32)
 
 
 def test_bf16_greedy_is_the_same_with_kernels_on_and_off(bf16_runs):

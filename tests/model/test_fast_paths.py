@@ -14,12 +14,12 @@ from minivllm.model.attention import (
     reference_attention,
     write_kv,
 )
-from minivllm.model.kernels import cpu, threads
+from minivllm.model.kernels import attention_ops, fused_ops, library, sampler_ops, threads
 from minivllm.model.linear.onednn import Linear
 from minivllm.model.rope import RotaryEmbedding, apply_rope
 from tests.model_factory import CONFIGS
 
-kernel_built = cpu.available(torch.device("cpu"), torch.float32)
+kernel_built = library.available(torch.device("cpu"), torch.float32)
 needs_kernels = pytest.mark.skipif(
     not kernel_built, reason="no C kernels here (no compiler, a failed build, or disabled)")
 
@@ -62,12 +62,12 @@ SHAPES = [  # seq_lens, heads, kv_heads, head_dim, block_size
 def test_c_decode_kernel_matches_reference(seq_lens, heads, kv_heads, dim, block_size):
     q, k_cache, v_cache, meta = _decode_batch(seq_lens, heads, kv_heads, dim, block_size)
     expected = reference_attention(q, k_cache, v_cache, meta, dim ** -0.5)
-    got = cpu.paged_decode_attention(q, k_cache, v_cache, meta.block_table,
+    got = attention_ops.paged_decode_attention(q, k_cache, v_cache, meta.block_table,
                                         meta.seq_lens, dim ** -0.5)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     # q may be a strided view (the engine passes q out of the fused q/k tensor)
     wide = torch.cat([q, torch.randn(q.shape[0], kv_heads, dim)], dim=1)[:, :heads]
-    torch.testing.assert_close(cpu.paged_decode_attention(
+    torch.testing.assert_close(attention_ops.paged_decode_attention(
         wide, k_cache, v_cache, meta.block_table, meta.seq_lens, dim ** -0.5),
         expected, rtol=1e-5, atol=1e-5)
 
@@ -93,9 +93,9 @@ def test_fused_layer_ops_match_torch(rows):
     gen = torch.Generator().manual_seed(rows)
     x, weight = torch.randn(rows, 48, generator=gen), torch.randn(48, generator=gen)
     expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
-    torch.testing.assert_close(cpu.rms_norm(x, weight, 1e-5), expected)
+    torch.testing.assert_close(fused_ops.rms_norm(x, weight, 1e-5), expected)
     gate_up = torch.randn(rows, 64, generator=gen)
-    torch.testing.assert_close(cpu.silu_and_mul(gate_up),
+    torch.testing.assert_close(fused_ops.silu_and_mul(gate_up),
                                F.silu(gate_up[:, :32]) * gate_up[:, 32:])
 
 
@@ -105,9 +105,9 @@ def test_c_argmax_matches_torch_first_index_on_ties(rows, cols):
     gen = torch.Generator().manual_seed(cols)
     x = torch.randint(-3, 4, (rows, cols), generator=gen).float()  # many ties
     x[0, :2] = float("-inf")
-    assert torch.equal(cpu.argmax(x), x.argmax(dim=-1))
+    assert torch.equal(sampler_ops.argmax(x), x.argmax(dim=-1))
     x = torch.randn(rows, cols, generator=gen)
-    assert torch.equal(cpu.argmax(x), x.argmax(dim=-1))
+    assert torch.equal(sampler_ops.argmax(x), x.argmax(dim=-1))
 
 
 @needs_kernels
@@ -128,8 +128,8 @@ def test_fused_rope_and_kv_write_match_torch(kind, tokens):
     expected = apply_rope(qk, rope.at(positions, torch.float32))
     v = qkv[:, (heads + kv_heads) * dim:].reshape(tokens, kv_heads, dim)
     write_kv(caches[0], caches[1], expected[:, heads:], v, slots)
-    cpu.rope_write_kv(qkv, positions, rope.tables, slots, caches[2], caches[3], heads,
-                      kv_heads, dim)
+    attention_ops.rope_write_kv(qkv, positions, rope.tables, slots, caches[2], caches[3], heads,
+                                kv_heads, dim)
     torch.testing.assert_close(qk[:, :heads], expected[:, :heads])
     torch.testing.assert_close(caches[2], caches[0])
     assert torch.equal(caches[3], caches[1])

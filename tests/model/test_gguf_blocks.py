@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.linear.gguf import BlockWeight, GGUFLinear
 from minivllm.model.loader import load_state_dict, resolve_model_path
 from tests.model.test_gguf import write_gguf
@@ -117,7 +117,7 @@ def test_engine_matches_the_dequantized_file(blocks_gguf, caplog):
     quantization="none" dequantizes every weight, the reference they are compared with."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     outputs = {}
-    kernels_built = cpu.available(torch.device("cpu"), torch.float32)
+    kernels_built = library.available(torch.device("cpu"), torch.float32)
     for quantization in ("none", None):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="minivllm"):

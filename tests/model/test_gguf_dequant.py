@@ -1,7 +1,7 @@
-"""The prefill route of GGUF linears on CPUs without AMX (gguf_dequant.c, cpu.gguf_linear):
+"""The prefill route of GGUF linears on CPUs without AMX (gguf_dequant.c, gguf_ops.gguf_linear):
 panels of output rows dequantized to fp32 bit for bit as the gguf package does, on tiny
 shapes and Qwen2.5-0.5B's (random bytes: every bit pattern of every field), then sgemm into
-the panel's columns of y; from cpu.GGUF_DEQUANT_MIN_ROWS rows on, the int8 kernel below, and
+the panel's columns of y; from gguf_ops.GGUF_DEQUANT_MIN_ROWS rows on, the int8 kernel below, and
 amx_gemm.c first where it runs (on a CPU below AVX2, and on every CPU for the types
 gguf_repacked.c does not hold). test_kernel_isa.py runs this file once per ISA
 level of this CPU."""
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import gguf_ops, library, linear_ops
 from minivllm.model.kernels.gguf_blocks import K_TYPES, TYPE_NAMES, UNIT_BYTES
 from minivllm.model.linear.gguf import BlockWeight, GGUFLinear, emulate_kernel
 from tests.kernel_marks import needs_kernels
@@ -28,7 +28,7 @@ TYPES = list(TYPE_NAMES)
 def blocks_as_stored(monkeypatch):
     """The route of a CPU below AVX2: no weights repacked (test_gguf_repacked.py
     tests that route)."""
-    monkeypatch.setattr(cpu, "gguf_repacked", lambda: False)
+    monkeypatch.setattr(library, "gguf_repacked", lambda: False)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -46,13 +46,13 @@ def real_shape(qtype: int) -> tuple[int, int]:
 def test_dequantize_is_the_gguf_package_bit_for_bit(qtype):
     for n, k in [(3, 256), (40, 512), real_shape(qtype)]:
         raw = random_blocks(n, k, qtype, seed=n)
-        got = cpu.gguf_dequantize(torch.from_numpy(raw), qtype, k)
+        got = gguf_ops.gguf_dequantize(torch.from_numpy(raw), qtype, k)
         expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType(qtype)))
         assert torch.equal(bits(got), bits(expected)), (n, k)
         # BlockWeight.dequantize: the same values (zeros may carry the other sign)
         assert torch.equal(got, BlockWeight(qtype, torch.from_numpy(raw)).dequantize())
     weight, expected = block_weight(40, 512, qtype)  # quantized weights, zero blocks among them
-    assert torch.equal(bits(cpu.gguf_dequantize(weight.blocks, qtype, 512)),
+    assert torch.equal(bits(gguf_ops.gguf_dequantize(weight.blocks, qtype, 512)),
                        bits(torch.from_numpy(expected)))
 
 
@@ -61,7 +61,7 @@ def test_dequantize_writes_rows_asked_for_into_the_buffer_given(qtype):
     raw = random_blocks(40, 256, qtype, seed=2)
     expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType(qtype)))
     buffer = torch.full((20 * 256 + 7,), float("nan"))
-    got = cpu.gguf_dequantize(torch.from_numpy(raw), qtype, 256, 13, 30, out=buffer)
+    got = gguf_ops.gguf_dequantize(torch.from_numpy(raw), qtype, 256, 13, 30, out=buffer)
     assert got.data_ptr() == buffer.data_ptr() and got.shape == (17, 256)
     assert torch.equal(bits(got), bits(expected[13:30]))
     assert buffer[17 * 256:].isnan().all()  # nothing past the rows asked for
@@ -69,10 +69,11 @@ def test_dequantize_writes_rows_asked_for_into_the_buffer_given(qtype):
 
 def test_dequantize_refuses_another_type_and_a_k_type_off_256():
     with pytest.raises(ValueError, match="not a block type the kernel reads"):  # F16
-        cpu.gguf_dequantize(torch.zeros(1, 64, dtype=torch.uint8), 1, 32)
+        gguf_ops.gguf_dequantize(torch.zeros(1, 64, dtype=torch.uint8), 1, 32)
     for qtype in K_TYPES:
         with pytest.raises(ValueError, match="super-blocks of 256"):
-            cpu.gguf_dequantize(torch.zeros(1, UNIT_BYTES[qtype], dtype=torch.uint8), qtype, 32)
+            gguf_ops.gguf_dequantize(torch.zeros(1, UNIT_BYTES[qtype], dtype=torch.uint8), qtype,
+                                     32)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -82,9 +83,9 @@ def test_panels_are_f_linear_of_the_dequantized_weights(qtype, with_bias, with_r
                                                         monkeypatch):
     """Panels of 7 rows over 40 (the last one 5), x and residual with strided rows."""
     k = 256
-    monkeypatch.setattr(cpu, "GGUF_PANEL_BYTES", 7 * 4 * k)
+    monkeypatch.setattr(gguf_ops, "GGUF_PANEL_BYTES", 7 * 4 * k)
     weight, dequantized = block_weight(40, k, qtype)
-    rows = cpu.GGUF_DEQUANT_MIN_ROWS
+    rows = gguf_ops.GGUF_DEQUANT_MIN_ROWS
     x = torch.randn(rows, 2 * k)[:, :k]
     bias = torch.randn(40) if with_bias else None
     residual = torch.randn(rows, 80)[:, 3:43] if with_residual else None
@@ -99,7 +100,7 @@ def test_panels_are_f_linear_of_the_dequantized_weights(qtype, with_bias, with_r
 @pytest.mark.parametrize("qtype", TYPES)
 def test_panels_at_a_real_shape_with_a_panel_that_does_not_divide_it(qtype, monkeypatch):
     n, k = real_shape(qtype)
-    monkeypatch.setattr(cpu, "GGUF_PANEL_BYTES", 1000 * 4 * k)  # 1000 rows a panel
+    monkeypatch.setattr(gguf_ops, "GGUF_PANEL_BYTES", 1000 * 4 * k)  # 1000 rows a panel
     raw = random_blocks(n, k, qtype, seed=3)
     weight = BlockWeight(qtype, torch.from_numpy(raw))
     x, bias = torch.randn(40, k), torch.randn(n)
@@ -128,16 +129,16 @@ class Recording:
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_rows_below_the_threshold_run_the_int8_kernel_and_from_it_panels(qtype, monkeypatch):
-    recording = Recording(cpu._library(), -1)
-    monkeypatch.setattr(cpu, "_library", lambda: recording)
-    monkeypatch.setattr(cpu, "amx", lambda: False)
+    recording = Recording(library._library(), -1)
+    monkeypatch.setattr(library, "_library", lambda: recording)
+    monkeypatch.setattr(library, "amx", lambda: False)
     weight, dequantized = block_weight(16, 256, qtype)
-    below = torch.randn(cpu.GGUF_DEQUANT_MIN_ROWS - 1, 256)
+    below = torch.randn(gguf_ops.GGUF_DEQUANT_MIN_ROWS - 1, 256)
     torch.testing.assert_close(GGUFLinear(weight)(below), emulate_kernel(below, weight),
                                rtol=1e-5, atol=1e-4)
     assert recording.called == ["gguf_linear_f32"]
     recording.called.clear()
-    at = torch.randn(cpu.GGUF_DEQUANT_MIN_ROWS, 256)
+    at = torch.randn(gguf_ops.GGUF_DEQUANT_MIN_ROWS, 256)
     y = GGUFLinear(weight)(at)
     torch.testing.assert_close(y, F.linear(at, torch.from_numpy(dequantized)), rtol=1e-5,
                                atol=1e-4)
@@ -149,14 +150,14 @@ def test_rows_below_the_threshold_run_the_int8_kernel_and_from_it_panels(qtype, 
 def test_amx_keeps_priority_for_its_types(amx_status, route, monkeypatch):
     """On a CPU with AMX (pretended), a prefill of GGUF_AMX_TYPES asks amx_gemm.c first and
     runs panels only if it refuses; the other types go to panels directly."""
-    recording = Recording(cpu._library(), amx_status)
-    monkeypatch.setattr(cpu, "_library", lambda: recording)
-    monkeypatch.setattr(cpu, "amx", lambda: True)
-    x = torch.randn(max(cpu.AMX_MIN_ROWS, cpu.GGUF_DEQUANT_MIN_ROWS), 256)
+    recording = Recording(library._library(), amx_status)
+    monkeypatch.setattr(library, "_library", lambda: recording)
+    monkeypatch.setattr(library, "amx", lambda: True)
+    x = torch.randn(max(linear_ops.AMX_MIN_ROWS, gguf_ops.GGUF_DEQUANT_MIN_ROWS), 256)
     for qtype in TYPES:
         recording.called.clear()
         GGUFLinear(block_weight(16, 256, qtype)[0])(x)
-        if qtype in cpu.GGUF_AMX_TYPES:
+        if qtype in gguf_ops.GGUF_AMX_TYPES:
             assert recording.called[-1] == route
             assert recording.called[0] == "gguf_linear_amx_f32"
         else:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import gguf_ops, library, linear_ops
 from minivllm.model.kernels.gguf_blocks import (
     K_TYPES,
     Q2_K,
@@ -138,19 +138,20 @@ CASES = ([(qtype, n, k) for qtype in (Q8_0, Q4_0, Q4_1) for n, k in TINY + SMOLL
 def on_amx(x: torch.Tensor, weight: BlockWeight) -> bool:
     """Whether the product runs amx_gemm.c: from AMX_MIN_ROWS rows of its types where the
     library runs it."""
-    return x.shape[0] >= cpu.AMX_MIN_ROWS and weight.qtype in cpu.GGUF_AMX_TYPES and cpu.amx()
+    return (x.shape[0] >= linear_ops.AMX_MIN_ROWS and weight.qtype in gguf_ops.GGUF_AMX_TYPES
+            and library.amx())
 
 
 def repacked(weight: BlockWeight) -> bool:
     """Whether the weights run repacked (gguf_repacked.c: the int8 kernel's arithmetic at
     every row count)."""
-    return cpu.gguf_repacked() and weight.qtype in cpu.GGUF_REPACKED_TYPES
+    return library.gguf_repacked() and weight.qtype in gguf_ops.GGUF_REPACKED_TYPES
 
 
 def on_panels(x: torch.Tensor, weight: BlockWeight) -> bool:
     """Whether the product runs as fp32 panels (gguf_dequant.c and sgemm): from
     GGUF_DEQUANT_MIN_ROWS rows, off AMX, where the weights are not repacked."""
-    return (x.shape[0] >= cpu.GGUF_DEQUANT_MIN_ROWS and not on_amx(x, weight)
+    return (x.shape[0] >= gguf_ops.GGUF_DEQUANT_MIN_ROWS and not on_amx(x, weight)
             and not repacked(weight))
 
 
@@ -227,39 +228,39 @@ def test_types_amx_does_not_unpack_never_reach_it(monkeypatch):
     """On a CPU with AMX (pretended here), a prefill of GGUF_AMX_TYPES calls amx_gemm.c (here
     refused: the fp32 panels run) and one of the other types runs as it would without AMX,
     without asking amx_gemm.c first."""
-    library = cpu._library()
+    real = library._library()
     asked = []
 
     class Library:
         def __getattr__(self, name):
-            return getattr(library, name)
+            return getattr(real, name)
 
         def gguf_linear_amx_f32(self, **kwargs):
             asked.append(kwargs["qtype"])
             return -1  # as a library without AMX does: the caller runs gguf_gemm.c
 
-    monkeypatch.setattr(cpu, "_library", Library)
-    monkeypatch.setattr(cpu, "amx", lambda: True)
-    x = torch.randn(cpu.AMX_MIN_ROWS, 256)
+    monkeypatch.setattr(library, "_library", Library)
+    monkeypatch.setattr(library, "amx", lambda: True)
+    x = torch.randn(linear_ops.AMX_MIN_ROWS, 256)
     for qtype in TYPES:
         weight, _ = block_weight(16, 256, qtype)
-        expected = (F.linear(x, weight.dequantize()) if qtype in cpu.GGUF_AMX_TYPES
+        expected = (F.linear(x, weight.dequantize()) if qtype in gguf_ops.GGUF_AMX_TYPES
                     else emulated(x, weight))
         torch.testing.assert_close(GGUFLinear(weight)(x), expected, rtol=1e-5, atol=1e-4)
-    assert asked == [q for q in TYPES if q in cpu.GGUF_AMX_TYPES] == [Q4_0, Q4_1, Q8_0, Q4_K]
+    assert asked == [q for q in TYPES if q in gguf_ops.GGUF_AMX_TYPES] == [Q4_0, Q4_1, Q8_0, Q4_K]
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", cpu.GGUF_AMX_TYPES)
+@pytest.mark.parametrize("qtype", gguf_ops.GGUF_AMX_TYPES)
 def test_amx_path_runs_from_its_row_count(qtype):
     """From AMX_MIN_ROWS rows, amx_gemm.c: bf16 activations, so not the int8 kernel's
     results; 40 columns (the last panel paired with itself, 8 of its columns past n); one
     row fewer runs the fp32 panels (or gguf_gemm.c below GGUF_DEQUANT_MIN_ROWS)."""
-    if not cpu.amx():
+    if not library.amx():
         pytest.skip("the kernels run no AMX here (no amx_bf16, or MINIVLLM_ISA forced a "
                     "lower level)")
     weight, _ = block_weight(40, 256, qtype)
-    x = torch.randn(cpu.AMX_MIN_ROWS, 256)
+    x = torch.randn(linear_ops.AMX_MIN_ROWS, 256)
     y = GGUFLinear(weight)(x)
     torch.testing.assert_close(y, emulate_amx(x, weight), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(y, emulate_kernel(x, weight), rtol=1e-6, atol=1e-6)
@@ -292,9 +293,9 @@ def test_kernel_reads_every_finite_fp16_scale_and_minimum_exactly():
 @needs_kernels
 def test_kernel_refuses_another_type_and_a_k_type_off_256():
     with pytest.raises(ValueError, match="not a block type the kernel reads"):  # F16
-        cpu.gguf_linear(torch.randn(1, 32), torch.zeros(1, 64, dtype=torch.uint8), 1, None,
-                        None, 1)
+        gguf_ops.gguf_linear(torch.randn(1, 32), torch.zeros(1, 64, dtype=torch.uint8), 1, None,
+                             None, 1)
     for qtype in K_TYPES:  # K = 32
         unit = torch.zeros(1, UNIT_BYTES[qtype], dtype=torch.uint8)
         with pytest.raises(ValueError, match="super-blocks of 256"):
-            cpu.gguf_linear(torch.randn(1, 32), unit, qtype, None, None, 1)
+            gguf_ops.gguf_linear(torch.randn(1, 32), unit, qtype, None, None, 1)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import fused_ops, gguf_ops, library
 from minivllm.model.kernels.gguf_blocks import (
     BLOCK,
     Q2_K,
@@ -48,7 +48,7 @@ def repacked_layer(weight, bias=None) -> GGUFLinear | None:
     blocks stay; test_gguf_kernel.py tests that route). Asked at each test, not skipped:
     test_kernel_isa.py runs this file under every level's library, each level all tests."""
     layer = GGUFLinear(weight, bias)
-    if not cpu.gguf_repacked():
+    if not library.gguf_repacked():
         assert layer.repacked == [None] and layer.blocks == [weight.blocks]
         return None
     return layer
@@ -170,12 +170,12 @@ def test_silu_and_mul_in_the_epilogue_equals_the_linear_then_silu_and_mul(qtype,
     layer = repacked_layer(weight)
     if layer is None:
         return
-    assert layer.fuses_silu == cpu.gguf_repacked_silu_mul_supported()
+    assert layer.fuses_silu == library.gguf_repacked_silu_mul_supported()
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     fused = layer.silu_and_mul(x)
     assert fused.shape == (rows, n // 2)
     # Q6_K's random blocks make infinities: NaN where the product has them
-    torch.testing.assert_close(fused, cpu.silu_and_mul(layer(x)), rtol=0, atol=0,
+    torch.testing.assert_close(fused, fused_ops.silu_and_mul(layer(x)), rtol=0, atol=0,
                                equal_nan=True)
 
 
@@ -191,6 +191,6 @@ def test_a_bias_or_panels_split_by_the_halves_take_the_unfused_way():
     assert not with_bias.fuses_silu and not split.fuses_silu
     x = torch.randn(5, 64)
     for layer in (with_bias, split):
-        assert torch.equal(layer.silu_and_mul(x), cpu.silu_and_mul(layer(x)))
+        assert torch.equal(layer.silu_and_mul(x), fused_ops.silu_and_mul(layer(x)))
     with pytest.raises(ValueError, match="does not run fused"):
-        cpu.gguf_repacked_silu_mul(x, split.repacked[0], Q5_0, 80)
+        gguf_ops.gguf_repacked_silu_mul(x, split.repacked[0], Q5_0, 80)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.model.kernels import build, cpu, declarations, isa
+from minivllm.model.kernels import build, declarations, isa, library, sampler_ops
 
 needs_compiler = pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
 CPU = torch.device("cpu")
@@ -110,9 +110,9 @@ def test_an_exported_function_missing_from_the_header_fails_the_build(tmp_path, 
     assert "argmax_rows_f32" in _warnings(caplog)  # the compiler's missing-prototypes error
 
 
-@pytest.mark.skipif(not cpu.available(CPU, torch.float32), reason="no C kernels built here")
+@pytest.mark.skipif(not library.available(CPU, torch.float32), reason="no C kernels built here")
 def test_kernels_are_called_by_keyword_as_the_header_names_them():
-    lib = cpu._library()
+    lib = library._library()
     x, out = torch.randn(2, 5), torch.empty(2, dtype=torch.long)
     with pytest.raises(TypeError):  # positional: the order is the header's business
         lib.argmax_rows_f32(x.data_ptr(), out.data_ptr(), 2, 5, 1)
@@ -159,9 +159,9 @@ def test_arguments_reordered_in_c_reach_their_parameters(tmp_path, kernel_cache,
     ops = (source_dir / "ops.c").read_text()
     assert swap[0] in ops
     (source_dir / "ops.c").write_text(ops.replace(*swap))
-    monkeypatch.setattr(cpu, "_library", cache(lambda: build.load(source_dir)))
+    monkeypatch.setattr(library, "_library", cache(lambda: build.load(source_dir)))
     x = torch.randn(3, 50)
-    assert torch.equal(cpu.argmax(x), x.argmax(1))
+    assert torch.equal(sampler_ops.argmax(x), x.argmax(1))
 
 
 @needs_compiler
@@ -186,13 +186,13 @@ def test_a_failed_build_falls_back_to_torch_with_a_warning(failing_compiler, ker
     assert list(kernel_cache.iterdir()) == []  # no half-built library left behind
 
 
-@pytest.mark.parametrize("library", ["garbage", "without the kernels"])
-def test_a_library_that_does_not_load_falls_back_to_torch(library, failing_compiler,
+@pytest.mark.parametrize("cached", ["garbage", "without the kernels"])
+def test_a_library_that_does_not_load_falls_back_to_torch(cached, failing_compiler,
                                                           kernel_cache, caplog):
     # not run: the library is in the cache
     target = build.library_path(failing_compiler, isa.select()[0])
     target.parent.mkdir(parents=True)
-    if library == "garbage":
+    if cached == "garbage":
         target.write_bytes(b"not a shared library")
     else:
         if not hasattr(_ctypes, "__file__"):
@@ -214,9 +214,9 @@ def test_engine_without_a_compiler_runs_the_torch_paths(tiny_llama, tmp_path, mo
     monkeypatch.delenv("MINIVLLM_DISABLE_KERNELS")
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(cpu, "_library", cache(build.load))  # not this process's build
+    monkeypatch.setattr(library, "_library", cache(build.load))  # not this process's build
     llm = LLM(str(tiny_llama), block_size=4, num_kv_blocks=64)
     assert "no C compiler found" in _warnings(caplog)
-    assert not cpu.available(CPU, torch.float32)  # what every kernel caller asks
+    assert not library.available(CPU, torch.float32)  # what every kernel caller asks
     assert [o.outputs[0].token_ids
             for o in llm.generate(prompts, params, use_tqdm=False)] == reference

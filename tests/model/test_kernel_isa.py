@@ -18,7 +18,7 @@ import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.cli import main
-from minivllm.model.kernels import build, cpu, isa
+from minivllm.model.kernels import build, isa, library
 from tests.model.every_isa_level import LEVELS_ENV
 
 needs_compiler = pytest.mark.skipif(build.find_compiler() is None, reason="no C compiler")
@@ -232,13 +232,13 @@ FORCED_LINE = {"avx2": "C kernels: avx2 (avx2 fma f16c)",
 @needs_compiler
 def test_engine_start_up_logs_the_kernels_level(tiny_llama, monkeypatch, caplog):
     caplog.set_level(logging.INFO)
-    monkeypatch.setattr(cpu, "_library", cache(build.load))  # not this process's library
+    monkeypatch.setattr(library, "_library", cache(build.load))  # not this process's library
     monkeypatch.delenv(isa.ENV, raising=False)
-    assert cpu.isa_summary().startswith(f"{MACHINE_LEVELS[-1]} (")
-    assert f"C kernels: {cpu.isa_summary()}" in _info(caplog)
+    assert library.isa_summary().startswith(f"{MACHINE_LEVELS[-1]} (")
+    assert f"C kernels: {library.isa_summary()}" in _info(caplog)
 
     caplog.clear()
-    monkeypatch.setattr(cpu, "_library", cache(build.load))
+    monkeypatch.setattr(library, "_library", cache(build.load))
     monkeypatch.setenv(isa.ENV, FORCED)
     llm = LLM(str(tiny_llama), block_size=4, num_kv_blocks=64)
     assert FORCED_LINE in _info(caplog).splitlines()
@@ -249,7 +249,7 @@ def test_engine_start_up_logs_the_kernels_level(tiny_llama, monkeypatch, caplog)
 
 @needs_compiler
 def test_check_kernels_prints_the_level(tiny_llama, monkeypatch, capsys):
-    monkeypatch.setattr(cpu, "_library", cache(build.load))
+    monkeypatch.setattr(library, "_library", cache(build.load))
     monkeypatch.setenv(isa.ENV, FORCED)
     status = main(["check-kernels", str(tiny_llama), "--prompt-token-ids", "1", "5", "9",
                    "--decode-steps", "1"])

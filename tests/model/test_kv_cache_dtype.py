@@ -10,7 +10,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.model.attention import _one_request, padded_decode_attention
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import attention_ops, library
 from tests.kernel_marks import needs_kernels
 from tests.model.test_prefill_kernel import _batch
 
@@ -25,7 +25,7 @@ def test_decode_kernel_reads_bf16_cache(heads, kv_heads, dim, block_size):
         [1] * 5, [0, 3, 9, 16, 30], heads, kv_heads, dim, block_size, seed=1)
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
     scale = dim ** -0.5
-    got = cpu.paged_decode_attention(q, k16, v16, table, seq_lens, scale)
+    got = attention_ops.paged_decode_attention(q, k16, v16, table, seq_lens, scale)
     expected = padded_decode_attention(q, k16, v16, table, seq_lens, block_size, scale)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -38,10 +38,10 @@ def test_prefill_kernel_reads_bf16_cache():
     q, k_cache, v_cache, tables, table, qsl, seq_lens = _batch(
         [5, 17, 1, 40], [0, 7, 12, 3], 6, 2, 32, 8, seed=2)
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
-    got = cpu.paged_prefill_attention(q, k16, v16, table, qsl, seq_lens, 0.2)
-    exact = cpu.paged_prefill_attention(q, k16, v16, table, qsl, seq_lens, 0.2,
-                                        bf16_products=False)
-    atol = 2e-2 if cpu.bf16_prefill_products() else 1e-5
+    got = attention_ops.paged_prefill_attention(q, k16, v16, table, qsl, seq_lens, 0.2)
+    exact = attention_ops.paged_prefill_attention(q, k16, v16, table, qsl, seq_lens, 0.2,
+                                                  bf16_products=False)
+    atol = 2e-2 if library.bf16_prefill_products() else 1e-5
     for i, blocks in enumerate(tables):
         start, end = qsl[i].item(), qsl[i + 1].item()
         expected = _one_request(q[start:end], k16, v16, blocks, seq_lens[i].item(), 0.2)
@@ -60,7 +60,7 @@ def test_fused_kv_write_rounds_as_torch():
     caches = [torch.zeros(12, 1, kv_heads, dim, dtype=torch.bfloat16) for _ in range(2)]
     k = qkv[:, heads * dim:(heads + kv_heads) * dim].clone()
     v = qkv[:, (heads + kv_heads) * dim:].clone()
-    cpu.rope_write_kv(qkv, positions, (cos, sin), slots, *caches, heads, kv_heads, dim)
+    attention_ops.rope_write_kv(qkv, positions, (cos, sin), slots, *caches, heads, kv_heads, dim)
     for cache, x in zip(caches, (k, v)):
         assert torch.equal(cache.view(12, -1)[slots], x.bfloat16())
 

@@ -11,7 +11,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.model.attention import _one_request, padded_decode_attention, write_kv
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import attention_ops
 from minivllm.model.kv_quant import FORMATS, QuantizedKV, quantize
 from minivllm.model.runner import ModelRunner
 from tests.kernel_marks import needs_kernels
@@ -53,7 +53,7 @@ def test_decode_kernel_reads_quantized_cache(name, heads, kv_heads, dim, block_s
         [1] * 6, [0, 3, 9, 16, 30, 70], heads, kv_heads, dim, block_size, seed=1)
     k, v = _quantized(k_cache, name), _quantized(v_cache * 5, name)
     scale = dim ** -0.5
-    got = cpu.paged_decode_attention(q, k, v, table, seq_lens, scale, window, softcap)
+    got = attention_ops.paged_decode_attention(q, k, v, table, seq_lens, scale, window, softcap)
     expected = padded_decode_attention(q, k, v, table, seq_lens, block_size, scale, window,
                                        softcap)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -73,7 +73,7 @@ def test_prefill_kernel_reads_quantized_cache(name, heads, kv_heads, dim, block_
     q, k_cache, v_cache, tables, table, qsl, seq_lens = _batch(
         [5, 17, 1, 40], [0, 7, 12, 3], heads, kv_heads, dim, block_size, seed=2)
     k, v = _quantized(k_cache, name), _quantized(v_cache, name)
-    got = cpu.paged_prefill_attention(q, k, v, table, qsl, seq_lens, 0.2, window)
+    got = attention_ops.paged_prefill_attention(q, k, v, table, qsl, seq_lens, 0.2, window)
     for i, blocks in enumerate(tables):
         start, end = qsl[i].item(), qsl[i + 1].item()
         expected = _one_request(q[start:end], k, v, blocks, seq_lens[i].item(), 0.2, window)
@@ -99,7 +99,7 @@ def test_fused_kv_write_quantizes_as_torch(name):
     fused, torch_written = (empty(), empty()), (empty(), empty())
     k = qkv[:, heads * dim:(heads + kv_heads) * dim].reshape(tokens, kv_heads, dim).clone()
     v = qkv[:, (heads + kv_heads) * dim:].reshape(tokens, kv_heads, dim).clone()
-    cpu.rope_write_kv(qkv, positions, (cos, sin), slots, *fused, heads, kv_heads, dim)
+    attention_ops.rope_write_kv(qkv, positions, (cos, sin), slots, *fused, heads, kv_heads, dim)
     write_kv(*torch_written, k, v, slots)
     for got, expected in zip(fused, torch_written):
         assert torch.equal(got.data, expected.data)

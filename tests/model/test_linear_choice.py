@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from minivllm import LLM, SamplingParams
 from minivllm.config import ModelConfig
 from minivllm.core.step_batch import row_bucket
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.linear.choice import (
     MEASURED_MAX_ROWS,
     ChoiceTable,
@@ -28,7 +28,7 @@ from minivllm.model.loader import load_state_dict
 from minivllm.model.models import build_model
 
 needs_onednn = pytest.mark.skipif(
-    not (cpu.available(torch.device("cpu"), torch.float32)
+    not (library.available(torch.device("cpu"), torch.float32)
          and torch.backends.mkldnn.is_available()),
     reason="oneDNN or the C kernels are not available here: fp32 has one way")
 
@@ -172,7 +172,7 @@ def test_one_winner_builds_only_it_and_a_tie_keeps_the_default(tmp_path):
 def test_fp32_ways_agree_and_time_ways_measures_each():
     weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
     ways = {name: build() for name, build in linear_ways(weight, bias, True, None).items()}
-    panels = ["fp32 panels"] if cpu.panel_width() else []  # AVX2 and above
+    panels = ["fp32 panels"] if library.panel_width() else []  # AVX2 and above
     assert list(ways) == ["oneDNN", "torch", *panels]
     for rows in (1, 15, 17, 513):
         x = torch.randn(rows, 64)

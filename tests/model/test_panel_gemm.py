@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library, linear_ops
 from minivllm.model.linear.panels import PanelLinear, pack_weight, reference_linear
 from tests.kernel_marks import needs_kernels
 
@@ -26,10 +26,10 @@ def panel_layer(weight, bias=None, stored="bf16") -> PanelLinear | None:
     AVX2; the pairs below AVX512-BF16): panel_linear must refuse them there. Asked at each
     test, not skipped: test_kernel_isa.py runs this file under every level's library, each
     level all tests."""
-    if not cpu.panel_width() or (stored == "bf16 pairs" and not cpu.panel_bf16_dot()):
+    if not library.panel_width() or (stored == "bf16 pairs" and not library.panel_bf16_dot()):
         with pytest.raises(RuntimeError, match=f"no panel kernel for {stored} weights"):
-            cpu.panel_linear(torch.zeros(1, 32), torch.zeros(32, 32, dtype=torch.bfloat16),
-                             stored, None, None, 32)
+            linear_ops.panel_linear(torch.zeros(1, 32), torch.zeros(32, 32, dtype=torch.bfloat16),
+                                    stored, None, None, 32)
         return None
     return PanelLinear(weight, bias, stored)
 
@@ -115,7 +115,7 @@ def test_bf16_weights_are_stored_in_half_fp32s_bytes():
     assert layer.packed.dtype == torch.bfloat16
     assert layer.packed.numel() == 1152 * 896  # 1152 is a whole number of panels
     # column c, k lives in panel c // P at word c % (P/2), half c // (P/2) % 2
-    panel = cpu.panel_width()
+    panel = library.panel_width()
     packed = pack_weight(weight, panel, "bf16")
     c, k = panel + panel // 2 + 3, 17
     assert packed[1, k, 3, 1] == weight[c, k].bfloat16()

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from minivllm.model.attention import _one_request
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import attention_ops, library
 
-pytestmark = pytest.mark.skipif(not cpu.available(torch.device("cpu"), torch.float32),
+pytestmark = pytest.mark.skipif(not library.available(torch.device("cpu"), torch.float32),
                                 reason="no C compiler: no kernels built")
 
 
@@ -54,7 +54,7 @@ def _check(query_lens, cached, heads, kv_heads, dim, block_size, seed=0, strided
     q, k_cache, v_cache, tables, table, qsl, seq_lens = _batch(
         query_lens, cached, heads, kv_heads, dim, block_size, seed, strided, q_scale)
     scale = dim ** -0.5
-    got = cpu.paged_prefill_attention(q, k_cache, v_cache, table, qsl, seq_lens, scale)
+    got = attention_ops.paged_prefill_attention(q, k_cache, v_cache, table, qsl, seq_lens, scale)
     assert got.shape == q.shape and got.is_contiguous()
     expected = _reference(q, k_cache, v_cache, tables, qsl, seq_lens, scale)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=atol)
@@ -108,8 +108,8 @@ def test_same_result_on_any_thread_count():
         results = []
         for n in (1, 2, 3):
             torch.set_num_threads(n)
-            results.append(cpu.paged_prefill_attention(q, k_cache, v_cache, table, qsl,
-                                                       seq_lens, 0.125))
+            results.append(attention_ops.paged_prefill_attention(q, k_cache, v_cache, table, qsl,
+                                                                 seq_lens, 0.125))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
@@ -119,6 +119,7 @@ def test_non_contiguous_q_is_accepted():
     q, k_cache, v_cache, tables, table, qsl, seq_lens = _batch([30, 12], [5, 0], 4, 2, 32, 16,
                                                                seed=7)
     transposed = q.transpose(0, 1).contiguous().transpose(0, 1)  # heads outermost in memory
-    got = cpu.paged_prefill_attention(transposed, k_cache, v_cache, table, qsl, seq_lens, 0.2)
+    got = attention_ops.paged_prefill_attention(transposed, k_cache, v_cache, table, qsl,
+                                                seq_lens, 0.2)
     torch.testing.assert_close(got, _reference(q, k_cache, v_cache, tables, qsl, seq_lens,
                                                0.2), rtol=1e-5, atol=1e-5)

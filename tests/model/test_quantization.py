@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library, linear_ops
 from minivllm.model.linear.int8 import (
     GROUP,
     WGROUP,
@@ -44,7 +44,7 @@ def kernel_reference(reference: Int8Linear, x: torch.Tensor,
                      residual: torch.Tensor | None = None) -> torch.Tensor:
     """What the kernel computes: the AMX path's from AMX_MIN_ROWS rows where the library runs
     it (amx_gemm.c), else W8A8's (the reference Int8Linear)."""
-    if x.shape[0] >= cpu.AMX_MIN_ROWS and cpu.amx():
+    if x.shape[0] >= linear_ops.AMX_MIN_ROWS and library.amx():
         y = reference_amx_linear(x, reference.qweight, reference.scales) + reference.bias
         return y if residual is None else residual + y
     return reference(x, residual)
@@ -81,7 +81,7 @@ def test_amx_path_runs_from_its_row_count(rows, n, k):
     """From AMX_MIN_ROWS rows, amx_gemm.c: bf16 activations, so not W8A8's results; every
     row tail of a 32-row block, an odd panel count (37 columns: 3 panels, the last paired
     with itself) and zero-padded K; one row fewer runs W8A8 again."""
-    if not cpu.amx():
+    if not library.amx():
         pytest.skip("the kernels run no AMX here (no amx_bf16, or MINIVLLM_ISA forced a "
                     "lower level)")
     weight, bias, x, residual = _case(rows, n, k)
@@ -93,7 +93,7 @@ def test_amx_path_runs_from_its_row_count(rows, n, k):
                                atol=1e-5 * y.abs().max().item())
     assert not torch.allclose(y, reference(x, residual), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(y[1], residual[1] + bias)
-    below = x[:cpu.AMX_MIN_ROWS - 1]
+    below = x[:linear_ops.AMX_MIN_ROWS - 1]
     torch.testing.assert_close(fast(below), reference(below), rtol=1e-5, atol=1e-5)
 
 
@@ -115,7 +115,7 @@ def test_w8a8_close_to_fp32_product(use_kernel):
     """8-bit weights and activations, each with its group scales: the error of a 576-long
     dot product stays within 1.5% of the output's largest value (0.6% measured; per-channel
     7-bit weights with per-token activations: 1.1%)."""
-    if use_kernel and not cpu.available(torch.device("cpu"), torch.float32):
+    if use_kernel and not library.available(torch.device("cpu"), torch.float32):
         pytest.skip("no kernels built")
     weight, bias, x, _ = _case(16, 256, 576)
     exact = F.linear(x, weight, bias)

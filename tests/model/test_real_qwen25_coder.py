@@ -10,7 +10,7 @@ six PyPI wheels into the cache, never the repository).
 - quantization="gguf" (the blocks as stored, int8 activations) against the fp32 path:
   greedy tokens identical until the fp32 path's top two are a near-tie (within 0.1), then
   one of those two; and on the fp32 path's own continuations (teacher-forced, so no
-  divergence hides anything), a prefill through the fp32 panels (cpu.GGUF_DEQUANT_MIN_ROWS)
+  divergence hides anything), a prefill through the fp32 panels (gguf_ops.GGUF_DEQUANT_MIN_ROWS)
   within 1e-4 (measured equal), and through the int8 kernel (forced) each token's logprob
   within 0.25 and their mean absolute difference under 0.03 per prompt (measured
   2026-11-28, AVX512-VNNI: at most 0.084 and 0.013).
@@ -37,7 +37,7 @@ from gguf.quants import dequantize
 
 from minivllm import LLM, SamplingParams
 from minivllm.bench.qwen25_coder import qwen25_coder_gguf
-from minivllm.model.kernels import build, cpu, isa
+from minivllm.model.kernels import build, gguf_ops, isa, library
 from minivllm.model.linear.gguf import BlockWeight, GGUFLinear
 from minivllm.model.loader import load_state_dict, resolve_model_path
 from tests.model.test_gguf_kernel import emulated, on_amx
@@ -173,9 +173,9 @@ def test_real_blocks_in_the_kernel_at_each_isa_level(real_blocks, level, monkeyp
     activations of a real layer's scale: 1, 5 and 33 rows."""
     with monkeypatch.context() as patch:
         patch.setenv(isa.ENV, level)
-        library = build.load()
-    assert library is not None and library.isa_level == level
-    monkeypatch.setattr(cpu, "_library", lambda: library)
+        level_library = build.load()
+    assert level_library is not None and level_library.isa_level == level
+    monkeypatch.setattr(library, "_library", lambda: level_library)
     generator = torch.Generator().manual_seed(0)
     for name, (weight, dequantized) in real_blocks.items():
         w = torch.from_numpy(dequantized)
@@ -220,9 +220,9 @@ def test_gguf_blocks_follow_the_fp32_path(qwen_gguf, prompts, fp32_outputs, monk
     # weights are repacked (AVX2 and up) a prefill runs the int8 arithmetic of a decode
     # step, whose activations' rounding shows; elsewhere it runs the fp32 panels (the fp32
     # path's product on the same weights: measured equal), then the int8 kernel forced on it.
-    for int8_prefill in (True,) if cpu.gguf_repacked() else (False, True):
+    for int8_prefill in (True,) if library.gguf_repacked() else (False, True):
         if int8_prefill:
-            monkeypatch.setattr(cpu, "GGUF_DEQUANT_MIN_ROWS", 1 << 30)
+            monkeypatch.setattr(gguf_ops, "GGUF_DEQUANT_MIN_ROWS", 1 << 30)
         for i, error in enumerate(teacher_forced_errors(llm, prompts, fp32_outputs)):
             if int8_prefill:
                 assert error.max() < 0.25 and error.mean() < 0.03, (i, error.max(),

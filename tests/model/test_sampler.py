@@ -8,11 +8,11 @@ from collections import Counter
 import pytest
 import torch
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library, sampler_ops
 from minivllm.model.sampler import Sampler, request_key, top_logprobs, uniform
 from minivllm.sampling_params import SamplingParams
 
-KERNEL = cpu.available(torch.device("cpu"), torch.float32)
+KERNEL = library.available(torch.device("cpu"), torch.float32)
 PATHS = [pytest.param(False, id="torch"),
          pytest.param(True, id="C", marks=pytest.mark.skipif(not KERNEL, reason="no kernels"))]
 needs_kernel = pytest.mark.skipif(not KERNEL, reason="no C compiler: no kernels built")
@@ -227,7 +227,7 @@ def test_uniforms_match_between_c_and_python():
     keys = [request_key(s) for s in (0, 1, 2 ** 63 + 5, -7)]
     positions = [0, 1, 7, 1 << 40]
     signed = torch.tensor([k - (1 << 64) if k >= 1 << 63 else k for k in keys])
-    got = cpu.sampler_uniforms(signed, torch.tensor(positions)).tolist()
+    got = sampler_ops.sampler_uniforms(signed, torch.tensor(positions)).tolist()
     assert got == [uniform(k, p) for k, p in zip(keys, positions)]
     assert all(0 <= u < 1 for u in got)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from minivllm.model.attention import AttentionMetadata, paged_attention
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 
-KERNEL_BUILT = cpu.available(torch.device("cpu"), torch.float32)
+KERNEL_BUILT = library.available(torch.device("cpu"), torch.float32)
 BLOCK, HEADS, KV_HEADS = 4, 6, 2
 # 8: the decode kernel's scalar loops; 32: its vector ones (AVX2, or AVX-512's wide kernel)
 DIMS = [8, 32]

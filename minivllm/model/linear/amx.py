@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import linear_ops
 
 _NC, _KP = 16, 32  # amx_gemm.c's panel width and what K is padded to a multiple of
 
@@ -44,4 +44,4 @@ class AmxBf16Linear:
         self.bias = None if bias is None else bias.float()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return cpu.bf16_linear_amx(x, self.packed, self.bias, residual, self.out_features)
+        return linear_ops.bf16_linear_amx(x, self.packed, self.bias, residual, self.out_features)

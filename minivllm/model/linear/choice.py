@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from minivllm.core.step_batch import RowPadding, row_bucket
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.kernels.processor import cpu_description
 
 MEASURED_MAX_ROWS = 512  # from here on every way runs at its large-batch speed
@@ -72,7 +72,7 @@ def time_ways(ways: dict[str, Way], k: int, rows: int) -> dict[str, float]:
 
 def machine_key() -> dict:
     """What a measured time is valid for."""
-    return {"cpu": cpu_description(), "kernels": cpu.isa_summary(),
+    return {"cpu": cpu_description(), "kernels": library.isa_summary(),
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 

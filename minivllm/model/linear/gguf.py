@@ -9,13 +9,13 @@ quantized per row and block of 32 to int8 (its q8_0 activations), each block's i
 product scaled by the two block scales and accumulated in fp32 (for the types with a
 minimum, plus the block's minimum times the sum of its activations, llama.cpp's q8_1):
 - with AVX2 or more, on the weights repacked at load into panels of 16 columns
-  (gguf_repacked.c, cpu.GGUF_REPACKED_TYPES), at every row count: decode and prefill alike,
-  so a row's result does not depend on its batch;
-- otherwise (Q2_K, Q3_K, or a CPU below AVX2) on the blocks as stored (gguf_gemm.c) below cpu.GGUF_DEQUANT_MIN_ROWS rows, and
-  from there in fp32: panels of output rows dequantized (gguf_dequant.c, as dequantize()
-  computes) times x by torch's sgemm.
-On a CPU with AMX, a batch of cpu.AMX_MIN_ROWS rows or more (a prefill) of the types
-amx_gemm.c unpacks (cpu.GGUF_AMX_TYPES) runs there instead: the blocks unpacked to bf16
+  (gguf_repacked.c, gguf_ops.GGUF_REPACKED_TYPES), at every row count: decode and prefill
+  alike, so a row's result does not depend on its batch;
+- otherwise (Q2_K, Q3_K, or a CPU below AVX2) on the blocks as stored (gguf_gemm.c) below
+  gguf_ops.GGUF_DEQUANT_MIN_ROWS rows, and from there in fp32: panels of output rows
+  dequantized (gguf_dequant.c, as dequantize() computes) times x by torch's sgemm.
+On a CPU with AMX, a batch of linear_ops.AMX_MIN_ROWS rows or more (a prefill) of the types
+amx_gemm.c unpacks (gguf_ops.GGUF_AMX_TYPES) runs there instead: the blocks unpacked to bf16
 tiles, x in bf16, products on AMX-BF16 (emulate_amx). Without the C kernels the reference
 runs: the blocks dequantized once at load, and F.linear.
 """
@@ -28,7 +28,7 @@ from itertools import groupby
 import torch
 import torch.nn.functional as F
 
-from minivllm.model.kernels import cpu, gguf_blocks
+from minivllm.model.kernels import fused_ops, gguf_blocks, gguf_ops, library, linear_ops
 from minivllm.model.kernels.gguf_blocks import BLOCK, UNIT_BYTES, UNIT_VALUES
 
 
@@ -149,7 +149,7 @@ def emulate_kernel(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
 
 
 def emulate_amx(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
-    """What amx_gemm.c computes from cpu.AMX_MIN_ROWS rows on a CPU with AMX (for its
+    """What amx_gemm.c computes from linear_ops.AMX_MIN_ROWS rows on a CPU with AMX (for its
     tests): each weight d * q (+ m) rounded once to fp32 (a fused multiply-add there) and
     then to bf16, times x rounded to bf16, accumulated in fp32."""
     w = weight.integers().double() * weight.scales().double().repeat_interleave(BLOCK, dim=1)
@@ -163,33 +163,33 @@ class GGUFLinear:
     """y = x @ weight.T + bias (+ residual) over a BlockWeight, or a BlockRows (a kernel call
     per part, each giving its columns of y). x: [T, in_features] fp32.
 
-    Where this CPU runs gguf_repacked.c (AVX2, AVX-512 VNNI), each part of cpu.GGUF_REPACKED_TYPES
-    is repacked once here and every call runs there, whatever its rows (so a row's result
-    does not depend on its batch); the blocks are kept only on a CPU with AMX, whose
-    prefill of cpu.GGUF_AMX_TYPES runs on the tiles."""
+    Where this CPU runs gguf_repacked.c (AVX2, AVX-512 VNNI), each part of
+    gguf_ops.GGUF_REPACKED_TYPES is repacked once here and every call runs there, whatever
+    its rows (so a row's result does not depend on its batch); the blocks are kept only on
+    a CPU with AMX, whose prefill of gguf_ops.GGUF_AMX_TYPES runs on the tiles."""
 
     def __init__(self, weight: BlockWeight | BlockRows, bias: torch.Tensor | None = None,
                  use_kernel: bool = True) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else bias.float()
         parts = weight.parts if isinstance(weight, BlockRows) else [weight]
-        self.use_kernel = use_kernel and cpu.available(parts[0].blocks.device, torch.float32)
+        self.use_kernel = use_kernel and library.available(parts[0].blocks.device, torch.float32)
         self.qtypes = [p.qtype for p in parts]
         self.part_rows = [p.shape[0] for p in parts]
         self.blocks: list[torch.Tensor | None] = [p.blocks for p in parts]
         self.repacked: list[torch.Tensor | None] = [None] * len(parts)
         if not self.use_kernel:
             self.dequantized = weight.dequantize()
-        elif cpu.gguf_repacked():
-            self.repacked = [cpu.gguf_repack(p.blocks, p.qtype, self.in_features)
+        elif library.gguf_repacked():
+            self.repacked = [gguf_ops.gguf_repack(p.blocks, p.qtype, self.in_features)
                              for p in parts]
-            if not cpu.amx():  # the blocks are not read again: let them go (unless shared)
+            if not library.amx():  # the blocks are not read again: let them go (unless shared)
                 self.blocks = [b if r is None else None
                                for b, r in zip(self.blocks, self.repacked)]
         # silu_and_mul in the kernel's epilogue: one repacked part, no bias, whole panels
         self.fuses_silu = (len(parts) == 1 and self.repacked[0] is not None and bias is None
                            and self.out_features % 32 == 0
-                           and cpu.gguf_repacked_silu_mul_supported())
+                           and library.gguf_repacked_silu_mul_supported())
 
     @property
     def step_bytes(self) -> int:
@@ -209,25 +209,26 @@ class GGUFLinear:
             bias = None if self.bias is None else self.bias[start:end]
             res = None if residual is None else residual[:, start:end]
             if repacked is not None and not self._on_tiles(x.shape[0], qtype):
-                outputs.append(cpu.gguf_repacked_linear(x, repacked, qtype, bias, res, n))
+                outputs.append(gguf_ops.gguf_repacked_linear(x, repacked, qtype, bias, res, n))
             else:
-                outputs.append(cpu.gguf_linear(x, blocks, qtype, bias, res, n))
+                outputs.append(gguf_ops.gguf_linear(x, blocks, qtype, bias, res, n))
             start = end
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up [T, out_features / 2] of a fused gate/up linear ([gate | up]
         columns; the C kernels built): in the kernel's epilogue where it runs (fuses_silu;
-        not a prefill the AMX tiles take), else this linear then cpu.silu_and_mul — the same
+        not a prefill the AMX tiles take), else this linear then fused_ops.silu_and_mul — the same
         values either way. A 512-token prompt on Qwen2.5-0.5B spent 18 ms of its 370 in
         silu_and_mul, most of it reading back the 20 MB gate/up output the fused pass never
         writes."""
         if self.fuses_silu and not self._on_tiles(x.shape[0], self.qtypes[0]):
-            return cpu.gguf_repacked_silu_mul(x, self.repacked[0], self.qtypes[0],
-                                              self.out_features)
-        return cpu.silu_and_mul(self(x))
+            return gguf_ops.gguf_repacked_silu_mul(x, self.repacked[0], self.qtypes[0],
+                                                   self.out_features)
+        return fused_ops.silu_and_mul(self(x))
 
     @staticmethod
     def _on_tiles(rows: int, qtype: int) -> bool:
         """Whether a call of `rows` rows runs on AMX tiles (amx_gemm.c)."""
-        return rows >= cpu.AMX_MIN_ROWS and qtype in cpu.GGUF_AMX_TYPES and cpu.amx()
+        return (rows >= linear_ops.AMX_MIN_ROWS and qtype in gguf_ops.GGUF_AMX_TYPES
+                and library.amx())

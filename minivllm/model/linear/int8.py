@@ -10,7 +10,7 @@ activation scales cost +4.8% perplexity, per group of 32 +0.5% / -0.0% on two te
 
 On the CPU with the C kernels built, int8_gemm.c does all of it in one call (quantize the
 rows, multiply, scale, add bias and residual), with VNNI where the CPU has it and AVX2's
-vpmaddubsw with a sign trick where not. On a CPU with AMX, a batch of cpu.AMX_MIN_ROWS rows
+vpmaddubsw with a sign trick where not. On a CPU with AMX, a batch of linear_ops.AMX_MIN_ROWS rows
 or more runs amx_gemm.c instead: the same int8 weights unpacked to bf16 tiles (q * scale),
 x in bf16 rather than int8, products on AMX-BF16 (reference_amx_linear). Elsewhere the torch reference below runs: the same
 quantization, each group's integer product computed in fp32 (exact: 32 * 127 * 127 < 2^24),
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library, linear_ops
 
 _NC, _KP = 16, 32  # int8_gemm.c's panel width and what K is padded to a multiple of
 GROUP = 32  # activation values per scale (int8_gemm.c's GROUP)
@@ -93,7 +93,7 @@ def reference_int8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor
 
 def reference_amx_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor
                          ) -> torch.Tensor:
-    """What amx_gemm.c computes from cpu.AMX_MIN_ROWS rows on a CPU with AMX, before bias and
+    """What amx_gemm.c computes from linear_ops.AMX_MIN_ROWS rows on a CPU with AMX, before bias and
     residual: the same int8 weights times their group scales, each rounded to bf16, times x
     rounded to bf16, accumulated in fp32 (each product of two bf16 values is exact in fp32)."""
     k = q.shape[1]
@@ -109,15 +109,15 @@ class Int8Linear:
         self.out_features = weight.shape[0]
         self.qweight, self.scales = quantize_weight(weight)
         self.bias = None if bias is None else bias.float()
-        self.use_kernel = use_kernel and cpu.available(weight.device, torch.float32)
+        self.use_kernel = use_kernel and library.available(weight.device, torch.float32)
         if self.use_kernel:
             self.packed, self.packed_scales = pack_weight(self.qweight), pack_scales(self.scales)
             del self.qweight, self.scales  # only the packed copies are read
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.use_kernel:
-            return cpu.int8_linear(x, self.packed, self.packed_scales, self.bias, residual,
-                                   self.out_features, GROUP)
+            return linear_ops.int8_linear(x, self.packed, self.packed_scales, self.bias, residual,
+                                          self.out_features, GROUP)
         y = reference_int8_linear(x, self.qweight, self.scales)
         if self.bias is not None:
             y = y + self.bias

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library, linear_ops
 
 
 def pack_weight(weight: torch.Tensor, panel: int, stored: str) -> torch.Tensor:
@@ -57,9 +57,9 @@ class PanelLinear:
                  stored: str = "bf16") -> None:
         self.out_features, self.in_features = weight.shape
         self.stored = stored
-        self.packed = pack_weight(weight, cpu.panel_width(), stored)
+        self.packed = pack_weight(weight, library.panel_width(), stored)
         self.bias = None if bias is None else bias.float().contiguous()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return cpu.panel_linear(x, self.packed, self.stored, self.bias, residual,
-                                self.out_features)
+        return linear_ops.panel_linear(x, self.packed, self.stored, self.bias, residual,
+                                       self.out_features)

@@ -15,7 +15,7 @@ and never names an implementation.
 - Rows: without a KernelChoice the default runs every row count; with one (choice.py,
   `--kernel-choice measure`) each way that runs here is timed per bucket of row counts and
   the winners run their buckets (a ChosenLinear). Within a way, rows can decide too: the
-  int8 and GGUF kernels take the AMX tiles from cpu.AMX_MIN_ROWS rows (cpu.py).
+  int8 and GGUF kernels take the AMX tiles from AMX_MIN_ROWS rows (kernels/linear_ops.py).
 
 To add a format:
 1. Write its layer in a module of its own here: built from the weight [N, K] and the bias,
@@ -39,7 +39,7 @@ from functools import cached_property, partial
 
 import torch
 
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.kernels.isa import native_bf16
 from minivllm.model.linear.amx import AmxBf16Linear
 from minivllm.model.linear.choice import ChosenLinear, KernelChoice
@@ -60,17 +60,17 @@ class Machine:
     @cached_property
     def amx(self) -> bool:
         """amx_gemm.c's AMX-BF16 tiles."""
-        return cpu.amx()
+        return library.amx()
 
     @cached_property
     def panels(self) -> bool:
         """panel_gemm.c: the kernels at AVX2 or above."""
-        return cpu.panel_width() > 0
+        return library.panel_width() > 0
 
     @cached_property
     def bf16_pairs(self) -> bool:
         """panel_gemm.c's bf16 dot products: the kernels at AVX512-BF16 or above."""
-        return self.panels and cpu.panel_bf16_dot()
+        return self.panels and library.panel_bf16_dot()
 
     @cached_property
     def onednn_bf16(self) -> bool:

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.model import kernels, key_smoothing
+from minivllm.model import key_smoothing
 from minivllm.model.attention import AttentionMetadata
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import library
 from minivllm.model.linear.choice import KernelChoice
 from minivllm.model.linear.gguf import BlockWeight, cat_rows
 from minivllm.model.linear.registry import bf16_logits_stay_fp32, build_linear
@@ -179,7 +179,7 @@ class CausalLM(nn.Module):
         are stored smoothed (key_smoothing.py). kernel_choice: the linears that can run
         more than one way run the fastest measured (linear/choice.py); None: the default."""
         super().__init__()
-        fast = kernels.enabled() if fast is None else fast
+        fast = library.enabled() if fast is None else fast
         embed = weights.pop("model.embed_tokens.weight")
         # quantization="gguf": the file's blocks, never a whole float32 table (151936 x 896
         # for Qwen2.5-0.5B: 545 MB)
@@ -190,7 +190,7 @@ class CausalLM(nn.Module):
         self.embed_scale = (torch.tensor(cfg.hidden_size ** 0.5, dtype=dtype)
                             if arch.gemma else None)
         device = embed.blocks.device if isinstance(embed, BlockWeight) else embed.device
-        self.fused = fast and cpu.available(device, dtype)
+        self.fused = fast and library.available(device, dtype)
         self.fused_rope = self.fused and _whole_head_rope(cfg)
         linear_weights = "int8" if quantization == "int8" else linear_weights
         self.layers = nn.ModuleList(

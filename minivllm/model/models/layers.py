@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.model.attention import AttentionMetadata, paged_attention, write_kv
-from minivllm.model.kernels import cpu
+from minivllm.model.kernels import attention_ops, fused_ops
 from minivllm.model.linear.gguf import GGUFLinear
 from minivllm.model.linear.registry import AnyLinear
 from minivllm.model.rope import apply_rope
@@ -34,7 +34,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            return cpu.rms_norm(x, self.weight, self.eps)
+            return fused_ops.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -74,8 +74,8 @@ class Attention(nn.Module):
         """Rotary-embedded queries [T, H, D]; the new keys and values go to the cache.
         rope: (cos, signed sin), whole tables when fused, else already at the positions."""
         if self.fused:
-            cpu.rope_write_kv(qkv, positions, rope, meta.slot_mapping, k_cache, v_cache,
-                              self.num_heads, self.num_kv_heads, self.head_dim)
+            attention_ops.rope_write_kv(qkv, positions, rope, meta.slot_mapping, k_cache, v_cache,
+                                        self.num_heads, self.num_kv_heads, self.head_dim)
             return qkv[:, :self.q_size].view(-1, self.num_heads, self.head_dim)
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = apply_rope(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim), rope)
@@ -112,7 +112,7 @@ class GatedMLP(nn.Module):
         if self.fused_silu and isinstance(self.gate_up, GGUFLinear):
             return self.gate_up.silu_and_mul(x)  # in the kernel's epilogue where it can
         if self.fused_silu:
-            return cpu.silu_and_mul(self.gate_up(x))
+            return fused_ops.silu_and_mul(self.gate_up(x))
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.act(gate) * up
 
