@@ -38,7 +38,7 @@ at a time, with nothing else running in the guest), and the replay is repeated, 
 it is within PCT. Faster than the calibration is reported, not repeated: a probe just after
 an Azure replay read 13-32% fast where the replay's steps were priced within 4-6% (the Zen
 5, 2026-11-30), though an engine 10-35% fast before and after its replay had its decodes
-priced 13-43% slow (docs/lab.md, Cost models). Every attempt's probes and step-time error
+priced 13-43% slow (docs/lab-cost-models.md). Every attempt's probes and step-time error
 are reported; the last attempt is the one compared.
 
 The issue's targets: step-time error <= 5% median; mean TTFT and mean TPOT per bucket within

@@ -53,8 +53,8 @@ class ModelConfig:
     # unset: gguf for a GGUF file (as vLLM and llama.cpp run one), else none; resolved here,
     # once, so the engine and its logs read the value that runs.
     # none: every weight in the dtype (a GGUF file's blocks dequantized at load) |
-    # int8: W8A8 linear layers, quantized at load (model/kernels/linear_int8.py) |
-    # gguf: a GGUF file's linear weights and embeddings run as stored (linear_gguf.py)
+    # int8: W8A8 linear layers, quantized at load (model/linear/int8.py) |
+    # gguf: a GGUF file's linear weights and embeddings run as stored (model/linear/gguf.py)
     quantization: str | None = None
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
@@ -73,7 +73,7 @@ class ModelConfig:
     convert: str = "auto"
     # measure: where a linear can run more than one way (oneDNN or torch's fp32, AMX / oneDNN
     # / panel bf16), time them per row count at load and run the fastest, the times kept per
-    # machine (model/kernels/linear_choice.py) | default: the first way, unmeasured | auto:
+    # machine (model/linear/choice.py) | default: the first way, unmeasured | auto:
     # measure, unless the environment's MINIVLLM_KERNEL_CHOICE says default (the tests').
     kernel_choice: str = "auto"
 

@@ -62,7 +62,7 @@ class StepBatch:
 
 def padded_rows(num_tokens: int) -> int:
     """The rows a step's forward computes where the model runner pads them to oneDNN's
-    buckets (model/runner.py, model/kernels/linear.py): exact up to 16 rows, then multiples
+    buckets (model/runner.py, model/linear/onednn.py): exact up to 16 rows, then multiples
     of 16 up to 64, then multiples of 64. A cost model of such an engine prices the padding
     rows too."""
     step = 1 if num_tokens <= 16 else 16 if num_tokens <= 64 else 64

@@ -1,11 +1,11 @@
 """The runner's precision: the dtype the model's weights and KV cache are configured in, and
 the activations' between the ops — with the start-up lines that say how they run.
 
-int8 quantizes the linears and keeps everything else in float32 (linear_int8.py); gguf keeps
-a GGUF file's linear weights and embeddings as stored (linear_gguf.py), with float32
+int8 quantizes the linears and keeps everything else in float32 (linear/int8.py); gguf keeps
+a GGUF file's linear weights and embeddings as stored (linear/gguf.py), with float32
 activations unless dtype names bfloat16 (then the CPU's bf16 below). bf16 on the CPU is bf16
 linear weights and KV cache, with fp32 activations between the ops, so that the C kernels
-(fp32) keep running (kernels/linear.py).
+(fp32) keep running (linear/registry.py).
 """
 
 from __future__ import annotations

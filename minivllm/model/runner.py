@@ -80,7 +80,7 @@ class ModelRunner:
         self.kv_format = kv_quant.FORMATS.get(cache_config.kv_cache_dtype)
         self.kernel_choice = _kernel_choice(config, self.device)
         self.model = self._load_model(model_path, hf_config, model_config.quantization)
-        # oneDNN linears run at a few row counts (linear.py): where one runs, pad the batch
+        # oneDNN linears run at a few row counts (linear/onednn.py): where one runs, pad the batch
         # to one once per step, so that no layer pads (and copies) its input again.
         self.row_padding = row_padding(_decoder_linears(self.model))
         self.block_size = config.scheduler_config.block_size

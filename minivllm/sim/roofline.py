@@ -8,8 +8,8 @@ the swaps at the host link's bandwidth.
 - Bytes: every weight read once per step, plus the KV each sequence reads (its context) and
   writes (its new tokens): 2 (K and V) x layers x kv_heads x head_dim x dtype bytes a token.
 - Peak rates are datasheet figures; `compute_efficiency` and `bandwidth_efficiency` are the
-  fractions a serving engine reaches (our assumption, stated in docs/lab.md), since nothing
-  runs at a datasheet's peak.
+  fractions a serving engine reaches (our assumption, stated in docs/lab-cost-models.md),
+  since nothing runs at a datasheet's peak.
 - The KV cache's dtype (--kv-cache-dtype, sim/kv_bytes.py) sets its bytes per token: the
   blocks a memory holds and the bytes each step's KV reads and writes move.
 - The prefix cache's disk tier (--kv-offloading-backend disk): its block files at the disk's

@@ -1,9 +1,9 @@
 /* Linear layers on AMX-BF16 tiles (Sapphire Rapids and later), fp32 in and out:
- *   - bf16_linear_amx_f32: bf16 weights packed once at load into B tiles (linear_amx.py),
+ *   - bf16_linear_amx_f32: bf16 weights packed once at load into B tiles (linear/amx.py),
  *     at any batch: dtype=bfloat16's linears and its LM head, whose logits stay fp32 (oneDNN's
  *     bf16 product rounds them to bf16, which tied SmolLM2's top two);
- * and for batches of AMX_MIN_ROWS rows and more (cpu.py picks them), over the weights of
- * the two low-bit formats:
+ * and for batches of AMX_MIN_ROWS rows and more (linear_ops.py and gguf_ops.py pick them),
+ * over the weights of the two low-bit formats:
  *   - int8_linear_amx_f32: int8_gemm.c's packed int8 weights (q + 128 in panels of 16
  *     columns x 4 input values, one scale per column and group of 32 inputs), where its W8A8
  *     kernel is bound by its per-group rescaling (an int32 -> fp32 conversion and two
@@ -17,8 +17,8 @@
  * Each call of these two unpacks the weights, a panel of 16 output columns at a time, into
  * AMX's B-tile layout, each value (int8: q * s; GGUF: d * q (+ m)) rounded to bf16 once. The activations
  * are rounded to bf16 (8 significant bits, no grouping to choose) instead of quantized to
- * int8: the same weights as the integer kernels, finer activations (docs/quantization.md
- * has what each costs on SmolLM2).
+ * int8: the same weights as the integer kernels, finer activations (docs/quantization-bf16.md
+ * and docs/quantization-int8.md have what each costs on SmolLM2).
  *
  * Tiles: C0..C3 (fp32, 16 x 16) hold 32 rows x 32 columns of y, A0 / A1 (16 rows x 32
  * bf16 of x), B0 / B1 (16 pairs of k x 16 columns x 2, one panel each), so each tile load
@@ -57,7 +57,7 @@ struct weights {
     int qtype, n;
 };
 
-/* bf16 weights packed so at load (linear_amx.py): panel p as it lies. */
+/* bf16 weights packed so at load (linear/amx.py): panel p as it lies. */
 static const uint16_t *packed_panel(const weights *w, int p, int kp, uint16_t *scratch) {
     (void)scratch;
     return (const uint16_t *)w->data + (int64_t)p * kp * NC;

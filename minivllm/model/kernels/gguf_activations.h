@@ -11,7 +11,7 @@
 
 /* One block of BLOCK = 32 values, symmetric int8: q = nearbyint(x * (127 / max|x|)), scale
  * max|x| / 127 (1 for an all-zero block), and each half's sum of q. The same fp32 operations
- * as linear_gguf.quantize_blocks whatever the variant: a max (exact in any order), one
+ * as linear/gguf.py's quantize_blocks whatever the variant: a max (exact in any order), one
  * division, a product per value and a conversion in the default round-to-nearest-even mode
  * (vcvtps2dq, as nearbyintf). Vectorized because it runs on every linear's input: scalar, it
  * was ~4 ns a value per thread, a fifth of a Qwen2.5-0.5B prefill. */

@@ -1,5 +1,5 @@
 /* A panel of output rows [n0, n1) of GGUF weight blocks dequantized to fp32 [n1 - n0, k]:
- * the prefill route of a GGUF linear on CPUs without AMX (cpu.gguf_linear: a panel at a
+ * the prefill route of a GGUF linear on CPUs without AMX (gguf_ops.gguf_linear: a panel at a
  * time into a reused buffer, then torch's sgemm over the prompt's rows). Bit for bit
  * gguf.quants.dequantize: each value is w = (d * sc) * q, rounded once, then + m (Q2_K:
  * + m * p): d, sc (the integer scale of 16 values, or 1), m and p exact (gguf_scales.h),

@@ -1,4 +1,4 @@
-/* Linear layer over GGUF weight blocks as the file stores them (linear_gguf.py):
+/* Linear layer over GGUF weight blocks as the file stores them (model/linear/gguf.py):
  *   y[r][c] = sum_b sx[r][b] * (d[c][b] * S(xq[r, b], wq[c, b]) + m[c][b] * M(xq[r, b]))
  *             (+ bias) (+ residual)
  * where b runs over the blocks of 32 input values, x is quantized here per row and block of

@@ -1,5 +1,5 @@
 /* The linear layer over GGUF weights repacked at load (gguf_repacked.h's layout,
- * gguf_repack.c; linear_gguf.py). The arithmetic of gguf_gemm.c: x quantized per row and
+ * gguf_repack.c; model/linear/gguf.py). The arithmetic of gguf_gemm.c: x quantized per row and
  * block of 32 to int8 (gguf_activations.h), each block's integer dot product exact in
  * int32, scaled in fp32; but one instruction serves many columns at once:
  *

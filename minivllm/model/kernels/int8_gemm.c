@@ -1,11 +1,11 @@
 /* W8A8 linear layer: y[r][c] = sum_g sx[r][g] * sw[c][g] * (xq[r, g] . wq[c, g])
  * (+ bias) (+ residual), where
- *   - wq is quantized once at load (linear_int8.py), symmetric, to [-127, 127], one scale
+ *   - wq is quantized once at load (model/linear/int8.py), symmetric, to [-127, 127], one scale
  *     sw[c][G] per output channel and group of WGROUP = 32 input values;
  *   - x is quantized here, per row and per group of GROUP = 32 consecutive values (the
  *     weights' groups: llama.cpp's Q8_0 x Q8_0 shape), symmetric, to [-127, 127] with scale
  *     sx[r][g].
- * Why these scales (docs/quantization.md; measured by benchmarks/int8_error_sources.py,
+ * Why these scales (docs/quantization-int8.md; measured by benchmarks/int8_error_sources.py,
  * removed after 1e39609): on
  * SmolLM2-135M int8 lost on both sides. The activations: per-token scales cost +4.8%
  * perplexity, per group of 32 +0.8%, of 16 +0.3% (a few channels are 10-40 times the row's
@@ -48,12 +48,13 @@
 #define W_OFFSET 128
 
 /* Per-row, per-group symmetric int8: q = round(x * (127 / max|x|)), scale = max|x| / 127 (1
- * for an all-zero group), padded with zeros to kp. The same fp32 operations as linear_int8.py's reference, so compiled
- * without -ffast-math, which may turn a division into a multiplication by the reciprocal
- * (one ulp off, and a value at a tie then rounds the other way). goffsets: each group's
- * -128 * sum(q), where the VNNI variants' sums start (their + 128 taken back). A whole group is
- * vectorized (as gguf_activations.h's blocks: a max, one division, a product per value,
- * vcvtps2dq's round-to-nearest-even as nearbyintf); a last partial group is not. */
+ * for an all-zero group), padded with zeros to kp. The same fp32 operations as
+ * linear/int8.py's reference, so compiled without -ffast-math, which may turn a division
+ * into a multiplication by the reciprocal (one ulp off, and a value at a tie then rounds the
+ * other way). goffsets: each group's -128 * sum(q), where the VNNI variants' sums start
+ * (their + 128 taken back). A whole group is vectorized (as gguf_activations.h's blocks: a
+ * max, one division, a product per value, vcvtps2dq's round-to-nearest-even as nearbyintf);
+ * a last partial group is not. */
 #define EXACT_FP __attribute__((optimize("no-fast-math")))
 
 EXACT_FP static inline float quantize_group_scalar(const float *x, int n, int8_t *q,

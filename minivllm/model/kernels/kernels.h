@@ -6,8 +6,8 @@
  * against it (and -Werror=missing-prototypes rejects an exported function missing here).
  * declarations.py reads it at load time with pycparser: it checks that each definition
  * names its parameters as declared here (a swap of two same-typed arguments passes the
- * compiler), and binds each declaration through cffi, which cpu.py calls with keyword
- * arguments named as here.
+ * compiler), and binds each declaration through cffi, which the *_ops.py wrappers call
+ * with keyword arguments named as here.
  *
  * Keep to what crosses into Python: one declaration per function, of scalar types (int,
  * float, double, <stdint.h>'s) or pointers (passed as addresses: tensor.data_ptr(), None
@@ -126,7 +126,7 @@ int gguf_linear_f32(const float *x, int64_t ldx, const uint8_t *blocks, int qtyp
                     const float *bias, const float *residual, int64_t ldr, float *y, int8_t *xq,
                     float *xs, int32_t *xsums, int64_t rows, int k, int n, int num_threads);
 
-/* panel_gemm.c: x (fp32) times weights packed by linear_panels.pack_weight into panels of
+/* panel_gemm.c: x (fp32) times weights packed by linear/panels.py's pack_weight into panels of
  * panel_width() columns, stored as fp32 or bf16 (`stored`), fp32 arithmetic (AVX2 and
  * AVX-512 libraries; panel_width() is 0 in one without them, and panel_linear_f32 returns
  * -1 there, or for another `stored`) */

@@ -1,5 +1,5 @@
 /* The linear layer over weights packed once at load into panels of output columns, fp32
- * arithmetic (linear_panels.py): fp32 x times weights stored as fp32 or bf16. One tile loop
+ * arithmetic (model/linear/panels.py): fp32 x times weights stored as fp32 or bf16. One tile loop
  * and one driver for both; a weight type only says how a panel's k-th PANEL values become
  * two fp32 vectors (panel_operands).
  *
@@ -12,9 +12,9 @@
  *   from memory, AVX-512 Xeon, 2 threads) at 8 rows took 21 ms here against oneDNN's 28
  *   and MKL's 37; at 32 rows 37 against 46 and 49. Each weight vector loaded feeds every
  *   row of a tile. The engine measures which is faster per shape and row count
- *   (linear_choice.py); from ~128 rows all three are within noise.
+ *   (model/linear/choice.py); from ~128 rows all three are within noise.
  *
- * Layout (linear_panels.pack_weight): panels of PANEL = 2 x VEC output columns, k-major.
+ * Layout (linear/panels.py's pack_weight): panels of PANEL = 2 x VEC output columns, k-major.
  * fp32: for each k, the panel's PANEL values in column order (two vector loads). bf16: for
  * each k, PANEL bf16 values in VEC 32-bit words, word j holding column j in its low half and
  * column j + VEC in its high half: one vector load then gives both halves of the panel as
