@@ -130,10 +130,16 @@ def test_tiny_file_follows_the_recipe_with_the_0_5b_blocks_and_tokenizer(tiny, s
             assert all(bytes(block) in known[tensor.tensor_type] for block in sample), tensor.name
 
 
+@pytest.fixture(scope="module")
+def engine_cache(tmp_path_factory) -> Path:
+    """The engines' cache (the files' model directories, the kernels: built once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.mark.real_model
-def test_minivllm_runs_the_tiny_file_ignoring_eos(tiny, tmp_path, monkeypatch):
+def test_minivllm_runs_the_tiny_file_ignoring_eos(tiny, engine_cache, monkeypatch):
     shape, path = tiny
-    monkeypatch.setenv("MINIVLLM_CACHE", str(tmp_path / "cache"))  # its model directory
+    monkeypatch.setenv("MINIVLLM_CACHE", str(engine_cache))
     llm = LLM(str(path), max_model_len=64, num_kv_blocks=16)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1)
     (output,) = llm.generate(["def quicksort(arr):"], params, use_tqdm=False)
