@@ -6,14 +6,18 @@ decode step reads the bytes and runs the kernels the real model would. Norm weig
 Qwen2's q/k/v biases are drawn value by value from the 0.5B's tensors of the same role.
 
 The tokenizer is the 0.5B's, its metadata copied verbatim, so the vocabulary is 151936 for
-both shapes: Qwen2.5-7B's real one is 152064 (padding), Llama-3-8B's 128256, which makes this
-Llama-3-8B's embeddings and LM head 18% bigger than the real model's (the command line
-prints both the file's and the real model's parameters and bytes per decode token).
+both shapes: Qwen2.5-7B's embeddings have 152064 rows (padding), Llama-3-8B's 128256, which
+makes this Llama-3-8B's embeddings and LM head 18% bigger than the real model's (the command
+line prints the file's and the real model's parameters and bytes read per decode token:
+qwen2.5-7b 7.615 B and 4.370 GB, real 7.616 B and 4.371 GB; llama-3-8b 8.224 B and 4.697 GB,
+real 8.030 B and 4.617 GB).
 
 The weights are noise and so is the text: time it with EOS ignored. Files go to the model
 cache ($MINIVLLM_CACHE/models), never the repository:
 
     python -m minivllm.bench.synthetic_gguf qwen2.5-7b   # 4.68 GB; llama-3-8b: 5.05 GB
+
+Written tensor by tensor (about a minute; peak memory 1.1 GB, the LM head's blocks).
 
 Tensor types follow llama.cpp's Q4_K_M recipe (llama_tensor_get_type): the LM head Q6_K;
 attn_v and ffn_down Q6_K in the layers use_more_bits picks (the first and last eighth and
@@ -98,8 +102,9 @@ def use_more_bits(index: int, count: int) -> bool:
 
 
 def q4_k_m_type(role: str, index: int, count: int, row_length: int) -> GGMLQuantizationType:
-    """llama.cpp's Q4_K_M type for a matrix of this role, the index-th of `count` of its
-    role (attn_v and ffn_down tell apart layers by it)."""
+    """llama.cpp's Q4_K_M type for a matrix of this role: `index` is its place among the
+    `count` matrices of the role in the order llama.cpp meets them (only attn_v's and
+    ffn_down's types depend on it), `row_length` its values per row."""
     more_bits = role in ("attn_v", "ffn_down") and use_more_bits(index, count)
     wanted = Q6_K if role == "output" or more_bits else Q4_K
     return wanted if row_length % 256 == 0 else FALLBACK[wanted]
