@@ -19,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,6 +44,7 @@ def headers(source_dir: Path = SOURCE_DIR) -> list[Path]:
 # exported function must be declared in kernels.h (missing-prototypes).
 _FLAGS = ["-O3", "-ffast-math", "-fopenmp", "-fPIC", "-Werror=missing-prototypes"]
 _LINK = ["-shared", "-fopenmp", "-lm"]
+_MAX_COMPILERS = 8  # compilers run at once (each GGUF source's cc1 takes ~0.5 GB)
 
 
 def find_compiler() -> str | None:
@@ -107,9 +109,14 @@ def _build(compiler: str, level: str, source_dir: Path, target: Path) -> bool:
             files = sources(source_dir)
             objects = [str(Path(tmp) / f"{source.stem}.o") for source in files]
             built = Path(tmp) / target.name
-            if not all(_run([compiler, *compile_flags(level), "-c", str(source), "-o", obj])
-                       for source, obj in zip(files, objects)):
-                return False
+            commands = [[compiler, *compile_flags(level), "-c", str(source), "-o", obj]
+                        for source, obj in zip(files, objects)]
+            # One compiler per core: a first start (and each test that builds) waits for the
+            # slowest files, not the sum of all.
+            workers = min(os.cpu_count() or 1, _MAX_COMPILERS)
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                if not all(list(pool.map(_run, commands))):
+                    return False
             if not _run([compiler, *objects, *_LINK, "-o", str(built)]):
                 return False
             os.replace(built, target)  # atomic: concurrent builders never see half a file
