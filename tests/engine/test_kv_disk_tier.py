@@ -250,6 +250,7 @@ def test_another_model_or_kv_dtype_reads_nothing(tiny_llama, tmp_path, cold):
     shutil.rmtree(tmp_path / "tier")
     other = engine(other_model, tmp_path / "tier")
     evict_prompt(other)
+    settled(other)  # still running: its writer may owe the prefix's head (written last)
     (ours,) = {path.parent for path in files(tmp_path) if "tier" not in path.parts}
     for path in files(tmp_path / "tier"):
         shutil.copy(path, ours / path.name)  # the same tokens: the same names
