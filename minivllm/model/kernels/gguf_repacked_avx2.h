@@ -22,8 +22,6 @@ static inline int buffered(int64_t rows) { return rows > 16; }
 /* Half a block's 8 quads of 8 columns x 4 values from its planes at p (gguf_repacked.h) */
 static inline __attribute__((always_inline)) void unpack(const uint8_t *p, int bits,
                                                          __m256i w[8]) {
-    for (int at = 0; at < plane_bytes(bits) / 2; at += 64)
-        _mm_prefetch((const char *)p + PREFETCH + at, _MM_HINT_T0);
     if (bits == 8) {
         for (int t = 0; t < 8; t++) w[t] = _mm256_loadu_si256((const __m256i *)(p + 32 * t));
         return;
@@ -43,6 +41,15 @@ static inline __attribute__((always_inline)) void unpack(const uint8_t *p, int b
             w[t] = _mm256_or_si256(w[t], _mm256_and_si256(moved, one));
         }
     }
+}
+
+/* The bytes PREFETCH ahead of the unit at p asked for, as many as a unit has: the whole
+ * stream, headers included (asking for each half's planes only, 128 of every 256 bytes, left
+ * the headers to demand misses: a 7B Q4_K matrix streamed at a quarter of one core's read
+ * bandwidth) */
+static inline __attribute__((always_inline)) void prefetch_unit(const uint8_t *p, int qtype) {
+    for (int64_t at = 0; at < panel_unit_bytes(qtype); at += 64)
+        _mm_prefetch((const char *)p + PREFETCH + at, _MM_HINT_T0);
 }
 
 static inline __m256 half_scales(const uint8_t *p) { /* 8 fp16 as fp32 */
@@ -156,53 +163,74 @@ static inline __attribute__((always_inline)) void unpack_block(const uint8_t *p,
 
 /* The whole panel, both halves, into `out` ([side][block]) for a task's many tiles. */
 static void unpack_panel(const uint8_t *p, int qtype, int nb, unpacked_block *out) {
-    for (int side = 0; side < SIDES; side++)
-        for (int b = 0; b < nb; b++) unpack_block(p, qtype, b, side, out + side * nb + b);
+    for (int b = 0; b < nb; b++) {
+        if (b % unit_blocks(qtype) == 0)
+            prefetch_unit(p + (int64_t)(b / unit_blocks(qtype)) * panel_unit_bytes(qtype), qtype);
+        for (int side = 0; side < SIDES; side++)
+            unpack_block(p, qtype, b, side, out + side * nb + b);
+    }
 }
 
-/* acc[0..nr) = rows 0..nr of x (quantized) times half `side` (8 columns) of a panel: its
- * blocks from `unpacked` (that half, unpacked once for a task's tiles), else unpacked here a
- * unit at a time (its header read once; unpack_block's struct per block spills on AVX2's 16
- * registers: 9% slower at 8 rows, measured). */
+/* acc[side][0..nr) = rows 0..nr of x (quantized) times each half (8 columns) of a panel: its
+ * blocks from `unpacked` ([side][block], unpacked once for a task's tiles), else unpacked here
+ * a unit at a time (its header read once; unpack_block's struct per block spills on AVX2's 16
+ * registers: 9% slower at 8 rows, measured). Up to 2 rows, both halves of a unit in turn: one
+ * sweep of the panel (a sweep per half left the memory idle during the second, the panel in
+ * L2 by then and nothing asked for: 0.6-0.8x the bandwidth at 1 row); from 3 rows a sweep
+ * per half, the first asking for the bytes (both halves' accumulators do not fit the 16
+ * registers: 5-30% slower at 4-8 rows in cache, where bandwidth matters less). */
 static inline __attribute__((always_inline)) void panel_tile(
     const int8_t *xq, int k, const float *xs, const int32_t *xsums, const uint8_t *p,
-    const unpacked_block *unpacked, int qtype, int nr, int side, __m256 acc[MAX_ROWS]) {
+    const unpacked_block *unpacked, int qtype, int nr, __m256 acc[SIDES][MAX_ROWS]) {
     const int bits = panel_bits(qtype), planes = plane_bytes(bits), nb = k / BLOCK;
     const __m256 none = _mm256_setzero_ps();
-    for (int i = 0; i < nr; i++) acc[i] = _mm256_setzero_ps();
+    for (int side = 0; side < SIDES; side++)
+        for (int i = 0; i < nr; i++) acc[side][i] = _mm256_setzero_ps();
     if (unpacked) {
-        for (int b = 0; b < nb; b++) {
-            const unpacked_block *u = unpacked + b;
-            block_rows(xq, k, xs, xsums, b, u->w, u->u, qtype, nr, u->d, u->m, u->sc0,
-                       u->sc1, acc);
-        }
+        for (int side = 0; side < SIDES; side++)
+            for (int b = 0; b < nb; b++) {
+                const unpacked_block *u = unpacked + side * nb + b;
+                block_rows(xq, k, xs, xsums, b, u->w, u->u, qtype, nr, u->d, u->m, u->sc0,
+                           u->sc1, acc[side]);
+            }
         return;
     }
+    const int together = nr <= 2, unit = (int)panel_unit_bytes(qtype);
     __m256i w[8], u[8];
-    for (int b0 = 0; b0 < nb; b0 += unit_blocks(qtype)) { /* a unit */
-        const __m256 d = half_scales(p + side * HALF * 2);
-        const __m256 m = has_min(qtype) ? half_scales(p + 32 + side * HALF * 2)
-                                        : _mm256_setzero_ps();
-        const uint8_t *scales = p + (qtype == Q6_K ? 32 : 64) + side * HALF;
-        const uint8_t *minima = scales + 8 * PANEL;
-        p += header_bytes(qtype);
-        for (int s = 0; s < unit_blocks(qtype); s++) {
-            unpack(p + side * planes / 2, bits, w), p += planes;
-            if (qtype == Q8_0)
-                for (int t = 0; t < 8; t++) u[t] = _mm256_sign_epi8(w[t], w[t]);
-            if (qtype == Q6_K) {
-                const __m256 sc0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(scales + 2 * s * PANEL))));
-                const __m256 sc1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(scales + (2 * s + 1) * PANEL))));
-                block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, d, m, sc0, sc1, acc);
-            } else if (qtype == Q4_K || qtype == Q5_K) { /* as gguf_scales.h's, exact */
-                const __m256 ds = _mm256_mul_ps(d, byte_scales(scales + s * PANEL));
-                const __m256 ms = _mm256_sub_ps(
-                    _mm256_setzero_ps(), _mm256_mul_ps(m, byte_scales(minima + s * PANEL)));
-                block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, ds, ms, none, none, acc);
-            } else {
-                block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, d, m, none, none, acc);
+    for (int first = 0; first < SIDES; first += together ? SIDES : 1) {
+        const uint8_t *head = p; /* a unit's header */
+        for (int b0 = 0; b0 < nb; b0 += unit_blocks(qtype), head += unit) {
+            if (first == 0) prefetch_unit(head, qtype);
+            const uint8_t *planes0 = head + header_bytes(qtype);
+            for (int side = first; side < (together ? SIDES : first + 1); side++) {
+                const __m256 d = half_scales(head + side * HALF * 2);
+                const __m256 m = has_min(qtype) ? half_scales(head + 32 + side * HALF * 2)
+                                                : _mm256_setzero_ps();
+                const uint8_t *scales = head + (qtype == Q6_K ? 32 : 64) + side * HALF;
+                const uint8_t *minima = scales + 8 * PANEL;
+                for (int s = 0; s < unit_blocks(qtype); s++) {
+                    unpack(planes0 + s * planes + side * planes / 2, bits, w);
+                    if (qtype == Q8_0)
+                        for (int t = 0; t < 8; t++) u[t] = _mm256_sign_epi8(w[t], w[t]);
+                    if (qtype == Q6_K) {
+                        const __m256 sc0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(scales + 2 * s * PANEL))));
+                        const __m256 sc1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(scales + (2 * s + 1) * PANEL))));
+                        block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, d, m, sc0, sc1,
+                                   acc[side]);
+                    } else if (qtype == Q4_K || qtype == Q5_K) { /* as gguf_scales.h's, exact */
+                        const __m256 ds = _mm256_mul_ps(d, byte_scales(scales + s * PANEL));
+                        const __m256 ms = _mm256_sub_ps(
+                            _mm256_setzero_ps(),
+                            _mm256_mul_ps(m, byte_scales(minima + s * PANEL)));
+                        block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, ds, ms, none,
+                                   none, acc[side]);
+                    } else {
+                        block_rows(xq, k, xs, xsums, b0 + s, w, u, qtype, nr, d, m, none,
+                                   none, acc[side]);
+                    }
+                }
             }
         }
     }
@@ -215,14 +243,13 @@ static inline __attribute__((always_inline)) void tile(
     int64_t second, const unpacked_block *unpacked, int qtype, int nr, int np, int gated,
     const float *bias, const float *residual, int64_t ldr, float *y, int n, int cols) {
     (void)second, (void)np, (void)gated;
-    for (int side = 0; side < 2 && side * HALF < cols; side++) {
-        __m256 acc[MAX_ROWS];
-        panel_tile(xq, k, xs, xsums, p, unpacked ? unpacked + side * (k / BLOCK) : NULL,
-                   qtype, nr, side, acc);
+    __m256 acc[SIDES][MAX_ROWS];
+    panel_tile(xq, k, xs, xsums, p, unpacked, qtype, nr, acc);
+    for (int side = 0; side < SIDES && side * HALF < cols; side++) {
         const int c0 = side * HALF, width = cols - c0 < HALF ? cols - c0 : HALF;
         for (int i = 0; i < nr; i++) {
             float out[HALF];
-            _mm256_storeu_ps(out, acc[i]);
+            _mm256_storeu_ps(out, acc[side][i]);
             for (int c = 0; c < width; c++) {
                 float v = out[c];
                 if (bias) v += bias[c0 + c];
