@@ -38,9 +38,13 @@
 #endif
 
 #define PANEL 16 /* output columns per panel: the int32 / fp32 lanes of a zmm */
-/* bytes a reader asks for ahead in the stream (AVX2: 1.5-12 KiB measured on a 7B Q4_K / Q6_K
- * matrix at 1 row, 2 KiB the best; AVX-512: 1-4 KiB, 3 the best) */
+/* bytes a reader asks for ahead in the stream (AVX-512: 1-4 KiB measured, 3 the best; AVX2:
+ * 1.5-12 KiB on a 7B Q4_K / Q6_K matrix at 1 row, 2 the best) */
+#if defined(REPACKED_AVX512)
+#define PREFETCH 3072
+#else
 #define PREFETCH 2048
+#endif
 
 /* Bits of q, 0 for the types not repacked (Q2_K, Q3_K: gguf_gemm.c) */
 static inline int panel_bits(int qtype) {
