@@ -20,6 +20,8 @@ from minivllm.distributed.dp_metrics import DataParallelMetrics
 from minivllm.engine.generation_defaults import describe, load_sampling_defaults
 from minivllm.engine.stat_loggers import PrometheusStatLogger
 from minivllm.entrypoints.dashboard.routes import BROWSER_PATHS, add_dashboard_routes
+from minivllm.entrypoints.llamacpp.routes import add_llamacpp_routes
+from minivllm.entrypoints.ollama.routes import add_ollama_routes
 from minivllm.entrypoints.openai.chat_completion.cli_args import parsers_from_args
 from minivllm.entrypoints.openai.chat_completion.routes import add_chat_completion_routes
 from minivllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
@@ -119,6 +121,8 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
     add_embedding_routes(app, embeddings)
     add_responses_routes(app, chat, args)  # /v1/responses
     add_prefix_cache_routes(app, engine)  # /reset_prefix_cache
+    add_llamacpp_routes(app, engine, base, completions, chat, embeddings, args)
+    add_ollama_routes(app, engine, base, completions, chat, embeddings, args)  # /api/*
 
     hub = add_dashboard_routes(app, engine, getattr(args, "dashboard_interval", 1.0),
                                page=not getattr(args, "disable_dashboard", False))
