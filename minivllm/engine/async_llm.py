@@ -49,6 +49,7 @@ from minivllm.engine.inproc_client import InprocClient
 from minivllm.engine.messages import EngineCoreRequest
 from minivllm.engine.mp_client import MPClient
 from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.request_state import RequestGroup
 from minivllm.engine.request_stream import RequestStream
 from minivllm.engine.stat_loggers import StatLoggerBase
 from minivllm.model.loader import resolve_model_path
@@ -153,6 +154,11 @@ class AsyncLLM:
     def replica_states(self) -> list[dict]:
         """For /health: each data-parallel replica's state; empty with one engine core."""
         return self._client.replica_states()
+
+    def requests_in_flight(self) -> list[RequestGroup]:
+        """The requests this front end is serving, oldest first, as the OutputProcessor
+        keeps them (prompt, sequences so far, metrics): llama-server's /slots reads them."""
+        return list(self._processor.groups.values())
 
     # ---- requests -----------------------------------------------------------------------
 

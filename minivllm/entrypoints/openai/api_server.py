@@ -101,7 +101,7 @@ def build_app(engine: AsyncLLM, args) -> FastAPI:
         if states:
             up = all(s["state"] == "up" for s in states)
             return JSONResponse({"status": "ok" if up else "degraded", "replicas": states})
-        return Response(status_code=200)
+        return JSONResponse({"status": "ok"})  # llama-server's answer; vLLM's clients read 200
 
     @app.get("/version")
     async def show_version() -> dict:

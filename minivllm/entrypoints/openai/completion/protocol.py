@@ -23,6 +23,9 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
+    # The code after the insertion point: the prompt is the code before it, and the model
+    # writes the middle from its fill-in-the-middle tokens (llamacpp/fim.py)
+    suffix: str | None = None
     # vLLM's beam search: n beams, their hypotheses scored sum_logprobs / len ** length_penalty
     use_beam_search: bool = False
     length_penalty: float = 1.0

@@ -12,6 +12,7 @@ from collections import defaultdict
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
+from minivllm.entrypoints.llamacpp.fim import FimTokens, infill_prompt
 from minivllm.entrypoints.openai.completion.beam_search import (
     beam_search_choices,
     beam_search_params,
@@ -40,6 +41,11 @@ from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 class OpenAIServingCompletion(OpenAIServing):
+    # The model's FIM tokens and the tokens that end a middle, for `suffix` (set by
+    # llamacpp/routes.py, which reads them once)
+    fim: FimTokens = FimTokens()
+    fim_stop_token_ids: tuple[int, ...] = ()
+
     async def create(self, req: CompletionRequest, received: float | None = None) -> Response:
         """`received`: when the HTTP request reached the server (the stream's `timing`)."""
         timing = FirstTokenTiming(received, self.ttft_sink)
@@ -48,7 +54,12 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError(f"best_of: must equal n when streaming (the best are known only "
                               f"at the end), got best_of={req.best_of}, n={req.n}", 400,
                               "best_of")
-        prompts = self._tokenize_prompts(req.prompt)
+        if req.suffix is not None:
+            prompts = self._fim_prompt(req)
+            req = req.model_copy(update={"stop_token_ids": [
+                *(req.stop_token_ids or []), *self.fim_stop_token_ids]})
+        else:
+            prompts = self._tokenize_prompts(req.prompt)
         if req.use_beam_search:
             return await self._beam_search(req, prompts)
         # lm-eval's loglikelihood requests: echo=true, max_tokens=0 wants only the prompt's
@@ -93,6 +104,23 @@ class OpenAIServingCompletion(OpenAIServing):
         choices, usage = await beam_search_choices(self, req, request_id, prompts, params)
         return JSONResponse(CompletionResponse(id=request_id, model=self.model_name,
                                                choices=choices, usage=usage).model_dump())
+
+    def _fim_prompt(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        """`suffix`: the prompt and suffix laid out as llama-server's /infill does."""
+        if not isinstance(req.prompt, str):
+            raise OpenAIError("suffix: needs the prompt as one text (the code before the "
+                              "insertion point)", 400, "suffix")
+        if req.echo:
+            raise OpenAIError("echo: not supported with suffix", 400, "echo")
+        try:
+            self.fim.check("suffix")
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "suffix") from e
+        self.encode(req.prompt, "prompt")  # refuse text that is not valid Unicode
+        self.encode(req.suffix, "suffix")
+        ids = infill_prompt(self.tokenizer, self.fim, req.prompt, req.suffix, [], "",
+                            self.max_model_len, req.max_tokens or 0)
+        return [(None, ids)]
 
     def _tokenize_prompts(self, prompt) -> list[tuple[str | None, list[int]]]:
         """The prompt field's four shapes as (text or None, token ids) pairs."""

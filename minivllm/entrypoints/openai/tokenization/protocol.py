@@ -1,4 +1,5 @@
-"""Request models of vLLM's POST /tokenize and /detokenize."""
+"""Request models of POST /tokenize and /detokenize: vLLM's fields, and llama-server's
+(`content`, `add_special`, `parse_special`, `with_pieces`; llamacpp/tokenize.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from minivllm.entrypoints.openai.protocol import ChatMessage, OpenAIModel
 
 
 class TokenizeRequest(OpenAIModel):
-    """vLLM's /tokenize: either a prompt or chat messages."""
+    """vLLM's /tokenize: either a prompt or chat messages; or llama-server's: content."""
 
     model: str | None = None
     prompt: str | None = None
@@ -14,6 +15,11 @@ class TokenizeRequest(OpenAIModel):
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    # llama-server's form
+    content: str | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
 
 
 class DetokenizeRequest(OpenAIModel):

@@ -1,10 +1,14 @@
 """vLLM's tokenizer routes: POST /tokenize (a prompt or chat messages), POST /detokenize and
-GET /tokenizer_info, through the server's tokenizer and chat template."""
+GET /tokenizer_info, through the server's tokenizer and chat template. The same /tokenize
+and /detokenize serve llama-server's form: a request with `content` is answered with
+llama-server's keys; /detokenize, asked the same in both, answers both `prompt` (vLLM's)
+and `content` (llama-server's)."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 
+from minivllm.entrypoints.llamacpp import tokenize as llamacpp
 from minivllm.entrypoints.openai.errors import OpenAIError
 from minivllm.entrypoints.openai.serving import OpenAIServing
 from minivllm.entrypoints.openai.tokenization.protocol import DetokenizeRequest, TokenizeRequest
@@ -17,8 +21,13 @@ def add_tokenization_routes(app: FastAPI, base: OpenAIServing) -> None:
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict:
         base.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise OpenAIError("give exactly one of prompt or messages", 400, "prompt")
+        asked = sum(field is not None for field in (req.prompt, req.messages, req.content))
+        if asked != 1:
+            raise OpenAIError("give exactly one of prompt or messages (vLLM's form) or "
+                              "content (llama-server's)", 400, "prompt")
+        if req.content is not None:
+            return llamacpp.tokenize(base, req.content, req.add_special, req.parse_special,
+                                     req.with_pieces)
         if req.messages is not None:
             text = base.render_chat(req.messages, req.add_generation_prompt)
             add_special = bool(req.add_special_tokens)
@@ -41,4 +50,5 @@ def add_tokenization_routes(app: FastAPI, base: OpenAIServing) -> None:
         base.check_model(req.model)
         if req.tokens:
             base.check_token_ids(req.tokens, "tokens")
-        return {"prompt": base.tokenizer.decode(req.tokens)}
+        text = base.tokenizer.decode(req.tokens)
+        return {"prompt": text, "content": text}
