@@ -113,7 +113,8 @@ class OllamaServingGeneration:
                                  oai)
         return await self._answer(run, gen, req.stream, self._chat_body)
 
-    def _chat_body(self, run: Run, text: str, final: bool, whole: bool) -> dict | None:
+    @staticmethod
+    def _chat_body(run: Run, text: str, final: bool, whole: bool) -> dict | None:
         if whole:
             content, thinking, calls = run.parser.whole(text)
         else:
