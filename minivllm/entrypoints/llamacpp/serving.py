@@ -101,7 +101,9 @@ class LlamaServing:
             top_p=req.top_p, min_p=req.min_p, repetition_penalty=req.repeat_penalty,
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             stop=req.stop, seed=None if req.seed in (-1, DEFAULT_SEED) else req.seed,
-            stream=req.stream, ignore_eos=req.ignore_eos, stop_token_ids=self.eog_ids,
+            stream=req.stream, ignore_eos=req.ignore_eos,
+            # llama.cpp's ignore_eos lets every end-of-generation token through
+            stop_token_ids=[] if req.ignore_eos else self.eog_ids,
             guided_json=req.json_schema)
         # None: the rest of the context. n_predict 0 evaluates the prompt only: the engine
         # generates one token, which is dropped.
@@ -201,8 +203,10 @@ class LlamaServing:
         tokenizer = self.base.tokenizer
 
         def entry(tid: int, lp: Logprob) -> dict:
-            return {"id": tid, "token": self.base.token_str(tid, lp),
-                    "bytes": list(token_bytes(tokenizer, tid)),
+            text = self.base.token_str(tid, lp)
+            # the text's bytes, unless the token holds part of a character
+            data = token_bytes(tokenizer, tid) if "\ufffd" in text else text.encode()
+            return {"id": tid, "token": text, "bytes": list(data),
                     "logprob": max(lp.logprob, LOGPROB_FLOOR)}
 
         probs = []
