@@ -231,7 +231,9 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
     processor = _processor(AutoConfig.from_pretrained(directory), pointer["architecture"])
     parsed: dict = {"tensors": {}}  # where the expert processors put what they stack
     state: dict[str, torch.Tensor | BlockWeight] = parsed["tensors"]
-    mapped = np.memmap(pointer["gguf_file"], mode="r").view(np.ndarray)
+    # copy-on-write: the blocks are views of the file, never copied (the kernels only read
+    # them; repacked, or found in the repack cache, most are never read at all)
+    mapped = np.memmap(pointer["gguf_file"], mode="c").view(np.ndarray)
     report = WeightBytes()
     for tensor in pointer["tensors"]:
         dtype, shape = np.dtype(tensor["dtype"]), tensor["shape"]
@@ -247,10 +249,9 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
         result = processor.process(weights=weights, name=tensor["name"],
                                    tensor_key_mapping=names, parsed_parameters=parsed)
         if result.name in names:  # not e.g. llama.cpp's precomputed rope_freqs
-            weights = result.weights  # F32 tensors come back as views of the read-only map
-            weights = torch.from_numpy(weights if weights.flags.writeable else weights.copy())
-            state[names[result.name]] = (BlockWeight(int(qtype), weights) if as_blocks
-                                         else weights)
+            weights = torch.from_numpy(result.weights)
+            state[names[result.name]] = (BlockWeight(int(qtype), weights, tensor["name"])
+                                         if as_blocks else weights)
             block_values, type_bytes = GGML_QUANT_SIZES[qtype]
             report.add(Tensor(tensor["name"], qtype.name, int(qtype), matrix,
                               data.nbytes // type_bytes * block_values, data.nbytes,

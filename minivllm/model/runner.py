@@ -13,6 +13,7 @@ to the runner as `lora`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,12 +28,14 @@ from minivllm.model.kernels import library
 from minivllm.model.kernels.threads import ThreadGovernor
 from minivllm.model.kv_disk import DiskKVStore, model_fingerprint
 from minivllm.model.kv_pools import KVPools
+from minivllm.model.linear import repack_cache
 from minivllm.model.linear.choice import (
     ChoiceTable,
     KernelChoice,
     default_table_path,
     row_padding,
 )
+from minivllm.model.linear.repack_cache import RepackCache
 from minivllm.model.loader import load_state_dict, resolve_device
 from minivllm.model.models import build_model
 from minivllm.model.models.layers import GatedMLP
@@ -119,13 +122,20 @@ class ModelRunner:
         self.use_reference_attention = False
 
     def _load_model(self, path, hf_config, quantization: str | None) -> torch.nn.Module:
-        weights = {k: v.to(self.device, self.dtype)
-                   for k, v in load_state_dict(
-                       path, keep_gguf_blocks=quantization == "gguf").items()}
-        return build_model(hf_config, weights, quantization,
-                           linear_weights="bf16" if self.bf16_weights else None,
-                           smooth_keys=bool(self.kv_format and self.kv_format.smooth_keys),
-                           kernel_choice=self.kernel_choice).to(self.device)
+        with repack_cache.using(self._repack_cache(path, quantization)):
+            weights = {k: v.to(self.device, self.dtype)
+                       for k, v in load_state_dict(
+                           path, keep_gguf_blocks=quantization == "gguf").items()}
+            return build_model(hf_config, weights, quantization,
+                               linear_weights="bf16" if self.bf16_weights else None,
+                               smooth_keys=bool(self.kv_format and self.kv_format.smooth_keys),
+                               kernel_choice=self.kernel_choice).to(self.device)
+
+    def _repack_cache(self, path, quantization: str | None) -> RepackCache | None:
+        """A GGUF file's blocks repacked on this CPU are kept beside its model directory."""
+        if quantization != "gguf" or self.device.type != "cpu" or not library.gguf_repacked():
+            return None
+        return RepackCache(Path(path) / RepackCache.file_name())
 
     def _allocate_kv_caches(self, config: EngineConfig, hf_configs: list,
                             max_model_len: int) -> list[tuple]:

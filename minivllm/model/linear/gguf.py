@@ -30,25 +30,41 @@ import torch.nn.functional as F
 
 from minivllm.model.kernels import fused_ops, gguf_blocks, gguf_ops, library, linear_ops
 from minivllm.model.kernels.gguf_blocks import BLOCK, UNIT_BYTES, UNIT_VALUES
+from minivllm.model.linear import repack_cache
 
 
-@dataclass
 class BlockWeight:
     """A linear's (or the token embeddings') weight [N, K] as GGUF blocks: uint8
-    [N, K / unit values * unit bytes]."""
+    [N, K / unit values * unit bytes]. `blocks` may be given as row ranges to join (a fused
+    q/k/v or gate/up, cat_rows): they are joined on first use of `blocks`, so a linear whose
+    repacked weights come from the repack cache (repack_cache.py) never copies them.
+    `source`: the GGUF tensors it holds ("+"-joined names), the repack cache's key; "" for
+    blocks of no file."""
 
-    qtype: int
-    blocks: torch.Tensor
+    def __init__(self, qtype: int, blocks: torch.Tensor | list[torch.Tensor],
+                 source: str = "") -> None:
+        self.qtype, self.source = qtype, source
+        self._parts = [blocks] if isinstance(blocks, torch.Tensor) else list(blocks)
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        if len(self._parts) > 1:
+            self._parts = [torch.cat(self._parts)]
+        return self._parts[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self._parts[0].device
 
     @property
     def shape(self) -> tuple[int, int]:
-        rows, row_bytes = self.blocks.shape
+        rows, row_bytes = sum(p.shape[0] for p in self._parts), self._parts[0].shape[1]
         return rows, row_bytes // UNIT_BYTES[self.qtype] * UNIT_VALUES[self.qtype]
 
     def to(self, device: torch.device, dtype: torch.dtype | None = None) -> BlockWeight:
         """On `device`; the blocks keep their type whatever `dtype` (runner.py moves every
         weight with its dtype)."""
-        return BlockWeight(self.qtype, self.blocks.to(device))
+        return BlockWeight(self.qtype, [p.to(device) for p in self._parts], self.source)
 
     def _units(self) -> torch.Tensor:
         rows, _ = self.shape
@@ -109,8 +125,12 @@ def cat_rows(parts: list[torch.Tensor | BlockWeight]) -> torch.Tensor | BlockWei
     mix with dequantized weights is dequantized (a part the kernels do not run)."""
     if not all(isinstance(p, BlockWeight) for p in parts):
         return torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts])
-    joined = [BlockWeight(qtype, torch.cat([p.blocks for p in run]))
-              for qtype, run in groupby(parts, key=lambda p: p.qtype)]
+    joined = []
+    for qtype, run in groupby(parts, key=lambda p: p.qtype):
+        run = list(run)
+        sources = [p.source for p in run]
+        joined.append(BlockWeight(qtype, [b for p in run for b in p._parts],
+                                  "+".join(sources) if all(sources) else ""))
     return joined[0] if len(joined) == 1 else BlockRows(joined)
 
 
@@ -173,19 +193,19 @@ class GGUFLinear:
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else bias.float()
         parts = weight.parts if isinstance(weight, BlockRows) else [weight]
-        self.use_kernel = use_kernel and library.available(parts[0].blocks.device, torch.float32)
+        self.use_kernel = use_kernel and library.available(parts[0].device, torch.float32)
         self.qtypes = [p.qtype for p in parts]
         self.part_rows = [p.shape[0] for p in parts]
-        self.blocks: list[torch.Tensor | None] = [p.blocks for p in parts]
         self.repacked: list[torch.Tensor | None] = [None] * len(parts)
         if not self.use_kernel:
             self.dequantized = weight.dequantize()
         elif library.gguf_repacked():
-            self.repacked = [gguf_ops.gguf_repack(p.blocks, p.qtype, self.in_features)
-                             for p in parts]
-            if not library.amx():  # the blocks are not read again: let them go (unless shared)
-                self.blocks = [b if r is None else None
-                               for b, r in zip(self.blocks, self.repacked)]
+            self.repacked = [repack_cache.repacked(p, self.in_features) for p in parts]
+        # the blocks are not read again once repacked (but by AMX's prefill): let them go
+        # (unless shared), never joined or read where the repack cache had them
+        self.blocks: list[torch.Tensor | None] = [
+            p.blocks if r is None or library.amx() else None
+            for p, r in zip(parts, self.repacked)]
         # silu_and_mul in the kernel's epilogue: one repacked part, no bias, whole panels
         self.fuses_silu = (len(parts) == 1 and self.repacked[0] is not None and bias is None
                            and self.out_features % 32 == 0
