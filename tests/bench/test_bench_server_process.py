@@ -3,13 +3,14 @@ benchmarks starts a server, waits for /health and stops everything the server st
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 
 import psutil
 import pytest
 
-from minivllm.bench.server_process import free_port, start_server, stop_server
+from minivllm.bench.server_process import free_port, session_peak_rss, start_server, stop_server
 
 # A server that answers /health and starts a child that would outlive it.
 SERVER = """
@@ -49,3 +50,20 @@ def test_a_server_that_exits_is_reported_with_its_log(tmp_path):
     with pytest.raises(RuntimeError, match=r"code 3:\n.*no model here"):
         start_server([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"],
                       tmp_path / "server.log", f"http://127.0.0.1:{free_port()}", timeout=60)
+
+
+def test_session_peak_rss_sums_the_sessions_processes():
+    """A parent and the child it starts, each holding 64 MB: both counted, and nothing of
+    this (test) process, which is in another session."""
+    hold = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
+    code = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {hold!r}]); "
+            f"{hold}")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while session_peak_rss(proc) < 128 << 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert 128 << 20 <= session_peak_rss(proc) < 256 << 20
+    finally:
+        stop_server(proc, timeout=5)
+    assert session_peak_rss(proc) == 0  # nothing left of the session
