@@ -1,0 +1,77 @@
+"""llama-server's infill on a real code model, Qwen2.5-Coder-0.5B-Instruct (its Q4_K_M GGUF
+file, served as its blocks): /infill of a function body that its prefix and suffix pin is,
+token for token (greedy), what the model writes for the raw FIM prompt through /completion,
+and ends at the model's end of text; the openai SDK's completions.create(suffix=...) gets
+the same middle."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from minivllm.bench.qwen25_coder import qwen25_coder_gguf
+from tests.server_utils import ServerProcess
+
+pytestmark = pytest.mark.real_model
+
+# The suffix pins the body; the 0.5B Instruct model then goes on past it, as FIM models do
+# without llama.vim's n_indent (measured: "    return x * x\n\n\nassert square(5) == 25\n")
+PREFIX = "def square(x):\n"
+SUFFIX = "\n\n\nassert square(3) == 9\n"
+BODY = "    return x * x\n"
+# llama-server's layout for a model with repo and file tokens (no input_extra)
+RAW_FIM = ("<|repo_name|>myproject\n<|file_sep|>filename\n<|fim_prefix|>" + PREFIX
+           + "<|fim_suffix|>" + SUFFIX + "<|fim_middle|>")
+GREEDY = {"temperature": 0, "n_predict": 32, "return_tokens": True}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    try:
+        gguf = qwen25_coder_gguf()
+    except RuntimeError as exc:
+        pytest.fail(f"cannot assemble Qwen2.5-Coder-0.5B's GGUF file: {exc}")
+    server = ServerProcess(gguf, ["--max-model-len", "2048", "--max-num-seqs", "4",
+                                  "--served-model-name", "qwen-coder"],
+                           tmp_path_factory.mktemp("llamacpp_real") / "server.log",
+                           ready_timeout=300)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+def test_infill_is_the_raw_fim_prompt_token_for_token(http):
+    infill = http.post("/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX,
+                                        **GREEDY}).json()
+    raw = http.post("/completion", json={"prompt": RAW_FIM, **GREEDY}).json()
+    assert infill["tokens"] == raw["tokens"] and infill["content"] == raw["content"]
+    assert infill["tokens_evaluated"] == raw["tokens_evaluated"]
+    assert infill["content"].startswith(BODY)
+    # the middle ends at <|endoftext|>, an end-of-generation token for llama.cpp
+    assert infill["stop_type"] == "eos" and infill["tokens_predicted"] < 32
+
+
+def test_openai_sdk_suffix(server, http):
+    infill = http.post("/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX,
+                                        **GREEDY}).json()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    completion = client.completions.create(model="qwen-coder", prompt=PREFIX, suffix=SUFFIX,
+                                           max_tokens=32, temperature=0)
+    assert completion.choices[0].text == infill["content"]
+    assert completion.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model="qwen-coder", prompt=PREFIX, suffix=SUFFIX,
+                                         max_tokens=32, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == infill["content"]
+
+
+def test_fim_tokens_and_pieces(http):
+    pieces = http.post("/tokenize", json={"content": "<|fim_prefix|>é", "with_pieces": True})
+    assert pieces.json()["tokens"][0] == {"id": 151659, "piece": "<|fim_prefix|>"}
+    assert "".join(p["piece"] for p in pieces.json()["tokens"][1:]
+                   if isinstance(p["piece"], str)) in ("é", "")
