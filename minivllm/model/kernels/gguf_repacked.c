@@ -5,9 +5,9 @@
  *
  *   AVX-512 VNNI: vpdpbusd(acc, W, broadcast(4 bytes of x)): lane c += the 4 products of
  *                 column c, 16 columns;
- *   AVX2:         vpmaddubsw + vpmaddwd, the same for 8 columns (two quads' int16 pairs
- *                 summed first: |q| <= 63 keeps them below 2^15; Q8_0 signed, with
- *                 llama.cpp's sign trick);
+ *   AVX2:         vpmaddubsw + vpmaddwd, the same for 8 columns (the int16 pairs of a
+ *                 4-bit block's 8 quads, a 5-bit one's 4 and Q6_K's 2 summed first, below
+ *                 2^15; Q8_0 signed, with llama.cpp's sign trick);
  *
  * so a block of 32 values costs 8 of them per row of x, where gguf_gemm.c spends one per
  * column and then sums lanes: no horizontal sums, the columns' fp16 scales converted by one

@@ -77,27 +77,41 @@ static inline __attribute__((always_inline)) void block_rows(
     for (int i = 0; i < nr; i++) {
         const int8_t *x = xq + (int64_t)i * k + b * BLOCK;
         __m256i half_sums[2];
-        for (int h = 0; h < 2; h++) {
-            __m256i s = _mm256_setzero_si256();
-            for (int t = 4 * h; t < 4 * h + 4; t += 2) {
-                __m256i pairs;
-                if (qtype == Q8_0) { /* |w| * (x with w's sign): each pair below 2^15 */
-                    pairs = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(u[t], _mm256_sign_epi8(x4(x + 4 * t), w[t])), ones);
+        if (qtype == Q6_K || qtype == Q8_0) { /* per half, two quads at a time */
+            for (int h = 0; h < 2; h++) {
+                __m256i s = _mm256_setzero_si256();
+                for (int t = 4 * h; t < 4 * h + 4; t += 2) {
+                    __m256i pairs;
+                    if (qtype == Q8_0) { /* |w| * (x with w's sign): each pair below 2^15 */
+                        pairs = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(u[t], _mm256_sign_epi8(x4(x + 4 * t), w[t])),
+                            ones);
+                        s = _mm256_add_epi32(s, pairs);
+                        pairs = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(u[t + 1],
+                                                 _mm256_sign_epi8(x4(x + 4 * t + 4), w[t + 1])),
+                            ones);
+                    } else { /* q <= 63: two quads' pairs summed in int16 stay below 2^15 */
+                        pairs = _mm256_madd_epi16(
+                            _mm256_add_epi16(_mm256_maddubs_epi16(w[t], x4(x + 4 * t)),
+                                             _mm256_maddubs_epi16(w[t + 1], x4(x + 4 * t + 4))),
+                            ones);
+                    }
                     s = _mm256_add_epi32(s, pairs);
-                    pairs = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(u[t + 1],
-                                             _mm256_sign_epi8(x4(x + 4 * t + 4), w[t + 1])),
-                        ones);
-                } else { /* q <= 63: two quads' pairs summed in int16 stay below 2^15 */
-                    pairs = _mm256_madd_epi16(
-                        _mm256_add_epi16(_mm256_maddubs_epi16(w[t], x4(x + 4 * t)),
-                                         _mm256_maddubs_epi16(w[t + 1], x4(x + 4 * t + 4))),
-                        ones);
                 }
-                s = _mm256_add_epi32(s, pairs);
+                half_sums[h] = s;
             }
-            half_sums[h] = s;
+        } else { /* the whole block in int16 before one widening per group: |pairs| <= 2 *
+                  * 127 * q, so 8 quads of 4 bits (<= 30480) or 4 of 5 (<= 31496) fit */
+            const int group = panel_bits(qtype) == 4 ? 8 : 4;
+            __m256i s = _mm256_setzero_si256();
+            for (int t0 = 0; t0 < 8; t0 += group) {
+                __m256i p16 = _mm256_maddubs_epi16(w[t0], x4(x + 4 * t0));
+                for (int t = t0 + 1; t < t0 + group; t++)
+                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(w[t], x4(x + 4 * t)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, ones));
+            }
+            half_sums[0] = s, half_sums[1] = _mm256_setzero_si256();
         }
         const int32_t *half = xsums + ((int64_t)i * nb + b) * 2;
         const float sx = xs[(int64_t)i * nb + b];
