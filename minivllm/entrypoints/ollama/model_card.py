@@ -77,11 +77,14 @@ def gguf_card(path: Path) -> ModelCard:
     count = sum(int(t.n_elements) for t in reader.tensors)
     for target in (info, verbose):
         target.setdefault("general.parameter_count", count)
-    file_type = info.get("general.file_type")
     try:
-        level = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except ValueError:
-        level = "unknown"
+        level = LlamaFileType(info["general.file_type"]).name
+        level = level.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (KeyError, ValueError):  # no file type written: the type most weights are in
+        types = Counter()
+        for t in reader.tensors:
+            types[t.tensor_type.name] += int(t.n_elements)
+        level = types.most_common(1)[0][0] if types else "unknown"
     return ModelCard(path, "gguf", str(info.get("general.architecture", "unknown")), count,
                      level, path.stat().st_size, _mtime(path), info, verbose)
 

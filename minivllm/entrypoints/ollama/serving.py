@@ -88,10 +88,19 @@ class OllamaServingGeneration:
     def __init__(self, completions, chat) -> None:
         self.completions, self.chat = completions, chat
 
+    def _check_runner(self) -> None:
+        """The engine refuses generation on a pooling runner; said first here, before a
+        prompt is rendered with a chat template such a server may not have."""
+        config = self.chat.engine.config.model_config
+        if config.runner_type == "pooling":
+            raise OpenAIError(f"this server runs --runner {config.runner}: it serves "
+                              "embeddings (/api/embed) only, not generation", 400)
+
     # ---- POST /api/chat -----------------------------------------------------------------
 
     async def chat_(self, req: ChatRequest, served: str, received: float) -> Response:
         run = Run(req.model, received)
+        self._check_runner()
         if not req.messages:  # Ollama's "load the model": it is loaded
             return JSONResponse({"model": req.model, "created_at": now(), "done": True,
                                  "done_reason": "load",
@@ -132,6 +141,7 @@ class OllamaServingGeneration:
 
     async def generate(self, req: GenerateRequest, served: str, received: float) -> Response:
         run = Run(req.model, received, keep_context=not req.raw)
+        self._check_runner()
         if req.images:
             raise OpenAIError("images: this server runs text models only", 400)
         if req.suffix:
