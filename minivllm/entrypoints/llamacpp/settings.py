@@ -15,7 +15,13 @@ _DISABLED = {
     "xtc_probability": 0.0, "xtc_threshold": 0.1,
     "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
     "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+    "adaptive_target": -1.0, "adaptive_decay": 0.9,
 }
+# What llama-server reports of its chat parsing, speculation and backend sampling: what a
+# /completion request (raw text in, raw text out, no draft) has there
+_PLAIN = {"chat_format": "Content-only", "reasoning_format": "none",
+          "reasoning_in_content": False, "generation_prompt": "", "speculative.types": "none",
+          "backend_sampling": False}
 
 
 def settings(req: CompletionRequest, full: bool = True) -> dict:
@@ -41,6 +47,7 @@ def settings(req: CompletionRequest, full: bool = True) -> dict:
         "stream": req.stream,
         "n_probs": req.n_probs,
         "min_keep": req.min_keep,
+        **_PLAIN,
         "samplers": SAMPLERS,
         "timings_per_token": False,
         "post_sampling_probs": req.post_sampling_probs,
@@ -48,6 +55,7 @@ def settings(req: CompletionRequest, full: bool = True) -> dict:
     }
     if full:
         out.update({"stop": req.stop, "logit_bias": [], "grammar": req.grammar,
+                    "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
                     "dry_sequence_breakers": ["\n", ":", "\"", "*"]})
     return out
 

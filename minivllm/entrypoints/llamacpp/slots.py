@@ -8,10 +8,17 @@ free (minivllm's scheduler may preempt one, which this view does not show)."""
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 
+from minivllm.entrypoints.llamacpp.gguf_metadata import read_scalars
 from minivllm.entrypoints.llamacpp.settings import SAMPLERS, default_settings
 
 BUILD_INFO = "minivllm"
+# llama.cpp's names of the GGUF file types (general.file_type) its users meet
+_FILE_TYPES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+               10: "Q2_K - Medium", 11: "Q3_K - Small", 12: "Q3_K - Medium",
+               13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
+               16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}
 
 
 def next_seats(engine, n: int, max_num_seqs: int) -> list[int]:
@@ -60,22 +67,36 @@ def _task(group, n_ctx: int) -> dict:
     }
 
 
-def props(engine, base, model_path: str, max_num_seqs: int) -> dict:
+def file_type(gguf: Path | None) -> str:
+    """A GGUF file's type as llama.cpp names it (its general.file_type), "" for a model of
+    another format."""
+    if gguf is None:
+        return ""
+    ftype = read_scalars(gguf, {"general.file_type"}).get("general.file_type")
+    return _FILE_TYPES.get(ftype, "" if ftype is None else f"file type {ftype}")
+
+
+def props(engine, base, model_path: str, model_ftype: str, max_num_seqs: int) -> dict:
     tokenizer = base.tokenizer
     return {
         "default_generation_settings": {"params": default_settings(),
                                         "n_ctx": engine.max_model_len},
         "total_slots": max_num_seqs,
         "model_alias": base.model_name,
+        "model_ftype": model_ftype,
         "model_path": model_path,
         "modalities": {"vision": False, "video": False, "audio": False},
+        "media_marker": "<__media__>",  # no multimodal input: a marker nothing carries
         "endpoint_slots": True,
         "endpoint_props": False,
         "endpoint_metrics": True,
+        "ui": False,  # no web UI (minivllm's dashboard is at /dashboard)
+        "ui_settings": {},
         "chat_template": base.chat_template or tokenizer.chat_template or "",
         "chat_template_caps": {},
         "bos_token": tokenizer.bos_token or "",
         "eos_token": tokenizer.eos_token or "",
         "build_info": BUILD_INFO,
         "is_sleeping": False,
+        "cors_proxy_enabled": False,
     }
