@@ -41,7 +41,19 @@ static uint8_t *write_planes(uint8_t *p, uint8_t q[PANEL][BLOCK], int bits) {
                         mask |= (uint64_t)((v[c][4 * t + j] >> bit) & 1) << (4 * c + j);
                 memcpy(p, &mask, 8), p += 8;
             }
-#else /* per byte 4c + j, bit t from quad t */
+#else
+            if (bits == 6) { /* bits 4-5 as crumbs: plane h's byte 4c + j, quad 4h + t at 2t */
+                for (int h = 0; h < 2; h++)
+                    for (int c = 0; c < width; c++)
+                        for (int j = 0; j < 4; j++) {
+                            uint8_t byte = 0;
+                            for (int t = 0; t < 4; t++)
+                                byte |= ((v[c][4 * (4 * h + t) + j] >> 4) & 3) << (2 * t);
+                            *p++ = byte;
+                        }
+                break;
+            }
+            /* per byte 4c + j, bit t from quad t */
             for (int c = 0; c < width; c++)
                 for (int j = 0; j < 4; j++) {
                     uint8_t byte = 0;

@@ -19,8 +19,9 @@
  *       high nibble from quad h + 4; then for each bit past 4 (4, then 5) 8 quads x 64
  *       bits, bit 4c + j (a byte mask as it is);
  *   - AVX2, columns 0-7 then columns 8-15, each half as above with 32 bytes where AVX-512
- *       has 64 (byte 4c + j, c < 8), except the bits past 4: 32 bytes per bit, bit t of
- *       byte 4c + j from quad t (a shift and a mask per quad).
+ *       has 64 (byte 4c + j, c < 8), except the bits past 4: Q5's 32 bytes, bit t of byte
+ *       4c + j from quad t (a shift and a mask per quad); Q6_K's two planes of 32 bytes of
+ *       crumbs, plane h's byte 4c + j holding quad 4h + t's bits 4-5 at bits 2t, 2t + 1.
  * That is the file's own bytes per weight (Q4_K, Q5_K: +1/64 byte, their 6-bit scales as
  * bytes), so a decode step reads what the file stores. Padding columns past n have d = 0
  * and contribute nothing. */

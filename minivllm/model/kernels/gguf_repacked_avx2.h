@@ -32,6 +32,20 @@ static inline __attribute__((always_inline)) void unpack(const uint8_t *p, int b
         w[h] = _mm256_and_si256(v, low);
         w[h + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
+    if (bits == 6) { /* two planes of crumbs: plane h, bits 2t..2t+1 of each byte: quad 4h + t's
+                      * bits 4-5 (2 or 3 instructions a quad where a plane per bit took 6) */
+        const __m256i high = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++) {
+            const __m256i plane = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+            for (int t = 0; t < 4; t++) { /* bits crossing into the next byte miss the mask */
+                const __m256i moved = t < 2    ? _mm256_slli_epi16(plane, 4 - 2 * t)
+                                      : t == 2 ? plane
+                                               : _mm256_srli_epi16(plane, 2);
+                w[4 * h + t] = _mm256_or_si256(w[4 * h + t], _mm256_and_si256(moved, high));
+            }
+        }
+        return;
+    }
     for (int bit = 4; bit < bits; bit++) { /* bit t of each byte: quad t's bit `bit` */
         const __m256i plane = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * (bit - 4)));
         const __m256i one = _mm256_set1_epi8((char)(1 << bit));
