@@ -1,7 +1,7 @@
 """Fill-in-the-middle's parts without a server: the FIM token ids read from a GGUF file's
 metadata (new keys, the older ones, skipping the vocabulary before them) or found in the
 vocabulary by name; llama-server's infill layout (repo-level with file tokens, snippets
-without, its cuts, BOS); the end-of-generation tokens; a token's bytes."""
+without, its cuts, BOS); the end-of-generation tokens; a token's bytes; n_indent's stop."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from minivllm.entrypoints.llamacpp.fim import (
 )
 from minivllm.entrypoints.llamacpp.gguf_metadata import read_scalars
 from minivllm.entrypoints.llamacpp.pieces import piece
+from minivllm.entrypoints.llamacpp.progress import Progress
+from minivllm.outputs import CompletionOutput
 
 SPECIALS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>",
             "<|file_sep|>", "<|fim_pad|>", "<|endoftext|>"]
@@ -123,3 +125,19 @@ def test_cuts_prefix_suffix_and_extra():
 def test_pieces_are_text_or_bytes():
     tok = word_tokenizer(SPECIALS)
     assert piece(tok, 10) == "w10" and piece(tok, 100) == "<|fim_prefix|>"
+
+
+def indent_cut(chunks: list[str], n_indent: int) -> tuple[str, bool]:
+    progress = Progress(n_indent)
+    for chunk in chunks:
+        progress.add(CompletionOutput(0, chunk, [7], None, None))
+    return progress.text, progress.cut
+
+
+def test_n_indent_cuts_the_first_line_indented_less():
+    # the first line is free; the blank line after the body is indented 0 < 4: cut there
+    assert indent_cut(["    return x * x\n", "\n", "\nassert"], 4) == ("    return x * x\n", True)
+    # a line's indentation split across deltas, then too short: cut after its blanks
+    assert indent_cut(["a\n  ", "      b\n    ", "c"], 8) == ("a\n        b\n    ", True)
+    assert indent_cut(["a\n", "   "], 4) == ("a\n   ", False)  # not known yet
+    assert indent_cut(["a\nb\n"], 0) == ("a\nb\n", False)  # 0: off

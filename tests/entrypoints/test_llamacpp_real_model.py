@@ -6,6 +6,8 @@ the same middle."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -55,6 +57,18 @@ def test_infill_is_the_raw_fim_prompt_token_for_token(http):
     assert infill["content"].startswith(BODY)
     # the middle ends at <|endoftext|>, an end-of-generation token for llama.cpp
     assert infill["stop_type"] == "eos" and infill["tokens_predicted"] < 32
+
+
+def test_n_indent_ends_the_middle_with_the_body(http):
+    """llama.vim's n_indent (the cursor's indentation): the first line less indented ends
+    the answer before it."""
+    infill = http.post("/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX,
+                                        "n_indent": 4, **GREEDY}).json()
+    assert infill["content"] == BODY and infill["stop_type"] == "limit"
+    with http.stream("POST", "/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX,
+                                              "n_indent": 4, "stream": True, **GREEDY}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == BODY and events[-1]["stop"] is True
 
 
 def test_openai_sdk_suffix(server, http):

@@ -113,6 +113,13 @@ def test_n_predict_zero_and_past_the_context(http):
     assert everything["stop_type"] == "limit" and everything["truncated"] is True
 
 
+def test_response_fields(http):
+    fields = ["content", "timings/prompt_n", "generation_settings/n_predict", "nope/x"]
+    answer = post(http, "/completion", prompt=PROMPT, response_fields=fields, **greedy())
+    assert set(answer) == {"content", "timings/prompt_n", "generation_settings/n_predict"}
+    assert answer["generation_settings/n_predict"] == 8
+
+
 def test_stop_word(http):
     whole = post(http, "/completion", prompt=PROMPT, **greedy())
     word = whole["content"].split()[3]

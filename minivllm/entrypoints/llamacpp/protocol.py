@@ -46,6 +46,8 @@ class CompletionRequest(LlamaModel):
     id_slot: int = Field(-1, ge=-1, le=INT32)
     min_keep: int = Field(0, ge=0, le=INT32)
     json_schema: dict[str, Any] | None = None
+    n_indent: int = Field(0, ge=0, le=INT32)  # lines after the first: at least this indented
+    response_fields: list[str] = Field(default_factory=list)
     # Samplers minivllm does not run: their disabled values only
     typical_p: float = 1.0
     mirostat: int = 0

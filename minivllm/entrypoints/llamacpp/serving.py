@@ -7,31 +7,26 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
+from minivllm.entrypoints.llamacpp.answers import chosen_fields, final_answer, token_event
 from minivllm.entrypoints.llamacpp.errors import error_json
 from minivllm.entrypoints.llamacpp.fim import FimTokens, infill_prompt
-from minivllm.entrypoints.llamacpp.pieces import token_bytes
+from minivllm.entrypoints.llamacpp.progress import Progress
 from minivllm.entrypoints.llamacpp.protocol import (
     DEFAULT_SEED,
     CompletionRequest,
     InfillRequest,
 )
-from minivllm.entrypoints.llamacpp.settings import settings
 from minivllm.entrypoints.llamacpp.slots import next_seats
 from minivllm.entrypoints.openai.errors import OpenAIError
 from minivllm.entrypoints.openai.protocol import SamplingRequest
-from minivllm.entrypoints.openai.serving import LOGPROB_FLOOR, OpenAIServing
-from minivllm.entrypoints.openai.streaming import (
-    SSEResponse,
-    first_outputs,
-    gather_or_cancel,
-    last_output,
-    merge_streams,
-)
-from minivllm.outputs import Logprob, RequestOutput
+from minivllm.entrypoints.openai.serving import OpenAIServing
+from minivllm.entrypoints.openai.streaming import SSEResponse, first_outputs, merge_streams
+from minivllm.outputs import RequestOutput
 
 # minivllm's names for llama-server's, in the messages of the checks they share
 _RENAMES = {"repetition_penalty": "repeat_penalty", "max_tokens": "n_predict"}
@@ -101,7 +96,7 @@ class LlamaServing:
             top_p=req.top_p, min_p=req.min_p, repetition_penalty=req.repeat_penalty,
             presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             stop=req.stop, seed=None if req.seed in (-1, DEFAULT_SEED) else req.seed,
-            stream=req.stream, ignore_eos=req.ignore_eos,
+            stream=True, ignore_eos=req.ignore_eos,  # deltas, whole answers too (_events)
             # llama.cpp's ignore_eos lets every end-of-generation token through
             stop_token_ids=[] if req.ignore_eos else self.eog_ids,
             guided_json=req.json_schema)
@@ -135,111 +130,55 @@ class LlamaServing:
         seats = next_seats(self.base.engine, len(prompts), self.max_num_seqs)
         gens = [self.base.generate(f"{request_id}-{i}", None, ids, params, sreq)
                 for i, (ids, (sreq, params)) in enumerate(zip(prompts, sampling))]
+        firsts = await first_outputs(gens)  # the engine's refusals: a 4xx, not a stream
+        events = self._events(req, gens, firsts, seats)
         if req.stream:
-            firsts = await first_outputs(gens)
-            return SSEResponse(self._stream(req, gens, firsts, seats))
-        finals = await gather_or_cancel(last_output(gen) for gen in gens)
-        results = [self._final(req, i, out, out.outputs[0].token_ids, out.outputs[0].text,
-                               out.outputs[0].logprobs or [], seats[i])
-                   for i, out in enumerate(finals)]
-        return JSONResponse(results[0] if len(results) == 1 else results)
+            return SSEResponse(_sse_events(events, req.response_fields))
+        async with aclosing(events):  # left early (a disconnect): the requests are aborted
+            finals = [(i, event) async for last, i, event in events if last]
+        finals = [chosen_fields(event, req.response_fields) for _, event in sorted(
+            finals, key=lambda item: item[0])]
+        return JSONResponse(finals[0] if len(finals) == 1 else finals)
 
-    async def _stream(self, req: CompletionRequest, gens, firsts, seats
-                      ) -> AsyncIterator[str]:
-        counts = [0] * len(gens)
+    async def _events(self, req: CompletionRequest, gens, firsts, seats
+                      ) -> AsyncIterator[tuple[bool, int, dict]]:
+        """(last, prompt index, event): each request's token events (what a stream sends)
+        and its last answer. The engine streams deltas, which n_indent reads as they come,
+        whole answers too."""
+        progress = [Progress(req.n_indent) for _ in gens]
+        async with aclosing(merge_streams(gens, firsts)) as stream:
+            async for i, out in stream:
+                for event in self._on_output(req, i, seats[i], out, progress[i]):
+                    yield event
+                if progress[i].cut and len(gens) == 1:
+                    return  # closing the stream aborts the request
+
+    def _on_output(self, req: CompletionRequest, i: int, seat: int, out: RequestOutput,
+                   p: Progress) -> list[tuple[bool, int, dict]]:
+        events = []
+        if p.cut:  # ended by n_indent; with several prompts, the others go on
+            return events
+        if req.n_predict != 0:  # 0: the one token the engine had to generate is dropped
+            p.add(out.outputs[0])
+        text, token_ids, steps = p.unsent()
+        if text or token_ids:
+            events.append((False, i, token_event(self.base, req, i, seat, out, p, text,
+                                                 token_ids, steps)))
+        if out.finished or p.cut:
+            events.append((True, i, final_answer(self.base, req, i, seat, out, p)))
+        return events
+
+
+async def _sse_events(events: AsyncIterator[tuple[bool, int, dict]],
+                      response_fields: list[str]) -> AsyncIterator[str]:
+    """A stream's events; whatever fails after it started, it ends with an error event."""
+    async with aclosing(events):
         try:
-            async for i, out in merge_streams(gens, firsts):
-                c = out.outputs[0]
-                token_ids = [] if req.n_predict == 0 else c.token_ids
-                counts[i] += len(token_ids)
-                if c.text or token_ids:
-                    chunk = {"index": i, "content": "" if req.n_predict == 0 else c.text,
-                             "tokens": token_ids, "stop": False, "id_slot": seats[i],
-                             "tokens_predicted": counts[i],
-                             "tokens_evaluated": len(out.prompt_token_ids)}
-                    if req.n_probs and c.logprobs:
-                        chunk["completion_probabilities"] = self._probs(
-                            req, token_ids, c.logprobs)
-                    yield _sse(chunk)
-                if out.finished:
-                    yield _sse(self._final(req, i, out, [], "", [], seats[i], counts[i]))
-        except Exception as e:  # whatever fails, the stream ends with an error event
+            async for last, _, event in events:
+                yield _sse(chosen_fields(event, response_fields) if last else event)
+        except Exception as e:
             yield _sse(error_json(e)[0])
-
-    # ---- answers ------------------------------------------------------------------------
-
-    def _final(self, req: CompletionRequest, index: int, out: RequestOutput,
-               token_ids: list[int], text: str, steps: list, seat: int,
-               num_predicted: int | None = None) -> dict:
-        """The last answer of a request (the whole of it unless streamed: then the text
-        and tokens went before)."""
-        c = out.outputs[0]
-        if req.n_predict == 0:
-            token_ids, text, steps, num_predicted = [], "", [], 0
-        n_predicted = len(token_ids) if num_predicted is None else num_predicted
-        n_prompt = len(out.prompt_token_ids)
-        stop_word = c.stop_reason if isinstance(c.stop_reason, str) else ""
-        stop_type = ("limit" if c.finish_reason == "length" else
-                     "word" if stop_word else "eos" if c.finish_reason == "stop" else "none")
-        result = {
-            "index": index, "content": text,
-            "tokens": token_ids if req.return_tokens else [],
-            "id_slot": seat, "stop": True, "model": self.base.model_name,
-            "tokens_predicted": n_predicted, "tokens_evaluated": n_prompt,
-            "generation_settings": settings(req),
-            "prompt": self.base.tokenizer.decode(out.prompt_token_ids),
-            "has_new_line": "\n" in text, "truncated": (
-                stop_type == "limit" and n_prompt + n_predicted >= self.base.max_model_len),
-            "stop_type": stop_type, "stopping_word": stop_word,
-            "tokens_cached": out.num_cached_tokens,
-            "timings": _timings(out, n_predicted),
-        }
-        if req.n_probs and steps:
-            result["completion_probabilities"] = self._probs(req, token_ids, steps)
-        return result
-
-    def _probs(self, req: CompletionRequest, token_ids: list[int],
-               steps: list[dict[int, Logprob]]) -> list[dict]:
-        tokenizer = self.base.tokenizer
-
-        def entry(tid: int, lp: Logprob) -> dict:
-            text = self.base.token_str(tid, lp)
-            # the text's bytes, unless the token holds part of a character
-            data = token_bytes(tokenizer, tid) if "\ufffd" in text else text.encode()
-            return {"id": tid, "token": text, "bytes": list(data),
-                    "logprob": max(lp.logprob, LOGPROB_FLOOR)}
-
-        probs = []
-        for tid, step in zip(token_ids, steps):
-            top = sorted(step.items(), key=lambda item: -item[1].logprob)[:req.n_probs]
-            probs.append({**entry(tid, step[tid]),
-                          "top_logprobs": [entry(t, lp) for t, lp in top]})
-        return probs
 
 
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-def _timings(out: RequestOutput, n_predicted: int) -> dict:
-    """llama-server's timings: the prompt's part is from the first step scheduled to the
-    first token, the prediction's from there to the last."""
-    m = out.metrics
-    prompt_ms = predicted_ms = 0.0
-    if m is not None and m.first_token_time is not None:
-        if m.first_scheduled_time is not None:
-            prompt_ms = max(0.0, (m.first_token_time - m.first_scheduled_time) * 1e3)
-        predicted_ms = max(0.0, ((m.last_token_time or m.first_token_time)
-                                 - m.first_token_time) * 1e3)
-    prompt_n = len(out.prompt_token_ids) - out.num_cached_tokens
-
-    def rates(n: int, ms: float) -> tuple[float, float]:
-        return (ms / n if n else 0.0), (n * 1e3 / ms if ms > 0 else 0.0)
-
-    prompt_per_token, prompt_per_second = rates(prompt_n, prompt_ms)
-    predicted_per_token, predicted_per_second = rates(n_predicted, predicted_ms)
-    return {"cache_n": out.num_cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
-            "predicted_n": n_predicted, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_per_token,
-            "predicted_per_second": predicted_per_second}
