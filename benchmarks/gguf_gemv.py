@@ -1,7 +1,7 @@
 """The decode GEMVs of a real GGUF file's linears on gguf_gemm.c, against the machine's
 memory bandwidth.
 
-    python benchmarks/gguf_gemv.py [--gguf FILE] [--rows 1 2 4 8] [--threads 2]
+    python benchmarks/gguf_gemv.py [--gguf FILE] [--rows 1 2 4 8] [--threads 2] [--per-type]
 
 Every linear of the file stored as a block type the kernel runs (the tied LM head, the
 token embeddings, among them), called in file order as a decode step calls them, at each
@@ -62,6 +62,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--seconds", type=float, default=3.0, help="timed per row count")
+    parser.add_argument("--per-type", action="store_true",
+                        help="also each block type's linears alone (a linear of several "
+                             "types counts for the first)")
     args = parser.parse_args()
     if not library.available(torch.device("cpu"), torch.float32):
         raise SystemExit("the C kernels are not available here: nothing to measure")
@@ -78,18 +81,24 @@ def main() -> None:
     print(f"CPU: {cpu_description()}; kernels: {library.isa_summary()}; {args.threads} threads")
     copy, read = bandwidth(args.threads)
     print(f"bandwidth: copy {copy:.1f} GB/s (read + write), sum {read:.1f} GB/s (read)")
-    print(f"{'rows':>4} {'ms/pass':>8} {'GB/s':>6} {'of sum':>7}")
-    for rows in args.rows:
-        xs = {linear.in_features: torch.randn(rows, linear.in_features) for linear in linears}
+    groups = {"all": linears}
+    if args.per_type:
+        for linear in linears:
+            groups.setdefault(TYPE_NAMES[linear.qtypes[0]], []).append(linear)
+    print(f"{'linears':>7} {'rows':>4} {'ms/pass':>8} {'GB/s':>6} {'of sum':>7}")
+    for name, group in groups.items():
+        group_bytes = sum(linear.step_bytes for linear in group)
+        for rows in args.rows:
+            xs = {linear.in_features: torch.randn(rows, linear.in_features) for linear in group}
 
-        def one_pass(xs: dict[int, torch.Tensor] = xs) -> None:
-            for linear in linears:
-                linear(xs[linear.in_features])
+            def one_pass(xs: dict[int, torch.Tensor] = xs, group=group) -> None:
+                for linear in group:
+                    linear(xs[linear.in_features])
 
-        seconds = statistics.median(call_seconds(one_pass, repeats=3,
-                                                 min_seconds=args.seconds))
-        rate = step / seconds / 1e9
-        print(f"{rows:>4} {seconds * 1e3:>8.2f} {rate:>6.1f} {rate / read:>6.0%}")
+            seconds = statistics.median(call_seconds(one_pass, repeats=3,
+                                                     min_seconds=args.seconds))
+            rate = group_bytes / seconds / 1e9
+            print(f"{name:>7} {rows:>4} {seconds * 1e3:>8.2f} {rate:>6.1f} {rate / read:>6.0%}")
     print(f"measured {when_and_load()}")
 
 
