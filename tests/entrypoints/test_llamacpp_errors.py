@@ -76,7 +76,7 @@ def test_malformed_bodies(http, body):
     ({"top_p": 7.0}, "top_p"), ({"min_p": -1}, "min_p"), ({"repeat_penalty": 0}, "repeat_penalty"),
     ({"seed": 2**40}, "seed"), ({"stop": "x"}, "stop"), ({"stop": ["x"] * 1000}, "stop"),
     ({"n_probs": 10_000}, "n_probs"), ({"n_probs": -1}, "n_probs"),
-    ({"mirostat": 2}, "mirostat"), ({"grammar": "root ::= \"a\""}, "grammar"),
+    ({"mirostat": 2}, "mirostat"), ({"logit_bias": [[15, 1.0]]}, "logit_bias"), ({"grammar": "root ::= \"a\""}, "grammar"),
     ({"n_cmpl": 2}, "n_cmpl"), ({"prompt": "a " * 200}, "context length"),
     ({"json_schema": {"type": "nope"}}, "json"),
 ])

@@ -71,6 +71,16 @@ def test_n_indent_ends_the_middle_with_the_body(http):
     assert "".join(e["content"] for e in events) == BODY and events[-1]["stop"] is True
 
 
+def test_t_max_predict_ms_ends_at_a_newline(http):
+    """llama-server's time limit: past it, the answer ends once it has a newline."""
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, **GREEDY}
+    whole = http.post("/infill", json=body).json()
+    limited = http.post("/infill", json={**body, "t_max_predict_ms": 1}).json()
+    assert limited["stop_type"] == "limit" and "\n" in limited["content"]
+    assert limited["tokens_predicted"] < whole["tokens_predicted"]
+    assert whole["content"].startswith(limited["content"])
+
+
 def test_openai_sdk_suffix(server, http):
     infill = http.post("/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX,
                                         **GREEDY}).json()

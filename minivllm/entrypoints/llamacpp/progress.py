@@ -17,7 +17,7 @@ class Progress:
     steps: list = field(default_factory=list)
     sent_text: int = 0
     sent_tokens: int = 0
-    cut: bool = False  # ended by n_indent
+    cut: bool = False  # ended early: by n_indent, or by t_max_predict_ms (serving.py)
     _checked: int = 0  # where the next line to check starts (0: none yet)
 
     def add(self, c: CompletionOutput) -> None:

@@ -47,6 +47,8 @@ class CompletionRequest(LlamaModel):
     min_keep: int = Field(0, ge=0, le=INT32)
     json_schema: dict[str, Any] | None = None
     n_indent: int = Field(0, ge=0, le=INT32)  # lines after the first: at least this indented
+    # the answer ends once a newline is written after this long generating (0: no limit)
+    t_max_predict_ms: int = Field(0, ge=0, le=INT32)
     response_fields: list[str] = Field(default_factory=list)
     # Samplers minivllm does not run: their disabled values only
     typical_p: float = 1.0
@@ -55,6 +57,7 @@ class CompletionRequest(LlamaModel):
     xtc_probability: float = 0.0
     dynatemp_range: float = 0.0
     grammar: str = ""
+    logit_bias: list | dict = Field(default_factory=list)
     post_sampling_probs: bool = False
     n_cmpl: int = Field(1, ge=1, le=1)
 

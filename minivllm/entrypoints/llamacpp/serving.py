@@ -34,6 +34,7 @@ _RENAMES = {"repetition_penalty": "repeat_penalty", "max_tokens": "n_predict"}
 _UNSUPPORTED = {"typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0,
                 "xtc_probability": 0.0, "dynatemp_range": 0.0, "grammar": "",
                 "post_sampling_probs": False}
+_UNSUPPORTED_EMPTY = ("logit_bias",)  # refused unless empty
 
 
 class LlamaServing:
@@ -90,6 +91,10 @@ class LlamaServing:
             if getattr(req, field) != disabled:
                 raise OpenAIError(f"{field}: minivllm does not run this sampler (only "
                                   f"{json.dumps(disabled)} is accepted)", 400, field)
+        for field in _UNSUPPORTED_EMPTY:
+            if getattr(req, field):
+                raise OpenAIError(f"{field}: not supported by minivllm's llama-server API "
+                                  "(only empty is accepted)", 400, field)
         self.base.check_context(num_prompt_tokens, None, "prompt")
         sreq = SamplingRequest(
             temperature=max(req.temperature, 0.0), top_k=req.top_k if req.top_k > 0 else -1,
@@ -156,10 +161,15 @@ class LlamaServing:
     def _on_output(self, req: CompletionRequest, i: int, seat: int, out: RequestOutput,
                    p: Progress) -> list[tuple[bool, int, dict]]:
         events = []
-        if p.cut:  # ended by n_indent; with several prompts, the others go on
+        if p.cut:  # ended early; with several prompts, the others go on
             return events
         if req.n_predict != 0:  # 0: the one token the engine had to generate is dropped
             p.add(out.outputs[0])
+        m = out.metrics
+        if (req.t_max_predict_ms and "\n" in p.text and m is not None and m.first_token_time
+                and m.last_token_time is not None and (m.last_token_time - m.first_token_time)
+                * 1e3 > req.t_max_predict_ms):
+            p.cut = True  # llama-server's time limit, measured from the first token
         text, token_ids, steps = p.unsent()
         if text or token_ids:
             events.append((False, i, token_event(self.base, req, i, seat, out, p, text,
