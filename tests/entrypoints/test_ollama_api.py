@@ -18,6 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from minivllm.entrypoints.ollama import go_template
 from minivllm.entrypoints.ollama.serving import OllamaServingGeneration, Run
 from minivllm.entrypoints.openai.chat_completion.choice_parser import ChoiceParser
 from minivllm.entrypoints.openai.chat_completion.tool_parsers import HermesToolParser
@@ -255,3 +256,15 @@ def test_langchain_chat_ollama(server, client):
     expected = client.chat(model=NAME, messages=ASK, options=GREEDY).message.content
     assert reply.content == expected
     assert reply.usage_metadata["output_tokens"] >= 1
+
+
+def test_go_template_subset():
+    values = {"System": "S", "Prompt": "P"}
+    template = "{{ if .System }}<s>{{ .System }}</s>{{ else }}none{{ end }}\n{{- .Prompt }}"
+    assert go_template.render(template, values) == "<s>S</s>P"
+    assert go_template.render(template, {"Prompt": "P"}) == "noneP"
+    assert go_template.render("{{ .Prompt }} -{{ .Response }}", values) == "P -"
+    for bad, words in [("{{ .Prompt }", "never closed"), ("{{ range .Messages }}", "range"),
+                       ("{{ if .System }}x", "{{ end }}"), ("{{ .Foo }}", ".Foo")]:
+        with pytest.raises(ValueError, match=words):
+            go_template.render(bad, values)

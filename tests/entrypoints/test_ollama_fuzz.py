@@ -1,5 +1,5 @@
 """Bad input on every /api/* endpoint: malformed JSON, wrong types, huge values, unknown
-fields, a client that leaves mid-stream, then schemathesis's cases from the server's own
+fields, embeddings asked of a generate runner, a client that leaves mid-stream, then schemathesis's cases from the server's own
 /openapi.json and hypothesis's options at their extremes. Every answer is a 4xx with
 Ollama's {"error": "..."} or a 200, never a 5xx; the server serves a normal request after."""
 
@@ -28,7 +28,8 @@ def server(tmp_path_factory):
     proc = ServerProcess(model_dir, [
         *FAST_ENGINE_ARGS, "--chat-template", str(template), "--served-model-name", NAME,
         "--max-model-len", str(MAX_MODEL_LEN), "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes", "--max-request-body-mb", "1"], root / "server.log")
+        "--tool-call-parser", "hermes", "--max-request-body-mb", "1",
+        "--runner", "generate"], root / "server.log")
     yield proc
     proc.stop()
 
@@ -137,6 +138,11 @@ def test_bad_request(server, name, method, path, body, status, words):
         assert isinstance(error, str) and error and len(error) <= 600
         for word in words:
             assert word in error, error
+
+
+def test_embed_on_a_generate_runner_is_a_clear_400(server):
+    r = httpx.post(server.url + "/api/embed", json={"model": NAME, "input": "Hi"}, timeout=30)
+    assert r.status_code == 400 and "--runner generate" in r.json()["error"], r.text
 
 
 def test_unknown_fields_are_ignored_as_ollama_ignores_them(server):

@@ -41,6 +41,8 @@ def render(template: str, values: dict[str, str]) -> str:
 
     for kind, body in _pieces(template):
         if kind == "text":
+            if "{{" in body:
+                raise ValueError("template: an action opened with {{ is never closed")
             if live():
                 out.append(body)
             continue
