@@ -60,6 +60,20 @@ def error_response(message: str, status: int, param: str | None = None,
                         headers=headers)
 
 
+# Ollama's routes (entrypoints/ollama) answer {"error": "message"}; the middleware's answers,
+# given before any route, take that shape there too.
+OLLAMA_PREFIX = "/api/"
+
+
+def error_response_for(scope, message: str, status: int,
+                       headers: dict[str, str] | None = None) -> JSONResponse:
+    """The middleware's error answer, in the shape of the API the request's path belongs to."""
+    if scope.get("path", "").startswith(OLLAMA_PREFIX):
+        return JSONResponse({"error": error_body(message, status).error.message},
+                            status_code=status, headers=headers)
+    return error_response(message, status, headers=headers)
+
+
 def to_openai_error(exc: Exception) -> OpenAIError:
     """Any exception a handler or a stream meets, as the error its client gets."""
     retry_later = {"Retry-After": str(RETRY_AFTER_S)}

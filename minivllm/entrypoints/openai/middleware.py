@@ -1,4 +1,5 @@
-"""ASGI middleware: API-key check, header and body size limits, answering in OpenAI's shape."""
+"""ASGI middleware: API-key check, header and body size limits, answering in OpenAI's shape
+(Ollama's under /api/)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from minivllm.entrypoints.openai.errors import error_response
+from minivllm.entrypoints.openai.errors import error_response_for
 
 
 class ApiKeyMiddleware:
@@ -35,7 +36,8 @@ class ApiKeyMiddleware:
                 or (browser and self._basic_ok(given))):
             message = "missing API key" if not given else "invalid API key"
             challenge = {"WWW-Authenticate": 'Basic realm="minivllm"'} if browser else None
-            return await error_response(message, 401, headers=challenge)(scope, receive, send)
+            return await error_response_for(scope, message, 401, headers=challenge)(
+                scope, receive, send)
         await self.app(scope, receive, send)
 
     def _basic_ok(self, given: bytes) -> bool:
@@ -63,8 +65,9 @@ class HeaderSizeLimitMiddleware:
             size = len(scope.get("raw_path") or b"") + len(scope.get("query_string", b""))
             size += sum(len(name) + len(value) + 4 for name, value in scope["headers"])
             if size > self.max_bytes:
-                too_large = error_response(f"request line and headers are larger than "
-                                           f"{self.max_bytes} bytes (see --max-header-kb)", 431)
+                too_large = error_response_for(
+                    scope, f"request line and headers are larger than {self.max_bytes} bytes "
+                    "(see --max-header-kb)", 431)
                 return await too_large(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -96,8 +99,9 @@ class BodySizeLimitMiddleware:
             if not message.get("more_body", False):
                 break
         if size > self.max_bytes:
-            too_large = error_response(f"request body is larger than {self.max_bytes} bytes "
-                                       "(see --max-request-body-mb)", 413)
+            too_large = error_response_for(
+                scope, f"request body is larger than {self.max_bytes} bytes "
+                "(see --max-request-body-mb)", 413)
             return await too_large(scope, receive, send)
         body = b"".join(chunks)
         replayed = False
