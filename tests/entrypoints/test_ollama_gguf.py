@@ -77,7 +77,8 @@ def test_show_reads_the_gguf_metadata(client, server):
     assert info["tokenizer.ggml.tokens"] == []  # long arrays only when verbose
     assert info["general.parameter_count"] > 0
     assert shown.details.format == "gguf" and shown.details.quantization_level == "F32"
-    assert info["tokenizer.chat_template"] == "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    template = info["tokenizer.chat_template"]
+    assert template == "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     assert shown.capabilities == ["embedding"]
     # verbose (the client does not send it): the arrays too
     full = httpx.post(f"{server.url}/api/show",
