@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 from minivllm.model import gguf as minivllm_gguf
 from minivllm.model.loader import resolve_model_path
 
+logger = logging.getLogger(__name__)
 # Arrays longer than this (the vocabulary, merges) are left out of model_info unless
 # verbose, as Ollama leaves them.
 MAX_ARRAY = 64
@@ -121,7 +123,14 @@ def directory_card(directory: Path) -> ModelCard:
 
 
 def read_card(model: str, revision: str | None) -> ModelCard:
-    """The card of the model the engine was started with (its files are on disk by now)."""
-    if minivllm_gguf.is_gguf_model(model):
-        return gguf_card(minivllm_gguf.gguf_file(model, revision))
-    return directory_card(resolve_model_path(model, revision))
+    """The card of the model the engine was started with (its files are on disk by now);
+    one that says "unknown" where the files cannot be read (logged): a description is not
+    worth failing /api/tags for."""
+    try:
+        if minivllm_gguf.is_gguf_model(model):
+            return gguf_card(minivllm_gguf.gguf_file(model, revision))
+        return directory_card(resolve_model_path(model, revision))
+    except (OSError, ValueError, KeyError, struct.error) as e:
+        logger.warning("cannot read the description of %s for Ollama's API: %s", model, e)
+        now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+        return ModelCard(Path(model), "unknown", "unknown", 0, "unknown", 0, now)
