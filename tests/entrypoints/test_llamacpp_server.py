@@ -6,6 +6,7 @@ what /v1/completions answers; /infill is the raw FIM prompt through /completion,
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -220,3 +221,25 @@ def test_slots_show_a_request_in_flight(http):
     assert seat["params"]["temperature"] == 0.5 and seat["params"]["n_predict"] == 40
     assert seat["next_token"][0]["n_decoded"] >= 1
     assert http.get("/slots", params={"fail_on_no_slot": 1}).status_code == 200
+
+
+def test_a_client_leaving_mid_stream_aborts_its_request(http, server):
+    abort_key = 'vllm:request_success_total{finished_reason="abort"}'
+    before = server.metrics().get(abort_key, 0)
+    body = {"prompt": PROMPT, "n_predict": 50, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as leaving:
+        with leaving.stream("POST", "/completion", json=body) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))
+    deadline = time.monotonic() + 10
+    while server.metrics().get(abort_key, 0) == before:
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.05)
+    assert not any(s["is_processing"] for s in http.get("/slots").json())
+
+
+def test_openai_suffix_bad_input(http):
+    for body, param in (({"prompt": [20, 21], "suffix": "w22"}, "suffix"),
+                        ({"prompt": "w20", "suffix": "w22", "echo": True}, "echo"),
+                        ({"prompt": "w20", "suffix": 3}, "suffix")):
+        r = http.post("/v1/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
