@@ -6,6 +6,8 @@ clear 400 for generation on a pooling runner."""
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import httpx
 import ollama
@@ -23,6 +25,12 @@ def server(tiny_llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("ollama_gguf")
     path = root / "tiny-llama.F32.gguf"
     write_gguf(tiny_llama, path)
+    # The file's model directory in a cache of the test's own; the C kernels from the user's
+    # (a new cache would compile them again: half a minute on two cores)
+    kernels = Path(os.environ.get("MINIVLLM_CACHE") or Path.home() / ".cache" / "minivllm")
+    (root / "cache").mkdir()
+    if (kernels / "kernels").is_dir():
+        (root / "cache" / "kernels").symlink_to(kernels / "kernels")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINIVLLM_CACHE", str(root / "cache"))
         # --quantization none: an F32 file has no blocks to run; the directory's word-level
