@@ -87,6 +87,14 @@ def test_generate(client):
     assert "fibonacci" in raw.response or "return" in raw.response
 
 
+def test_generate_with_a_suffix_fills_in_the_middle(client):
+    middle = client.generate(model=NAME, prompt="def add(a, b):\n    ",
+                             suffix="\n\nprint(add(1, 2))\n",
+                             options={"temperature": 0, "num_predict": 24})
+    # the middle first (this instruct model then goes on writing past the suffix's code)
+    assert middle.response.startswith("return a + b")
+
+
 def test_list_show_ps(client):
     (entry,) = client.list().models
     assert entry.model == NAME and entry.size == qwen25_coder_gguf().stat().st_size

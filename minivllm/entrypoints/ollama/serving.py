@@ -144,9 +144,6 @@ class OllamaServingGeneration:
         self._check_runner()
         if req.images:
             raise OpenAIError("images: this server runs text models only", 400)
-        if req.suffix:
-            raise OpenAIError("suffix: fill-in-the-middle is served by /infill and "
-                              "/v1/completions' suffix, not /api/generate", 400)
         if not req.prompt and not req.context:
             return JSONResponse({"model": req.model, "created_at": now(), "response": "",
                                  "done": True, "done_reason": "load"})
@@ -154,8 +151,14 @@ class OllamaServingGeneration:
         fields = sampling_fields(req.options, serving.max_model_len)
         oai = build(CompletionRequest, model=served, stream=req.stream, prompt=req.prompt,
                     response_format=response_format(req.format), **fields)
+        if req.suffix and req.context:
+            raise OpenAIError("context: not with suffix (a fill-in-the-middle prompt is laid "
+                              "out whole)", 400)
+        if req.suffix:  # fill in the middle: the model's FIM tokens end it
+            oai = oai.model_copy(update={"suffix": req.suffix,
+                                         "stop_token_ids": list(serving.fim_stop_token_ids)})
         params = serving.sampling_params(oai, fields["max_tokens"], None)
-        prompt, token_ids = self._generate_prompt(req)
+        prompt, token_ids = self._generate_prompt(req, oai)
         if req.context:
             serving.check_token_ids(req.context, "context")
             token_ids = list(req.context) + token_ids
@@ -166,10 +169,15 @@ class OllamaServingGeneration:
         gen = serving.generate(f"ollama-gen-{uuid.uuid4().hex}", prompt, token_ids, params, oai)
         return await self._answer(run, gen, req.stream, self._generate_body)
 
-    def _generate_prompt(self, req: GenerateRequest) -> tuple[str, list[int]]:
-        """raw: the prompt as it is; template: Ollama's Go template of it; else the model's
-        chat template over the system message and the prompt."""
+    def _generate_prompt(self, req: GenerateRequest, oai: CompletionRequest
+                         ) -> tuple[str | None, list[int]]:
+        """suffix: the prompt and the suffix laid out with the model's FIM tokens (as
+        /v1/completions' suffix); raw: the prompt as it is; template: Ollama's Go template
+        of it; else the model's chat template over the system message and the prompt."""
         serving = self.completions
+        if req.suffix:
+            ((_, token_ids),) = serving._fim_prompt(oai)  # completion/serving.py's layout
+            return None, token_ids
         if req.raw:
             return req.prompt, serving.encode(req.prompt, "prompt")
         if req.template is not None:
