@@ -1,7 +1,7 @@
 """Bad input on every /api/* endpoint: malformed JSON, wrong types, huge values, unknown
 fields, embeddings asked of a generate runner, a client that leaves mid-stream, then
 schemathesis's cases from the server's own /openapi.json and hypothesis's options at their
-extremes. Every answer is a 4xx with
+extremes (those two in `make test-e2e`, with the OpenAI routes' fuzzing). Every answer is a 4xx with
 Ollama's {"error": "..."} or a 200, never a 5xx; the server serves a normal request after."""
 
 from __future__ import annotations
@@ -179,6 +179,7 @@ OPERATIONS = [("POST", "/api/chat"), ("POST", "/api/generate"), ("POST", "/api/e
               ("GET", "/api/ps"), ("GET", "/api/version")]
 
 
+@pytest.mark.e2e  # the fuzzers run in make test-e2e, as the OpenAI routes' do
 @pytest.mark.parametrize("method,path", OPERATIONS, ids=[p for _, p in OPERATIONS])
 def test_schema_cases_get_no_server_error(api_schema, server, method, path):
     operation = api_schema[path][method]
@@ -195,6 +196,7 @@ def test_schema_cases_get_no_server_error(api_schema, server, method, path):
             assert isinstance(response.json()["error"], str)
 
     no_5xx()
+    assert_still_serving(server)
 
 
 OPTIONS = st.fixed_dictionaries({}, optional={
@@ -212,6 +214,7 @@ OPTIONS = st.fixed_dictionaries({}, optional={
 })
 
 
+@pytest.mark.e2e
 @given(options=OPTIONS, stream=st.booleans(), endpoint=st.sampled_from(["chat", "generate"]),
        prompt=st.text(min_size=1, max_size=20))
 @settings(max_examples=60, deadline=None, database=None,
@@ -231,9 +234,13 @@ def test_options_at_their_extremes_never_fail(server, options, stream, endpoint,
     assert lines[-1]["done"] and not any("error" in x for x in lines), (body, r.text[-500:])
 
 
-def test_a_normal_request_after_all_the_bad_ones(server):
+def assert_still_serving(server):
     r = httpx.post(server.url + "/api/chat", timeout=30,
                    json=chat(options={"num_predict": 4, "temperature": 0}))
     assert r.status_code == 200 and r.json()["eval_count"] >= 1
     assert httpx.get(server.url + "/health").status_code == 200
     assert "Traceback" not in server.log()
+
+
+def test_a_normal_request_after_all_the_bad_ones(server):
+    assert_still_serving(server)
