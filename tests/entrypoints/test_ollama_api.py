@@ -213,6 +213,9 @@ def test_list_show_ps_version(client, server):
     assert running.size_vram == 0 and running.expires_at.year == 9999
     version = httpx.get(server.url + "/api/version").json()["version"]
     assert version and isinstance(version, str)
+    # the heartbeat Ollama's CLI sends first
+    assert httpx.head(server.url + "/").status_code == 200
+    assert httpx.get(server.url + "/").text == "Ollama is running"
 
 
 def test_names_with_tags_resolve_and_unknown_ones_are_404(client):

@@ -8,6 +8,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse
 
 from minivllm.entrypoints.ollama.embed import OllamaServingEmbed
 from minivllm.entrypoints.ollama.errors import OllamaRoute, ollama_error
@@ -70,6 +71,12 @@ def add_ollama_routes(app: FastAPI, engine, base, completions, chat, embeddings,
     async def show(req: ShowRequest) -> dict:
         served = resolve(req.model or req.name, models.served())
         return await models.show(served, req.verbose)
+
+    # Ollama's heartbeat: its CLI asks HEAD / before anything (OLLAMA_HOST=... ollama run),
+    # and some clients read the text of GET /. Its own words: they are the protocol's.
+    @router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def heartbeat() -> Response:
+        return PlainTextResponse("Ollama is running")
 
     @router.get("/api/version")
     async def show_version() -> dict:
