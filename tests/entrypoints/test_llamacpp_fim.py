@@ -114,12 +114,17 @@ def test_cuts_prefix_suffix_and_extra():
     tok = word_tokenizer(SPECIALS)
     fim = find_fim_tokens(tok, None)
     prefix = " ".join(f"w{3 + i % 90}" for i in range(100))
-    # n_ctx 64: a batch of 32, the prefix's last 24 tokens, the suffix's first 8 - 2,
-    # no room for the extra context (64 - 32 - 2 * 16)
+    # n_ctx 64: a batch of 32, the prefix's last 24 tokens, the suffix's first 8 - 2, no
+    # room for the extra context (64 - 32 - 2 * 16), not even the repo-level header
     ids = infill_prompt(tok, fim, prefix, prefix, [("a.py", "w20")], "", n_ctx=64,
                         n_predict=16)
     words = tok.encode(prefix, add_special_tokens=False)
     assert ids == [100, *words[-24:], 101, *words[:6], 102]
+    # from 4096 on, llama-server's 2048-token batch: 4096 - 2048 - 2 * 1023 leaves the last
+    # 2 tokens of the extra context ([SEP]filename)
+    ids = infill_prompt(tok, fim, "w10", "w12", [("a.py", "w20")], "", n_ctx=4096,
+                        n_predict=1023)
+    assert ids == [104, 0, 100, 10, 101, 12, 102]
 
 
 def test_pieces_are_text_or_bytes():

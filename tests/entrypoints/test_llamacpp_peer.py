@@ -21,7 +21,7 @@ from tests.server_utils import ServerProcess, free_port
 pytestmark = pytest.mark.peer
 
 LLAMA_SERVER = Path(__file__).resolve().parents[2] / "peers/llama.cpp/build/bin/llama-server"
-N_CTX = 2048
+N_CTX = 8192  # room for the repo-level layout and input_extra (2048 would keep none)
 PREFIX = "def square(x):\n"
 SUFFIX = "\n\n\nassert square(3) == 9\n"
 COMPLETION = {"prompt": "def fibonacci(n):", "n_predict": 8, "temperature": 0}
@@ -141,6 +141,7 @@ def test_infill(peer, ours):
     print(f"\nllama-server: {theirs['content']!r}\nminivllm:     {mine['content']!r}")
     assert_same_shape(theirs, mine, "timings", "generation_settings")
     # the same prompt, to the token
+    assert mine["prompt"] == theirs["prompt"] and "<|file_sep|>util.py" in mine["prompt"]
     assert mine["tokens_evaluated"] == theirs["tokens_evaluated"]
 
 
@@ -159,5 +160,7 @@ def test_props(peer, ours):
     assert types(mine["default_generation_settings"]["params"]) == types(
         theirs["default_generation_settings"]["params"])
     assert mine["total_slots"] == theirs["total_slots"] == 1
-    for key in ("model_ftype", "bos_token", "eos_token", "chat_template"):
+    for key in ("model_ftype", "bos_token", "eos_token"):
         assert mine[key] == theirs[key], key
+    # the file's template (transformers ends it with a newline)
+    assert mine["chat_template"].strip() == theirs["chat_template"].strip()

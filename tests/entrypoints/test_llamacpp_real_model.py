@@ -34,7 +34,9 @@ def server(tmp_path_factory):
         gguf = qwen25_coder_gguf()
     except RuntimeError as exc:
         pytest.fail(f"cannot assemble Qwen2.5-Coder-0.5B's GGUF file: {exc}")
-    server = ServerProcess(gguf, ["--max-model-len", "2048", "--max-num-seqs", "4",
+    # 8192: room for llama-server's repo-level header (a context of at most its 2048-token
+    # batch keeps none)
+    server = ServerProcess(gguf, ["--max-model-len", "8192", "--max-num-seqs", "4",
                                   "--served-model-name", "qwen-coder"],
                            tmp_path_factory.mktemp("llamacpp_real") / "server.log",
                            ready_timeout=300)

@@ -113,7 +113,9 @@ def infill_prompt(tokenizer, fim: FimTokens, prefix: str, suffix: str,
         extra_ids += encode(text)
     if fim.sep is not None:
         extra_ids += [fim.sep, *encode("filename\n")]
-    # A batch of this size is cut from the context; a small context keeps half for it
+    # llama-server's default batch; a context under twice that keeps half of it for the
+    # prompt (llama-server would cut to the whole batch, overflow a context that small and
+    # keep no extra context, not even the repo-level header)
     n_batch = min(N_BATCH, n_ctx // 2)
     prompt_ids = encode(prompt)
     prefix_ids = encode(prefix)
