@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 
+from fastapi.responses import JSONResponse
+
 from minivllm.entrypoints.ollama.protocol import EmbeddingsRequest, EmbedRequest
 from minivllm.entrypoints.openai.embedding.protocol import EmbeddingRequest
 from minivllm.entrypoints.openai.errors import OpenAIError
@@ -36,13 +38,13 @@ class OllamaServingEmbed:
         body = json.loads(response.body)
         return [d["embedding"] for d in body["data"]], body["usage"]["prompt_tokens"]
 
-    async def embed(self, req: EmbedRequest, served: str, received: float) -> dict:
+    async def embed(self, req: EmbedRequest, served: str, received: float) -> JSONResponse:
         texts = [req.input] if isinstance(req.input, str) else req.input
         vectors, count = await self._embed(texts, served, req.truncate, req.dimensions)
-        return {"model": req.model, "embeddings": vectors,
-                "total_duration": int((time.time() - received) * NS), "load_duration": 0,
-                "prompt_eval_count": count}
+        return JSONResponse({"model": req.model, "embeddings": vectors,
+                             "total_duration": int((time.time() - received) * NS),
+                             "load_duration": 0, "prompt_eval_count": count})
 
-    async def embeddings_(self, req: EmbeddingsRequest, served: str) -> dict:
+    async def embeddings_(self, req: EmbeddingsRequest, served: str) -> JSONResponse:
         vectors, _ = await self._embed([req.prompt], served, True, None)
-        return {"embedding": vectors[0]}
+        return JSONResponse({"embedding": vectors[0]})

@@ -51,13 +51,14 @@ def add_ollama_routes(app: FastAPI, engine, base, completions, chat, embeddings,
                                                                    received(raw)))
 
     @router.post("/api/embed")
-    async def embed_route(req: EmbedRequest, raw: Request) -> dict:
+    async def embed_route(req: EmbedRequest, raw: Request) -> Response:
         served = resolve(req.model, models.served())
-        return await embed.embed(req, served, received(raw))
+        return await cancel_on_disconnect(raw, embed.embed(req, served, received(raw)))
 
     @router.post("/api/embeddings")
-    async def embeddings_route(req: EmbeddingsRequest) -> dict:
-        return await embed.embeddings_(req, resolve(req.model, models.served()))
+    async def embeddings_route(req: EmbeddingsRequest, raw: Request) -> Response:
+        served = resolve(req.model, models.served())
+        return await cancel_on_disconnect(raw, embed.embeddings_(req, served))
 
     @router.get("/api/tags")
     async def tags() -> dict:
