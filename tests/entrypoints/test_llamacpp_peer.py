@@ -164,3 +164,12 @@ def test_props(peer, ours):
         assert mine[key] == theirs[key], key
     # the file's template (transformers ends it with a newline)
     assert mine["chat_template"].strip() == theirs["chat_template"].strip()
+
+
+def test_error_shape(peer, ours):
+    for client in (peer, ours):
+        r = client.post("/completion", json={"prompt": 3})
+        assert r.status_code == 400
+        assert set(r.json()["error"]) == {"code", "message", "type"}
+        assert (r.json()["error"]["code"], r.json()["error"]["type"]) == (
+            400, "invalid_request_error")
