@@ -76,14 +76,19 @@ def _gguf_linear_panels(x: torch.Tensor, blocks: torch.Tensor, qtype: int,
 GGUF_REPACKED_TYPES = (2, 3, 6, 7, 8, 12, 13, 14)
 
 
-def gguf_repack(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor | None:
+def gguf_repack(blocks: torch.Tensor, qtype: int, k: int,
+                out: torch.Tensor | None = None) -> torch.Tensor | None:
     """GGUF blocks (uint8 [N, row bytes]) repacked for gguf_repacked_linear (uint8, the file's
-    bytes per weight), or None where not repacked (another type, or not this CPU)."""
+    bytes per weight; into `out` if given, of that size), or None where not repacked (another
+    type, or not this CPU). Panels are 16 rows each, so blocks of a multiple of 16 rows
+    repack to the first bytes of their join's repacked weights."""
     n, lib = blocks.shape[0], library._library()
     size = lib.gguf_repacked_bytes(qtype=qtype, k=k, n=n)
     if not size or not library.gguf_repacked():
         return None
-    repacked = torch.empty(size, dtype=torch.uint8)
+    repacked = torch.empty(size, dtype=torch.uint8) if out is None else out
+    if repacked.numel() != size:
+        raise ValueError(f"gguf_repack: out holds {repacked.numel()} bytes, not {size}")
     lib.gguf_repack(blocks=blocks.contiguous().data_ptr(), qtype=qtype, k=k, n=n,
                     repacked=repacked.data_ptr(), num_threads=torch.get_num_threads())
     return repacked
