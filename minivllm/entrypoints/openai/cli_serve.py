@@ -10,6 +10,7 @@ import logging
 import os
 
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
+from minivllm.entrypoints.llamacpp.cli_flags import add_llama_server_flags
 from minivllm.entrypoints.openai.chat_completion.cli_args import add_tool_args, parsers_from_args
 from minivllm.entrypoints.openai.limits import RequestLimits, add_limit_args
 from minivllm.entrypoints.openai.models.serving import check_lora_modules
@@ -25,6 +26,7 @@ LOG_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible API")
+    add_llama_server_flags(parser)  # -c, -np, -ngl, ...: refused, naming minivllm's flag
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                         help="model directory or hub id (same as --model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: "
