@@ -76,7 +76,10 @@ class LlamaServing:
         for name, text in (("input_prefix", req.input_prefix),
                            ("input_suffix", req.input_suffix), ("prompt", req.prompt),
                            *(("input_extra", c.text + c.filename) for c in req.input_extra)):
-            self.base.encode(text, name)  # refuses text that is not valid Unicode
+            try:
+                text.encode()
+            except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in JSON)
+                raise OpenAIError(f"{name}: not valid Unicode ({e.reason})", 400, name) from e
         return infill_prompt(self.base.tokenizer, self.fim, req.input_prefix,
                              req.input_suffix, [(c.filename, c.text) for c in req.input_extra],
                              req.prompt, self.base.max_model_len, req.n_predict)
