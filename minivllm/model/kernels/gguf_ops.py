@@ -94,11 +94,25 @@ def gguf_repack(blocks: torch.Tensor, qtype: int, k: int,
     return repacked
 
 
-def _activation_buffers(rows: int, k: int) -> dict[str, torch.Tensor]:
-    """Scratch for x quantized per row and block of 32 (gguf_activations.h)."""
-    return {"xq": torch.empty(rows * k, dtype=torch.int8),
-            "xs": torch.empty(rows * (k // 32), dtype=torch.float32),
-            "xsums": torch.empty(rows * (k // 16), dtype=torch.int32)}
+_scratch = threading.local()  # per thread: a kernel call's scratch is its own until it returns
+_SCRATCH_SHAPES = 32  # (rows, K) kept; past it the lot is dropped (prompts come in many sizes)
+
+
+def _activation_buffers(rows: int, k: int) -> dict[str, int]:
+    """Scratch for x quantized per row and block of 32 (gguf_activations.h), as the kernels'
+    address arguments: kept per thread and shape and reused, since allocating the three
+    tensors was a third of a decode step's per-linear Python time (~5 of 15 us)."""
+    kept = getattr(_scratch, "shapes", None)
+    if kept is None or len(kept) >= _SCRATCH_SHAPES:
+        kept = _scratch.shapes = {}
+    entry = kept.get((rows, k))
+    if entry is None:
+        tensors = (torch.empty(rows * k, dtype=torch.int8),
+                   torch.empty(rows * (k // 32), dtype=torch.float32),
+                   torch.empty(rows * (k // 16), dtype=torch.int32))
+        entry = kept[rows, k] = ({name: t.data_ptr() for name, t in
+                                  zip(("xq", "xs", "xsums"), tensors)}, tensors)
+    return entry[0]
 
 
 def gguf_repacked_linear(x: torch.Tensor, repacked: torch.Tensor, qtype: int,
@@ -110,7 +124,7 @@ def gguf_repacked_linear(x: torch.Tensor, repacked: torch.Tensor, qtype: int,
     scratch = _activation_buffers(ops.rows, ops.k)
     status = library._library().gguf_repacked_linear_f32(
         **ops.args, repacked=repacked.data_ptr(), qtype=qtype,
-        **{name: t.data_ptr() for name, t in scratch.items()})
+        **scratch)
     if status != 0:
         raise ValueError(f"gguf_repacked_linear: GGUF type {qtype} with K={ops.k} is not "
                          "repacked (or this library does not repack)")
@@ -128,7 +142,7 @@ def gguf_repacked_silu_mul(x: torch.Tensor, repacked: torch.Tensor, qtype: int,
     args = {name: ops.args[name] for name in ("x", "ldx", "y", "rows", "k", "num_threads")}
     status = library._library().gguf_repacked_silu_mul_f32(
         **args, n=gate_up_features, repacked=repacked.data_ptr(), qtype=qtype,
-        **{name: t.data_ptr() for name, t in scratch.items()})
+        **scratch)
     if status != 0:
         raise ValueError(f"gguf_repacked_silu_mul: GGUF type {qtype}, K={ops.k}, "
                          f"N={gate_up_features} does not run fused in this library")
@@ -154,7 +168,7 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, bias: torch.T
     if rows >= GGUF_DEQUANT_MIN_ROWS:
         return _gguf_linear_panels(ops.x, blocks, qtype, bias, ops.residual, y)
     scratch = _activation_buffers(rows, k)
-    status = lib.gguf_linear_f32(**common, **{name: t.data_ptr() for name, t in scratch.items()})
+    status = lib.gguf_linear_f32(**common, **scratch)
     if status != 0:
         raise ValueError(f"gguf_linear: GGUF type {qtype} with K={k} is not a block type the "
                          "kernel reads (blocks of 32; the K types' super-blocks of 256)")
