@@ -104,3 +104,13 @@ def test_fim_tokens_and_pieces(http):
     assert pieces[:2] == [{"id": 151659, "piece": "<|fim_prefix|>"}, {"id": 963, "piece": "é"}]
     assert [p["piece"] for p in pieces[2:]] == [[240, 159, 166], [169]]
     assert bytes([240, 159, 166, 169]).decode() == "🦩"
+
+
+def test_json_schema(http):
+    """llama-server's json_schema, through minivllm's structured output backend."""
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
+              "required": ["answer"], "additionalProperties": False}
+    r = http.post("/completion", json={"prompt": "2 + 3 as JSON: ", "json_schema": schema,
+                                       "n_predict": 32, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert isinstance(json.loads(r.json()["content"])["answer"], int)
