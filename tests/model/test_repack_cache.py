@@ -109,3 +109,11 @@ def test_a_join_repacks_range_by_range_as_the_joined_blocks(qtype, rows):
     expected = gguf_ops.gguf_repack(torch.cat([p.blocks for p in parts]), qtype, k)
     assert torch.equal(repack(joined, k), expected)
     assert len(joined._parts) == (1 if rows == (20, 12) else len(rows))  # joined, or not
+
+
+def test_writing_the_file_deletes_another_librarys(blocks_gguf, caplog):  # noqa: F811
+    stale = cache_file(blocks_gguf).with_name("repacked-minivllm-kernels-avx2-0000.bin")
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"an older layout")
+    start(blocks_gguf, caplog)
+    assert not stale.exists() and cache_file(blocks_gguf).exists()

@@ -12,7 +12,8 @@ the index (JSON: each tensor's key, offset from the data, bytes and checksum), t
 from the next page boundary, each tensor at a page boundary. Read, it is memory-mapped copy-on-write (nothing is copied; the kernels only read)
 and each tensor's checksum checked (a 64-bit sum of its words: a flipped bit or a torn write
 changes it); a file that fails is deleted and the weights repacked. Written once, when a
-load repacked anything, to a temporary name renamed into place (a reader never sees half).
+load repacked anything, to a temporary name renamed into place (a reader never sees half);
+writing it deletes the model's files of other libraries.
 """
 
 from __future__ import annotations
@@ -119,6 +120,11 @@ class RepackCache:
             logger.warning("cannot write the repack cache %s: %s", self.path, exc)
             temporary.unlink(missing_ok=True)
             return
+        # one file a model: another library's (an older layout, another ISA level) goes, or
+        # every kernel change would leave a model's size behind
+        for stale in self.path.parent.glob("repacked-*.bin"):
+            if stale != self.path:
+                stale.unlink(missing_ok=True)
         logger.info("repack cache: %d tensors (%.0f MiB) written to %s", len(tensors),
                     sum(t.numel() for t in tensors.values()) / (1 << 20), self.path)
 
