@@ -78,7 +78,7 @@ def find_fim_tokens(tokenizer, gguf_file: Path | None) -> FimTokens:
     if gguf_file is not None:
         keys = {f"tokenizer.ggml.{k}" for keys, _ in ROLES.values() for k in keys}
         meta = read_scalars(gguf_file, keys)
-    vocab = tokenizer.get_vocab()
+    vocab = _vocab(tokenizer)
     ids = {}
     for role, (keys, names) in ROLES.items():
         from_meta = (meta.get(f"tokenizer.ggml.{k}") for k in keys)
@@ -90,7 +90,7 @@ def find_fim_tokens(tokenizer, gguf_file: Path | None) -> FimTokens:
 def eog_token_ids(tokenizer, fim: FimTokens) -> list[int]:
     """llama.cpp's end-of-generation tokens besides the EOS: the FIM pad / repo / file
     separator and the end-of-turn tokens the vocabulary holds."""
-    vocab = tokenizer.get_vocab()
+    vocab = _vocab(tokenizer)
     ids = {getattr(fim, role) for role in ("pad", "rep", "sep")}
     ids.update(vocab.get(name) for name in EOG_NAMES)
     ids.discard(None)
@@ -125,6 +125,12 @@ def infill_prompt(tokenizer, fim: FimTokens, prefix: str, suffix: str,
     bos = _bos(tokenizer)
     return [*extra_ids[len(extra_ids) - n_extra:], *bos, fim.pre, *prefix_ids, *prompt_ids,
             fim.suf, *suffix_ids, fim.mid]
+
+
+def _vocab(tokenizer) -> dict[str, int]:
+    """Token name -> id; empty for a tokenizer that cannot list them (no names to find)."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    return get_vocab() if get_vocab is not None else {}
 
 
 def _bos(tokenizer) -> list[int]:
