@@ -137,12 +137,14 @@ def load(source_dir: Path = SOURCE_DIR) -> SimpleNamespace | None:
         logger.warning("no C compiler found: using the pure-torch paths")
         return None
     try:
-        declared = declarations.read(source_dir, sources(source_dir))
+        declared = declarations.parse((source_dir / declarations.HEADER).read_text())
+        target = library_path(compiler, level, source_dir)
+        if not target.exists():  # checked once, before the build: its name is the sources'
+            declarations.check_definitions(declared, sources(source_dir))
     except declarations.DeclarationError as exc:
         logger.warning("the C kernels do not match %s, using torch: %s", declarations.HEADER,
                        exc)
         return None
-    target = library_path(compiler, level, source_dir)
     if not target.exists() and not forced:
         level = _buildable_level(compiler, level, source_dir)
         target = library_path(compiler, level, source_dir)

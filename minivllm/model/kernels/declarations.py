@@ -121,7 +121,8 @@ def check_definitions(declarations: dict[str, Declaration], sources: list[Path])
 
 
 def read(source_dir: Path, sources: list[Path]) -> dict[str, Declaration]:
-    """The header's declarations, checked against the definitions in the sources."""
+    """The header's declarations, checked against the definitions in the sources (the build
+    does both steps itself, the check only when it compiles)."""
     declarations = parse((source_dir / HEADER).read_text())
     check_definitions(declarations, sources)
     return declarations
