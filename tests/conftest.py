@@ -12,13 +12,6 @@ from tests.model_factory import CONFIGS, STORIES, save_tiny_model
 os.environ.setdefault("MINIVLLM_KERNEL_CHOICE", "default")
 
 
-def pytest_configure(config):
-    # The one marker not in pyproject.toml's list (kept here, beside the tests that use it)
-    config.addinivalue_line(
-        "markers", "peer: side by side with a peer server built from source (llama.cpp's "
-        "llama-server; fail without it): `make test-peers`")
-
-
 class _TinyModels(dict):
     """kind -> directory, each built on first use (a run of a few tests builds one)."""
 
