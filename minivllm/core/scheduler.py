@@ -212,7 +212,10 @@ class Scheduler:
             num_new = budget.chunk(request, request.num_computed_tokens)
             if num_new == 0:
                 continue
-            if num_new == 1 and self._speculate(request, out, budget.tokens - 1):
+            # Drafts follow a request's last token only (a chunk of one prompt token, the
+            # budget's last, is not: it has more prompt to compute).
+            decoding = request.num_tokens - request.num_computed_tokens == 1
+            if num_new == 1 and decoding and self._speculate(request, out, budget.tokens - 1):
                 drafts = out.scheduled_spec_decode_tokens[request.request_id]
                 budget.take(request, 1 + len(drafts))
                 continue
@@ -352,7 +355,7 @@ class Scheduler:
             if drafts:
                 num_accepted = len(tokens) - 1
                 num_new -= len(drafts) - num_accepted
-                self.spec_decoding.verified(req_id, len(drafts), num_accepted)
+                self.spec_decoding.verified(req_id, drafts, num_accepted)
             self.recompute_tax.count(request, num_new)
             request.num_computed_tokens += num_new
             request.num_new_tokens = 0

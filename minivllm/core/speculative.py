@@ -54,6 +54,9 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1
     # draft_model: the drafting model's directory (same tokenizer as the target).
     model: str | None = None
+    # draft_model (minivllm's): prompt lookup's drafts first, where the request's last tokens
+    # occurred before (free: no draft model pass); the draft model's elsewhere.
+    prompt_lookup: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -76,8 +79,9 @@ class SpeculativeConfig:
         if self.disable_by_batch_size is not None and (
                 not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1):
             raise bad("disable_by_batch_size", "must be an integer >= 1 (or null: never)")
-        if not isinstance(self.adaptive_draft_length, bool):
-            raise bad("adaptive_draft_length", "must be true or false")
+        for name in ("adaptive_draft_length", "prompt_lookup"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be true or false")
         if not isinstance(self.suffix_decoding_max_tree_depth, int) or not (
                 2 <= self.suffix_decoding_max_tree_depth <= 256):
             raise bad("suffix_decoding_max_tree_depth", "must be an integer in [2, 256]")

@@ -6,15 +6,15 @@ push it past the target is cut to what fits.
     seconds = c_step + c_token x new tokens + c_attention x prefill query-key pairs
             + c_context x decode context tokens
 
-fitted by least squares on relative error (as sim/profile.py fits a profile offline), with
-old steps forgotten geometrically (the machine's speed drifts) and no negative coefficient
-(a term that fits negative is dropped). Pure Python: the normal equations are 4 x 4.
+fitted online as core/online_fit.py fits (least squares on relative error, as sim/profile.py
+fits a profile offline; old steps forgotten, no negative coefficient).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from minivllm.core.online_fit import OnlineLinearFit
 from minivllm.core.step_batch import StepBatch
 
 _NUM_FEATURES = 4
@@ -24,69 +24,18 @@ def _features(b: StepBatch) -> list[float]:
     return [1.0, float(b.num_tokens), float(b.prefill_attention), float(b.decode_context)]
 
 
-def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
-    """x with a x = y by Gaussian elimination with partial pivoting; None if singular."""
-    n = len(y)
-    m = [row[:] + [v] for row, v in zip(a, y, strict=True)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-300:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(n):
-            if r != col:
-                f = m[r][col] / m[col][col]
-                for c in range(col, n + 1):
-                    m[r][c] -= f * m[col][c]
-    return [m[i][n] / m[i][i] for i in range(n)]
-
-
-class OnlineStepCost:
+class OnlineStepCost(OnlineLinearFit):
     """Step seconds from a StepBatch, fitted to the steps observed so far."""
 
     def __init__(self, forget: float = 0.995, min_steps: int = 16) -> None:
-        self.forget = forget  # each step's weight in the fit decays by this per later step
-        self.min_steps = min_steps  # steps observed before the model predicts
-        self.num_steps = 0
-        self.coefficients = [0.0] * _NUM_FEATURES
-        self._xtx = [[0.0] * _NUM_FEATURES for _ in range(_NUM_FEATURES)]
-        self._xty = [0.0] * _NUM_FEATURES
-        self._seen = [False] * _NUM_FEATURES  # a feature never nonzero has no coefficient
-
-    @property
-    def ready(self) -> bool:
-        return self.num_steps >= self.min_steps
+        super().__init__(_NUM_FEATURES, forget, min_steps)
 
     def observe(self, batch: StepBatch, seconds: float) -> None:
-        if seconds <= 0 or batch.num_tokens == 0:
-            return
-        x, w = _features(batch), 1.0 / seconds  # relative error: rows scaled by 1 / y
-        for i in range(_NUM_FEATURES):
-            self._seen[i] = self._seen[i] or x[i] != 0
-            self._xty[i] = self.forget * self._xty[i] + x[i] * w * w * seconds
-            for j in range(_NUM_FEATURES):
-                self._xtx[i][j] = self.forget * self._xtx[i][j] + x[i] * x[j] * w * w
-        self.num_steps += 1
-        self._refit()
-
-    def _refit(self) -> None:
-        active = [i for i in range(_NUM_FEATURES) if self._seen[i]]
-        while active:
-            coef = _solve([[self._xtx[i][j] for j in active] for i in active],
-                          [self._xty[i] for i in active])
-            if coef is None:  # too few distinct steps yet: drop the last term and retry
-                active.pop()
-                continue
-            negative = [i for i, c in zip(active, coef, strict=True) if c < 0]
-            if not negative:
-                self.coefficients = [0.0] * _NUM_FEATURES
-                for i, c in zip(active, coef, strict=True):
-                    self.coefficients[i] = c
-                return
-            active.remove(negative[0])
+        if batch.num_tokens:
+            super().observe(_features(batch), seconds)
 
     def step_time(self, batch: StepBatch) -> float:
-        return sum(c * x for c, x in zip(self.coefficients, _features(batch), strict=True))
+        return self.predict(_features(batch))
 
     def prefill_seconds(self, decodes: StepBatch, num_tokens: int, budget: int) -> float:
         """Predicted seconds to prefill num_tokens prompt tokens in steps beside `decodes`

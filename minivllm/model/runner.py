@@ -230,7 +230,7 @@ class ModelRunner:
             self.threads.update()
         self._apply_diffs(out)
         self.copy_blocks(out)
-        drafts = self.speculation.drafts(out, self.batch, self._forward)
+        drafts = self.speculation.drafts(out, self.batch, self._forward, self.sampler)
         result = ModelRunnerOutput()
         if not out.num_scheduled_tokens:
             return result
@@ -244,7 +244,7 @@ class ModelRunner:
             return result
         logits = self.model.compute_logits(rows.for_logits(hidden))
         result.prompt_logprobs = rows.prompt_logprobs(logits)
-        self._keep_sampled(self._sample(logits, rows.sampling, drafts), result)
+        self._keep_sampled(self._sample(logits, rows.sampling, drafts), drafts, result)
         return result
 
     def _apply_diffs(self, out: SchedulerOutput) -> None:
@@ -272,7 +272,8 @@ class ModelRunner:
         """The new tokens of the requests that sample: with draft tokens, the drafts the
         target accepted and its next token (model/spec_verify.py); else one each."""
         if drafts:
-            return sample_with_drafts(self.sampler, logits, sampling)
+            return sample_with_drafts(self.sampler, logits, sampling,
+                                      self.speculation.proposals)
         if not sampling:
             return {}
         if len(sampling) < logits.shape[0]:  # else every row, in order: no copy
@@ -282,10 +283,13 @@ class ModelRunner:
         return {req_id: Verified([token_id], [logprobs])
                 for req_id, token_id, logprobs in zip(ids, sampled.token_ids, sampled.logprobs)}
 
-    def _keep_sampled(self, sampled: dict[str, Verified], result: ModelRunnerOutput) -> None:
+    def _keep_sampled(self, sampled: dict[str, Verified], drafts: dict[str, list[int]],
+                      result: ModelRunnerOutput) -> None:
         """Append the new tokens to their requests and report them."""
         for req_id, new in sampled.items():
             state = self.batch.requests[req_id]
+            if req_id in drafts:  # its last token and the accepted drafts were computed
+                self.speculation.verified(req_id, state.num_computed_tokens + len(new.token_ids))
             for token_id in new.token_ids:
                 state.append(token_id)
             result.sampled_token_ids[req_id] = new.token_ids

@@ -63,6 +63,7 @@ _GREEDY_EPS = 1e-5  # temperatures below this are greedy, as vLLM's
 _NO_LIMIT = torch.finfo(torch.float32).min
 _EMPTY_IDS = np.zeros(0, dtype=np.int32)
 _EMPTY_DELTAS = np.zeros(0, dtype=np.float32)
+_EMPTY_PENALTIES = (_EMPTY_IDS, _EMPTY_DELTAS)
 
 
 def _mix64(z: int) -> int:
@@ -220,15 +221,16 @@ class _Batch:
     bans: tuple[np.ndarray, np.ndarray]  # offsets, tokens banned this step
 
 
-def _pack(states: list[_RequestState]) -> _Batch:
-    pens = [s.penalties() for s in states]
+def _pack(states: list[_RequestState], plain: bool = False) -> _Batch:
+    """plain: the rows' temperature and filters only, none of their penalties or bans."""
+    pens = [_EMPTY_PENALTIES if plain else s.penalties() for s in states]
     pen_offsets, pen_ids = _csr([ids for ids, _ in pens])
     return _Batch(
         torch.tensor([s.fparams for s in states], dtype=torch.float32),
         torch.tensor([(s.top_k, s.key, s.position) for s in states], dtype=torch.int64),
-        _csr([s.seen() for s in states]),
+        _csr([_EMPTY_IDS if plain else s.seen() for s in states]),
         (pen_offsets, pen_ids, np.concatenate([deltas for _, deltas in pens])),
-        _csr([s.bans() for s in states]))
+        _csr([_EMPTY_IDS if plain else s.bans() for s in states]))
 
 
 class Sampler:
@@ -282,13 +284,7 @@ class Sampler:
             raise ValueError(f"logits have {logits.shape[-1]} columns, the vocabulary "
                              f"{self.vocab_size} tokens")
         states = [self._requests[r] for r in req_ids]
-        constrained = [i for i, s in enumerate(states) if s.matcher is not None]
-        if constrained:
-            allowed = fill_bitmask([states[i].matcher for i in constrained], self.vocab_size)
-            for row, i in enumerate(constrained):
-                if states[i].number_guard is not None:
-                    states[i].number_guard.restrict(allowed[row])
-            logits = apply_bitmask(logits, constrained, allowed)
+        logits = self._constrain(logits, states)
         kernel = self.use_kernel and logits.device.type == "cpu" and logits.dtype == torch.float32
         if kernel:
             logits = logits.contiguous()
@@ -312,15 +308,82 @@ class Sampler:
             for i, result in zip(wanted, found):
                 logprobs[i] = result
         for state, token in zip(states, token_ids):
-            state.append(token)
-            if state.number_guard is not None:
-                state.number_guard.consume(token)
-            # Only when every allowed token was also banned (min_tokens against a finished
-            # grammar): the matcher stays in error and allows EOS alone from then on.
-            if state.matcher is not None and not state.matcher.consume_token(token):
-                logger.warning("sampled token %d breaks its grammar: %s", token,
-                               state.matcher.get_error())
+            _advance(state, token)
         return SamplerOutput(token_ids, logprobs)
+
+    def _constrain(self, logits: torch.Tensor, states: list[_RequestState]) -> torch.Tensor:
+        """-inf where a row's grammar forbids the next token (rows without one untouched)."""
+        constrained = [i for i, s in enumerate(states) if s.matcher is not None]
+        if not constrained:
+            return logits
+        allowed = fill_bitmask([states[i].matcher for i in constrained], self.vocab_size)
+        for row, i in enumerate(constrained):
+            if states[i].number_guard is not None:
+                states[i].number_guard.restrict(allowed[row])
+        return apply_bitmask(logits, constrained, allowed)
+
+    # ---- speculative sampling (model/spec_verify.py) ----------------------------------
+
+    def probabilities(self, logits: torch.Tensor, req_ids: list[str],
+                      own_state: bool = True) -> torch.Tensor:
+        """[N, V] float64: the distribution row i's request samples its next token from:
+        its grammar, penalties and bans (own_state; False: none of them, as a draft model
+        proposes) then its temperature and filters. A greedy request's is its argmax's."""
+        states = [self._requests[r] for r in req_ids]
+        y = self._constrain(logits, states) if own_state else logits
+        y = _penalize(y.float(), _pack(states, plain=not own_state))
+        probs = torch.zeros(y.shape, dtype=torch.float64, device=y.device)
+        greedy = [i for i, s in enumerate(states) if s.greedy]
+        if greedy:
+            index = torch.tensor(greedy, device=y.device)
+            probs[index, y[index].argmax(dim=-1)] = 1.0
+        rows = [i for i, s in enumerate(states) if not s.greedy]
+        if rows:
+            index = torch.tensor(rows, device=y.device)
+            batch = _pack([states[i] for i in rows], plain=True)
+            mass = _kept_mass(y[index], [states[i] for i in rows], batch.fparams.to(y.device),
+                              batch.iparams.to(y.device)).double()
+            probs[index] = mass / mass.sum(dim=1, keepdim=True)
+        return probs
+
+    def is_greedy(self, req_id: str) -> bool:
+        return self._requests[req_id].greedy
+
+    def uniforms(self, req_ids: list[str], stream: int, ahead: int = 0) -> torch.Tensor:
+        """Each request's uniform of the given stream (0: the one sample() draws with) at
+        its output position + ahead: a function of its seed and that position alone."""
+        values = []
+        for req_id in req_ids:
+            state = self._requests[req_id]
+            key = state.key & _MASK
+            if stream:
+                key = _mix64((key ^ (stream * _GOLDEN)) & _MASK)
+            values.append(uniform(key, state.position + ahead))
+        return torch.tensor(values, dtype=torch.float64)
+
+    def record(self, req_id: str, token: int, raw_logits: torch.Tensor) -> dict | None:
+        """A token chosen for the request outside sample() (speculative sampling's): its
+        state advances as sample() advances it; its logprobs (from the raw logits row) if it
+        asked for them."""
+        state = self._requests[req_id]
+        logprobs = None
+        if state.params.logprobs is not None:
+            logprobs = top_logprobs(torch.log_softmax(raw_logits.float(), dim=-1), token,
+                                    state.params.logprobs)
+        _advance(state, token)
+        return logprobs
+
+
+def _advance(state: _RequestState, token: int) -> None:
+    """The request's state after it samples `token`: position, penalties, grammar."""
+    state.append(token)
+    if state.number_guard is not None:
+        state.number_guard.consume(token)
+    # Only when every allowed token was also banned (min_tokens against a finished grammar):
+    # the matcher stays in error and allows EOS alone from then on.
+    if state.matcher is not None and not state.matcher.consume_token(token):
+        logger.warning("sampled token %d breaks its grammar: %s", token,
+                       state.matcher.get_error())
 
 
 def _rows_of(offsets: np.ndarray) -> torch.Tensor:
@@ -364,7 +427,31 @@ def _sample_torch(logits: torch.Tensor, states: list[_RequestState],
     if not rows:
         return tokens
     index = torch.tensor(rows, device=device)
-    y, fparams, iparams = y[index], batch.fparams[rows].to(device), batch.iparams[rows].to(device)
+    rel = _kept_mass(y[index], [states[i] for i in rows], batch.fparams[rows].to(device),
+                     batch.iparams[rows].to(device))
+    # Inverse CDF in token order: the first token whose cumulative mass exceeds u * total.
+    u = torch.tensor([uniform(states[i].key & _MASK, states[i].position) for i in rows],
+                     dtype=torch.float64, device=device)
+    tokens[index] = inverse_cdf(rel, u)
+    return tokens
+
+
+def inverse_cdf(mass: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of mass [N, V] (>= 0, unnormalized): the first token in token order whose
+    cumulative mass exceeds u * total (u [N] in [0, 1))."""
+    cumulative = mass.cumsum(dim=1, dtype=torch.float64)
+    total = cumulative[:, -1:].contiguous()
+    chosen = torch.searchsorted(cumulative, u.unsqueeze(1) * total, right=True)
+    # If u * total rounds up to total: the last token with mass (where the sum reaches it).
+    last_with_mass = torch.searchsorted(cumulative, total)
+    return torch.minimum(chosen, last_with_mass).squeeze(1)
+
+
+def _kept_mass(y: torch.Tensor, states: list[_RequestState], fparams: torch.Tensor,
+               iparams: torch.Tensor) -> torch.Tensor:
+    """Rows of penalized logits y of sampled (not greedy) requests: each token's probability
+    relative to the top token's, 0 where temperature's filters drop it (unnormalized)."""
+    rows = range(len(states))
     inv_temp, top_p, log_min_p, top_k = (fparams[:, 0:1], fparams[:, 1:2], fparams[:, 2:3],
                                          iparams[:, 0:1])
     m = y.max(dim=1, keepdim=True).values
@@ -394,13 +481,4 @@ def _sample_torch(logits: torch.Tensor, states: list[_RequestState],
             t_p = torch.where(top_p < 1, sorted_y.gather(1, last), t_p)
     if any(uses_k) or any(uses_p) or any(states[i].params.min_p > 0 for i in rows):
         rel.masked_fill_((y < t_k) | (y < t_p) | (d < log_min_p), 0)  # else every token
-    # Inverse CDF in token order: the first token whose cumulative mass exceeds u * total.
-    cumulative = rel.cumsum(dim=1, dtype=torch.float64)
-    total = cumulative[:, -1:].contiguous()
-    u = torch.tensor([uniform(states[i].key & _MASK, states[i].position) for i in rows],
-                     dtype=torch.float64, device=device).unsqueeze(1)
-    chosen = torch.searchsorted(cumulative, u * total, right=True)
-    # If u * total rounds up to total: the last token with mass (where the sum reaches it).
-    last_with_mass = torch.searchsorted(cumulative, total)
-    tokens[index] = torch.minimum(chosen, last_with_mass).squeeze(1)
-    return tokens
+    return rel

@@ -222,3 +222,24 @@ def test_random_speculation_loses_nothing_leaks_nothing_reads_only_its_own_kv(
     for request in sim.requests.values():
         assert request.num_output_tokens <= request.max_tokens
     sim.assert_all_free()
+
+
+def test_no_drafts_after_a_prompt_chunk_of_one_token():
+    """A chunk of one prompt token with more to compute (a group of n = 2's head holds its
+    last prompt token back until the others can fork) is scheduled without drafts: drafts
+    follow a request's last token only (drafts there once left a draft model's request
+    unsampled, stuck at that prompt token, step after step)."""
+    sim = RepeatingSim(period=4, block_size=4, num_blocks=64, max_num_batched_tokens=6,
+                       speculative_config={**NGRAM, "num_speculative_tokens": 2,
+                                           "adaptive_draft_length": False})
+    sim.add("a", prompt=[1, 2, 3, 4] * 2, max_tokens=30, n=2)  # 6 tokens, then 1 of 2
+    drafted_in_prefill = 0
+    while sim.scheduler.has_unfinished_requests():
+        requests = sim.scheduler.requests
+        before = {r: (q.num_computed_tokens, q.num_tokens) for r, q in requests.items()}
+        out = sim.step()
+        for req_id in out.scheduled_spec_decode_tokens:
+            computed, total = before[req_id]
+            drafted_in_prefill += computed + 1 < total
+    assert drafted_in_prefill == 0
+    assert sim.scheduler.stats().spec_num_draft_tokens > 0

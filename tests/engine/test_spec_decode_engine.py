@@ -1,6 +1,8 @@
 """Speculative decoding end to end, on the real stories260K model: with `ngram`, `suffix`
 and `draft_model` drafts the output is the same tokens as without, greedy and seeded
-sampling alike (penalties, n > 1, logprobs, structured outputs), under prefix caching,
+sampling alike (penalties, n > 1, logprobs, structured outputs) — but for a draft model's
+sampled drafts (speculative sampling): the same tokens again for a seed, and the target's
+distribution over many seeds —, under prefix caching,
 chunked prefill, preemption (swap and recompute) and every policy; drafts are accepted and
 rejected (so the comparison exercises both) and no KV block is left behind.
 
@@ -11,6 +13,7 @@ greedy drafts."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -30,7 +33,8 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "disable_by_batch_siz
           "suffix_decoding_max_spec_factor": 2.0}
 # Every draft is verified, however few pass: the adaptive rule would stop a weak draft model.
 DRAFT_MODEL = {"method": "draft_model", "num_speculative_tokens": 3,
-               "disable_by_batch_size": None, "adaptive_draft_length": False}
+               "disable_by_batch_size": None, "adaptive_draft_length": False,
+               "prompt_lookup": False}
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=7, ignore_eos=True,
                          repetition_penalty=1.1, logprobs=2, n=2)
@@ -90,6 +94,10 @@ def test_output_is_the_same_tokens_with_drafts(stories_dir, references, spec, na
                                                engine):
     llm, outputs = run(stories_dir, params, spec, **engine)
     reference = references[name]
+    if spec["method"] == "draft_model" and name == "sampled":
+        # speculative sampling: distributed as the target's (test_spec_verify.py, and
+        # below), and the same tokens again for the same seed and drafts
+        reference = run(stories_dir, params, spec, **engine)[1]
     assert token_ids(outputs) == token_ids(reference)
     stats = llm.stats()
     assert stats.spec_num_accepted_tokens > 0, "no draft was accepted: nothing was compared"
@@ -148,6 +156,48 @@ def test_the_target_as_its_own_draft_model_has_every_greedy_draft_accepted(stori
     assert stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens > 0
 
 
+def test_draft_model_takes_prompt_lookups_drafts_first(stories_dir, draft_dir, references):
+    """With prompt_lookup, a request whose last tokens occurred before verifies prompt
+    lookup's drafts (no draft model pass), the others the draft model's: the output is the
+    same tokens, and both kinds were verified."""
+    llm = LLM(model=str(stories_dir), block_size=4, speculative_config={
+        **DRAFT_MODEL, "model": str(draft_dir), "prompt_lookup": True})
+    speculation = llm.llm_engine.core.runner.speculation
+    kinds = []
+    drafts = speculation.drafts
+
+    def recorded(out, *args):
+        kinds.extend(d[0] == -1 for d in out.scheduled_spec_decode_tokens.values())
+        return drafts(out, *args)
+
+    speculation.drafts = recorded
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [[c.token_ids for c in o.outputs] for o in outputs] == token_ids(references["greedy"])
+    assert any(kinds) and not all(kinds), "one kind of drafts only"
+    assert_all_blocks_free(llm)
+
+
+def test_the_draft_model_trusts_no_kv_of_its_rejected_drafts(stories_dir, draft_dir):
+    """Past the tokens the target accepted, the draft model's K/V is of rejected drafts: it
+    is cut back there at once, so a later step (after steps without drafts, say) runs the
+    draft model over the real tokens again, never reads the rejected drafts' K/V."""
+    llm = LLM(model=str(stories_dir), block_size=4,
+              speculative_config={**DRAFT_MODEL, "model": str(draft_dir)})
+    runner = llm.llm_engine.core.runner
+    drafter, checked = runner.drafter, []
+    verified = drafter.verified
+
+    def checking(req_id, num_computed):
+        verified(req_id, num_computed)
+        checked.append(drafter.computed[req_id] <= num_computed)
+
+    drafter.verified = checking
+    llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    stats = llm.stats()
+    assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens, "none rejected"
+    assert checked and all(checked)
+
+
 def test_a_draft_model_with_another_vocabulary_is_refused_by_name(stories_dir, tmp_path):
     config = json.loads((stories_dir / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
@@ -177,3 +227,33 @@ def test_drafts_the_grammar_forbids_are_cut_before_the_forward(stories_dir):
     assert any(num_valid < num for num, num_valid in cuts), "no draft was cut"
     assert drafted[True] < drafted[False]
     assert outputs[True] == outputs[False]
+
+
+def test_a_draft_models_sampled_drafts_keep_the_targets_distribution(stories_dir, draft_dir):
+    """Speculative sampling end to end: over 1,500 seeds, the first three tokens (each
+    position's own distribution) come out as often with the draft model's sampled drafts as
+    without drafts (a two-sample chi-square on the tokens seen at least 10 times), while
+    most drafts are kept (more than a deterministic proposal's chance)."""
+    prompt, n = "One day, a big bird", 1500
+    spec = {**DRAFT_MODEL, "model": str(draft_dir), "num_speculative_tokens": 2}
+    counts = []
+    for config in (None, spec):
+        llm = LLM(model=str(stories_dir), block_size=4, speculative_config=config)
+        params = [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=s)
+                  for s in range(n)]
+        outputs = llm.generate([prompt] * n, params, use_tqdm=False)
+        counts.append([Counter(o.outputs[0].token_ids[j] for o in outputs) for j in range(3)])
+        assert_all_blocks_free(llm)
+    stats = llm.stats()
+    assert stats.spec_num_accepted_tokens > 0.3 * stats.spec_num_draft_tokens
+    for without, with_drafts in zip(*counts):
+        tokens = [t for t in without.keys() | with_drafts.keys()
+                  if without[t] + with_drafts[t] >= 10]
+        chi = sum((without[t] - with_drafts[t]) ** 2 / (without[t] + with_drafts[t])
+                  for t in tokens)
+        assert chi < chi2_critical(len(tokens) - 1), (chi, len(tokens))
+
+
+def chi2_critical(df: int) -> float:
+    """The chi-square distribution's 0.999 quantile (Wilson-Hilferty; z = 3.09)."""
+    return df * (1 - 2 / (9 * df) + 3.09 * (2 / (9 * df)) ** 0.5) ** 3
