@@ -48,6 +48,9 @@ class SpecDecoding:
         # where draft_model takes them first
         self._trackers: dict[str, DraftTracker] = {}
         self._lookup_trackers: dict[str, DraftTracker] = {}
+        # every request's verifications together, by source: where a new request starts
+        # (at 1 before any: optimistic, so that a method gets tried)
+        self._recent = {"method": DraftTracker(), "lookup": DraftTracker()}
         self._looked_up: set[str] = set()  # requests whose drafts this step are prompt lookup's
         self.lookup_first = bool(config and config.method == "draft_model"
                                  and config.prompt_lookup)
@@ -111,14 +114,14 @@ class SpecDecoding:
         drafts = []
         self._looked_up.discard(request.request_id)
         if self.lookup_first:
-            tracker = self._lookup_trackers.setdefault(request.request_id, DraftTracker())
+            tracker = self._tracker(self._lookup_trackers, "lookup", request.request_id)
             k = min(self._length(tracker, row), limit)
             drafts = ngram_propose(request.all_token_ids, k, spec.prompt_lookup_min,
                                    spec.prompt_lookup_max) if k > 0 else []
             if drafts:
                 self._looked_up.add(request.request_id)
         if not drafts:
-            tracker = self._trackers.setdefault(request.request_id, DraftTracker())
+            tracker = self._tracker(self._trackers, "method", request.request_id)
             if spec.method == "draft_model":  # and its share of the draft model's passes
                 row += self.pass_cost(num_running) / max(num_running, 1)
             k = min(self._length(tracker, row), limit)
@@ -127,15 +130,26 @@ class SpecDecoding:
             drafts = drafts[:self.valid_drafts(request.request_id, drafts)]
         return drafts
 
+    def _tracker(self, trackers: dict[str, DraftTracker], source: str,
+                 request_id: str) -> DraftTracker:
+        """The request's acceptance of the source's drafts; a new request starts at the
+        acceptance recent requests had (a request's first drafts are not free either)."""
+        tracker = trackers.get(request_id)
+        if tracker is None:
+            tracker = trackers[request_id] = DraftTracker(
+                accepted=self._recent[source].acceptance)
+        return tracker
+
     def _length(self, tracker: DraftTracker, row_cost: float) -> int:
         k = self.config.num_speculative_tokens
         return tracker.draft_length(k, row_cost) if self.config.adaptive_draft_length else k
 
     def verified(self, request_id: str, drafts: list[int], num_accepted: int) -> None:
         self.stats.observe(len(drafts), num_accepted)
-        trackers = (self._lookup_trackers if request_id in self._looked_up
-                    else self._trackers)
+        source = "lookup" if request_id in self._looked_up else "method"
+        trackers = self._lookup_trackers if source == "lookup" else self._trackers
         trackers[request_id].record(len(drafts), num_accepted)
+        self._recent[source].record(len(drafts), num_accepted, forget=0.98)
 
     def finish(self, request: Request) -> None:
         self._trackers.pop(request.request_id, None)

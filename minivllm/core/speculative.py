@@ -136,12 +136,22 @@ def expected_tokens(acceptance: float, k: int) -> float:
     return sum(acceptance ** i for i in range(k + 1))
 
 
+# The gain a draft length must promise over none: what the step-time fit cannot see (its
+# noise; a draft model's first pass over a new prompt, its catch-up after steps without
+# drafts) is paid anyway.
+DRAFT_MARGIN = 0.05
+
+
 def best_draft_length(acceptance: float, max_k: int, row_cost: float) -> int:
     """The draft length in [0, max_k] with the most tokens per second: expected_tokens over
     the step's cost, 1 + row_cost x k (row_cost: what one more row adds to the step, as a
-    fraction of the step without drafts). The shortest of equals."""
-    return max(range(max_k + 1),
-               key=lambda k: (expected_tokens(acceptance, k) / (1 + row_cost * k), -k))
+    fraction of the step without drafts). The shortest of equals; 0 unless the best
+    promises DRAFT_MARGIN more than no drafts."""
+    def rate(k: int) -> float:
+        return expected_tokens(acceptance, k) / (1 + row_cost * k)
+
+    k = max(range(max_k + 1), key=lambda k: (rate(k), -k))
+    return k if rate(k) >= 1 + DRAFT_MARGIN else 0
 
 
 @dataclass
@@ -169,11 +179,11 @@ class DraftTracker:
             return 1
         return k
 
-    def record(self, num_drafted: int, num_accepted: int) -> None:
+    def record(self, num_drafted: int, num_accepted: int, forget: float = 0.7) -> None:
         if num_drafted:
             rejected = num_accepted < num_drafted  # the first rejected one was tried too
-            self.accepted = 0.7 * self.accepted + num_accepted
-            self.tried = 0.7 * self.tried + num_accepted + rejected
+            self.accepted = forget * self.accepted + num_accepted
+            self.tried = forget * self.tried + num_accepted + rejected
 
 
 @dataclass

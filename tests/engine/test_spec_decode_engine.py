@@ -145,15 +145,30 @@ def test_spec_metrics_and_log_line(stories_dir, caplog):
         in text
 
 
-def test_the_target_as_its_own_draft_model_has_every_greedy_draft_accepted(stories_dir):
-    """Every draft right: each step's drafts and the target's next token are accepted, and
-    the draft model's K/V of a fully accepted draft is caught up on the next step."""
+@pytest.mark.parametrize("engine", [
+    {},
+    {"num_kv_blocks": 24, "preemption_mode": "recompute", "enable_prefix_caching": False},
+    {"num_kv_blocks": 24, "preemption_mode": "swap", "swap_space": 0.01},
+    {"max_num_batched_tokens": 8},
+    "disk tier",
+], ids=["plain", "recompute", "swap", "chunked", "disk-tier"])
+def test_the_target_as_its_own_draft_model_has_every_greedy_draft_accepted(
+        stories_dir, references, engine, tmp_path):
+    """The draft model's KV cache kept whole: with the target as its own draft model, every
+    greedy draft is accepted exactly when the draft model's K/V is the target's — caught up
+    after a fully accepted draft, cut back after a rejection, swapped out and in with the
+    target's, recomputed after a recompute preemption, served by the prefix cache's blocks
+    and by its disk tier (a second engine reading the first one's prefixes from disk)."""
     spec = {**DRAFT_MODEL, "model": str(stories_dir)}
-    llm, outputs = run(stories_dir, GREEDY, spec)
-    _, reference = run(stories_dir, GREEDY)
-    assert token_ids(outputs) == token_ids(reference)
+    if engine == "disk tier":
+        engine = {"kv_offloading_backend": "disk", "kv_offloading_path": str(tmp_path)}
+        run(stories_dir, GREEDY, spec, **engine)  # writes the prompts' blocks to disk
+    llm, outputs = run(stories_dir, GREEDY, spec, **engine)
+    assert token_ids(outputs) == token_ids(references["greedy"])
     stats = llm.stats()
     assert stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens > 0
+    if "num_kv_blocks" in engine:
+        assert stats.num_preemptions > 0, "the small cache preempted nobody"
 
 
 def test_draft_model_takes_prompt_lookups_drafts_first(stories_dir, draft_dir, references):
