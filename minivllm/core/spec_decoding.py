@@ -51,6 +51,7 @@ class SpecDecoding:
         # every request's verifications together, by source: where a new request starts
         # (at 1 before any: optimistic, so that a method gets tried)
         self._recent = {"method": DraftTracker(), "lookup": DraftTracker()}
+        self._num_new = {"method": 0, "lookup": 0}  # requests each source has seen
         self._looked_up: set[str] = set()  # requests whose drafts this step are prompt lookup's
         self.lookup_first = bool(config and config.method == "draft_model"
                                  and config.prompt_lookup)
@@ -132,12 +133,17 @@ class SpecDecoding:
 
     def _tracker(self, trackers: dict[str, DraftTracker], source: str,
                  request_id: str) -> DraftTracker:
-        """The request's acceptance of the source's drafts; a new request starts at the
-        acceptance recent requests had (a request's first drafts are not free either)."""
+        """The request's acceptance of the source's drafts. A new request starts at the
+        acceptance recent requests had (a request's first drafts are not free either), but
+        every 8th at 1: a draft model's requests do not probe, and the traffic may have
+        changed since drafts stopped paying."""
         tracker = trackers.get(request_id)
         if tracker is None:
+            explore = self._num_new[source] % 8 == 0
+            self._num_new[source] += 1
             tracker = trackers[request_id] = DraftTracker(
-                accepted=self._recent[source].acceptance)
+                accepted=1.0 if explore else self._recent[source].acceptance,
+                probes=source == "lookup" or self.config.method != "draft_model")
         return tracker
 
     def _length(self, tracker: DraftTracker, row_cost: float) -> int:

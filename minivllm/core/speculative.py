@@ -163,6 +163,9 @@ class DraftTracker:
     accepted: float = 1.0  # optimistic: a new request starts at acceptance 1
     tried: float = 1.0
     skipped: int = 0  # steps without drafts since they stopped paying
+    # Probe while off: not a draft model's (a probe would first run it over every token
+    # since its last draft: a prefill, where drafts are free to look up)
+    probes: bool = True
 
     @property
     def acceptance(self) -> float:
@@ -171,6 +174,8 @@ class DraftTracker:
     def draft_length(self, max_k: int, row_cost: float) -> int:
         k = best_draft_length(self.acceptance, max_k, row_cost)
         if k == 0:
+            if not self.probes:
+                return 0
             # Off, but probe with one token every 16 steps: the text may start repeating.
             self.skipped += 1
             if self.skipped < 16:
