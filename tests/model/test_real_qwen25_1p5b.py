@@ -93,9 +93,10 @@ def test_the_05b_drafts_for_the_15b(target, prompts):
     draft = assembled("0.5b")
     params = SamplingParams(temperature=0, max_tokens=2 * MAX_TOKENS)
     runs = {}
-    for name, spec in {"none": None, "draft": {
-            "method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
-            "prompt_lookup": False, "adaptive_draft_length": False}.items():
+    configs = {"none": None, "draft": {
+        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
+        "prompt_lookup": False, "adaptive_draft_length": False}}
+    for name, spec in configs.items():
         llm = LLM(str(target), num_kv_blocks=64, num_threads=2, speculative_config=spec)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                use_tqdm=False)
