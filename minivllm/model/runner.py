@@ -253,7 +253,15 @@ class ModelRunner:
             self.sampler.remove_request(req_id)
             self.pooler.remove(req_id)
             self.speculation.remove(req_id)
-        for new in self.batch.apply(out):
+        new_requests = self.batch.apply(out)
+        # The draft model's K/V is valid no further than the target's: a request preempted
+        # to recompute comes back with fewer tokens computed (and other blocks past its
+        # cached prefix); a new one has none of it.
+        cached = out.scheduled_cached_reqs
+        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
+            self.speculation.verified(req_id, computed)
+        for new in new_requests:
+            self.speculation.remove(new.req_id)
             if new.pooling_params is not None:
                 self.pooler.add_request(new.req_id, new.pooling_params)
                 continue

@@ -27,10 +27,11 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily. Lily liked to 
            "Once upon a time, there was a little",
            "The dog ran to the park. The dog ran to the park. The dog",
            "Tom and Sue", "One day, a big bird"]
+# Every draft is verified (the adaptive rule may turn weak ones off: nothing compared).
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
-         "prompt_lookup_max": 4, "disable_by_batch_size": None}
+         "prompt_lookup_max": 4, "disable_by_batch_size": None, "adaptive_draft_length": False}
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 4, "disable_by_batch_size": None,
-          "suffix_decoding_max_spec_factor": 2.0}
+          "suffix_decoding_max_spec_factor": 2.0, "adaptive_draft_length": False}
 # Every draft is verified, however few pass: the adaptive rule would stop a weak draft model.
 DRAFT_MODEL = {"method": "draft_model", "num_speculative_tokens": 3,
                "disable_by_batch_size": None, "adaptive_draft_length": False,
@@ -204,7 +205,7 @@ def test_the_draft_model_trusts_no_kv_of_its_rejected_drafts(stories_dir, draft_
 
     def checking(req_id, num_computed):
         verified(req_id, num_computed)
-        checked.append(drafter.computed[req_id] <= num_computed)
+        checked.append(drafter.computed.get(req_id, 0) <= num_computed)
 
     drafter.verified = checking
     llm.generate(PROMPTS, GREEDY, use_tqdm=False)
