@@ -24,41 +24,41 @@ VOCAB_SIZE = 512
 SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 STORIES = SHARED_MODELS / "stories260K"
 
-_COMMON = dict(
+COMMON = dict(
     vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
     bos_token_id=1, eos_token_id=2, initializer_range=0.2,
 )
 
 CONFIGS = {
-    "llama": lambda: LlamaConfig(**_COMMON, tie_word_embeddings=True, rope_theta=10000.0),
-    "llama3-rope": lambda: LlamaConfig(**_COMMON, head_dim=32, rope_scaling={
+    "llama": lambda: LlamaConfig(**COMMON, tie_word_embeddings=True, rope_theta=10000.0),
+    "llama3-rope": lambda: LlamaConfig(**COMMON, head_dim=32, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}),
-    "qwen2": lambda: Qwen2Config(**_COMMON, tie_word_embeddings=False),
+    "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=False),
     # a window shorter than most prompts, on every layer (Mistral has no layer_types)
-    "mistral": lambda: MistralConfig(**_COMMON, sliding_window=16),
+    "mistral": lambda: MistralConfig(**COMMON, sliding_window=16),
     # head_dim not hidden / heads; saved in shards with an index (SHARDED)
-    "qwen3": lambda: Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=False),
-    "phi3": lambda: Phi3Config(**_COMMON, pad_token_id=0, rope_parameters={
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False),
+    "phi3": lambda: Phi3Config(**COMMON, pad_token_id=0, rope_parameters={
         "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
         "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
         "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 64.0]}),
     # Phi-4-mini's partial rotary: RoPE on the first 3/4 of each head
-    "phi4-mini": lambda: Phi3Config(**_COMMON, pad_token_id=0, rope_parameters={
+    "phi4-mini": lambda: Phi3Config(**COMMON, pad_token_id=0, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
-    "mixtral": lambda: MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2),
+    "mixtral": lambda: MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2),
     # unnormalized top-k weights (Mixtral's are), and a dense MLP on layer 1
-    "qwen3_moe": lambda: Qwen3MoeConfig(**_COMMON, num_experts=4, num_experts_per_tok=2,
+    "qwen3_moe": lambda: Qwen3MoeConfig(**COMMON, num_experts=4, num_experts_per_tok=2,
                                         moe_intermediate_size=48, norm_topk_prob=False,
                                         mlp_only_layers=[1]),
     # small windows and caps, so that they change the output (untied: a tied head over
     # Gemma's sqrt(hidden)-scaled embeddings just repeats the last token at this size)
-    "gemma2": lambda: Gemma2Config(**_COMMON, head_dim=16, sliding_window=8,
+    "gemma2": lambda: Gemma2Config(**COMMON, head_dim=16, sliding_window=8,
                                    query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
                                    final_logit_softcapping=10.0, tie_word_embeddings=False),
     "gemma3": lambda: Gemma3TextConfig(
-        **_COMMON, head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+        **COMMON, head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
         tie_word_embeddings=False, layer_types=["sliding_attention", "full_attention"],
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -78,10 +78,14 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def save_tiny_model(kind: str, directory: Path, seed: int = 0) -> Path:
+    return save_model(CONFIGS[kind](), directory, seed, sharded=kind in SHARDED)
+
+
+def save_model(config, directory: Path, seed: int = 0, sharded: bool = False) -> Path:
+    """A random-weight model of a config, with the word tokenizer, saved to directory."""
     torch.manual_seed(seed)
-    config = CONFIGS[kind]()
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(directory, max_shard_size="100KB" if kind in SHARDED else "5GB")
+    model.save_pretrained(directory, max_shard_size="100KB" if sharded else "5GB")
     word_tokenizer().save_pretrained(directory)
     return directory
 

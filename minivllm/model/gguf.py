@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 from minivllm.model.gguf_bytes import Tensor, WeightBytes
+from minivllm.model.gguf_config import complete_config
 from minivllm.model.kernels.gguf_blocks import UNIT_BYTES
 from minivllm.model.linear.gguf import BlockWeight
 
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 # The pointer from a cache directory to its GGUF file; load_state_dict looks for it.
 POINTER = "gguf_file.json"
 # What the directory holds; a directory built by an older minivllm is built again.
-DIR_FORMAT = 2  # 2: the tensor index (where each tensor lies in the file)
+DIR_FORMAT = 3  # 2: the tensor index (where each tensor lies in the file); 3: gguf_config
 _MAGIC = b"GGUF"
 
 
@@ -118,6 +119,7 @@ def _write_model_dir(path: Path, out: Path) -> None:
 
     arch = check_loadable(path)
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    complete_config(config, open_gguf(path), arch)
     config.architectures = [causal_lm_class(config.model_type, path)]
     config.save_pretrained(out)
     GenerationConfig(bos_token_id=config.bos_token_id,
@@ -164,30 +166,47 @@ def _tensor_names(config, arch: str) -> dict[str, str]:
 
 def check_loadable(path: Path) -> str:
     """The file's GGUF architecture; ValueError naming what we cannot load: not a GGUF
-    file, an architecture that transformers cannot read from GGUF, a tensor type that the
-    gguf package cannot dequantize."""
+    file, an architecture we do not run (naming those we do), a tensor type that the gguf
+    package cannot dequantize."""
     with open(path, "rb") as f:
         if f.read(4) != _MAGIC:
             raise ValueError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
     reader = open_gguf(path)
     from gguf import GGMLQuantizationType
     from gguf.quants import _type_traits  # the block types gguf.quants can dequantize
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    from minivllm.model.models import ARCHITECTURES
 
     field = reader.fields.get("general.architecture")
     arch = field.contents() if field is not None else None
-    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (transformers "
-                         f"reads {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}; minivllm "
-                         f"runs {', '.join(ARCHITECTURES)})")
+    runnable = runnable_architectures()
+    if arch not in runnable:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; minivllm runs "
+                         f"GGUF files of {', '.join(runnable)}")
     readable = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *_type_traits}
     for tensor in reader.tensors:
         if tensor.tensor_type not in readable:
             raise ValueError(f"{path}: tensor {tensor.name} has GGUF type "
                              f"{tensor.tensor_type.name}, which cannot be dequantized")
     return arch
+
+
+# A file's general.architecture -> transformers' name for it, where they differ
+_TRANSFORMERS_NAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+# transformers' GGUF architecture -> the model type its config gets, where they differ
+_MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
+
+
+def runnable_architectures() -> list[str]:
+    """The GGUF architectures (as files name them) that transformers reads and minivllm
+    runs."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from minivllm.model.models import ARCHITECTURES
+
+    file_names = {name: file for file, name in _TRANSFORMERS_NAMES.items()}
+    return sorted(file_names.get(name, name) for name in GGUF_SUPPORTED_ARCHITECTURES
+                  if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(_MODEL_TYPES.get(name, name))
+                  in ARCHITECTURES)
 
 
 def causal_lm_class(model_type: str, path: Path) -> str:
@@ -262,13 +281,18 @@ def load_gguf_state_dict(directory: Path, keep_blocks: bool = False
 
 def _why_not_blocks(qtype, processor) -> str:
     """Why a matrix of this type cannot run from its blocks ("" if it can): a type the
-    kernels do not run, or a processor other than transformers' default or Llama's Q/K
-    un-permutation (the others change values)."""
-    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor
+    kernels do not run, or a processor other than transformers' default, Llama's Q/K
+    un-permutation or Gemma's (its 1 + weight undone on norm vectors only): the others
+    change a matrix's values."""
+    from transformers.modeling_gguf_pytorch_utils import (
+        Gemma2TensorProcessor,
+        LlamaTensorProcessor,
+        TensorProcessor,
+    )
 
     if int(qtype) not in UNIT_BYTES:
         return "a type the kernels do not run"
-    if type(processor) not in (TensorProcessor, LlamaTensorProcessor):
+    if type(processor) not in (TensorProcessor, LlamaTensorProcessor, Gemma2TensorProcessor):
         return f"transformers' {type(processor).__name__} rewrites the values"
     return ""
 

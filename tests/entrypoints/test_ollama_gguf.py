@@ -13,7 +13,7 @@ import httpx
 import ollama
 import pytest
 
-from tests.model.test_gguf import write_gguf
+from tests.gguf_writer import write_gguf
 from tests.server_utils import FAST_ENGINE_ARGS, ServerProcess
 
 NAME = "tiny-llama:f32"

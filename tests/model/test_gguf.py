@@ -1,6 +1,6 @@
 """GGUF files as models (minivllm/model/gguf.py), on a tiny random Llama written to GGUF
-here the way llama.cpp's converter writes it (Q/K rows permuted, tied embeddings left
-out): its weights load back equal to the safetensors original's, the engine's output is
+by tests/gguf_writer.py the way llama.cpp's converter writes it (Q/K rows permuted, tied
+embeddings left out): its weights load back equal to the safetensors original's, the engine's output is
 the original's, and what cannot be loaded fails naming why. The real SmolLM2 file is
 tests/model/test_real_smollm2.py's."""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -20,65 +19,7 @@ from transformers import AutoConfig, AutoTokenizer
 from minivllm import LLM, SamplingParams
 from minivllm.model import gguf as minivllm_gguf
 from minivllm.model.loader import load_state_dict, resolve_model_path
-
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-
-
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf permutation of q_proj / k_proj rows (the loader
-    undoes it)."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
-
-
-def write_gguf(model_dir, path, quantize: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """A GGUF file of a tiny Llama directory; the tensors named in `quantize` as Q8_0.
-    Returns what each checkpoint tensor should load back as."""
-    cfg = AutoConfig.from_pretrained(model_dir)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    state = {k: v.numpy() for k, v in load_file(model_dir / "model.safetensors").items()}
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
-    writer = GGUFWriter(path, "llama")
-    writer.add_name("tiny llama")
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_vocab_size(cfg.vocab_size)
-    vocab = sorted(tok.get_vocab().items(), key=lambda item: item[1])
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([token for token, _ in vocab])
-    writer.add_token_types([3 if i < 3 else 1 for i in range(len(vocab))])  # 3: control
-    writer.add_token_scores([0.0] * len(vocab))  # no merges: whole words only
-    writer.add_bos_token_id(cfg.bos_token_id)
-    writer.add_eos_token_id(cfg.eos_token_id)
-    writer.add_chat_template(CHAT_TEMPLATE)
-    expected = {}
-    for name, w in state.items():
-        stored = w
-        if name.endswith("q_proj.weight"):
-            stored = permute(w, cfg.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            stored = permute(w, cfg.num_key_value_heads)
-        base, suffix = name.rsplit(".", 1)
-        gguf_name = f"{names.get_name(base)}.{suffix}"
-        expected[name] = w
-        if name in quantize:
-            q = gguf.quants.quantize(stored, GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gguf_name, q, raw_dtype=GGMLQuantizationType.Q8_0)
-            restored = gguf.quants.dequantize(q, GGMLQuantizationType.Q8_0)
-            expected[name] = restored  # q_proj / k_proj are never quantized here
-        else:
-            writer.add_tensor(gguf_name, stored)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return expected
+from tests.gguf_writer import CHAT_TEMPLATE, write_gguf
 
 
 @pytest.fixture
@@ -96,7 +37,9 @@ def tiny_gguf(tiny_llama, tmp_path_factory):
 
 def test_weights_load_back_as_the_original(tiny_llama, tmp_path, cache):
     path = tmp_path / "tiny-llama.gguf"
-    expected = write_gguf(tiny_llama, path, quantize=("model.layers.1.mlp.up_proj.weight",))
+    q8 = "model.layers.1.mlp.up_proj.weight"  # Q8_0: close to the original, not equal
+    expected = write_gguf(tiny_llama, path,
+                          lambda name: GGMLQuantizationType.Q8_0 if name == q8 else None)
     directory = resolve_model_path(str(path))
     assert directory.parent == cache / "gguf"
     state = load_state_dict(directory)
@@ -104,7 +47,6 @@ def test_weights_load_back_as_the_original(tiny_llama, tmp_path, cache):
     for name, tensor in state.items():
         assert tensor.dtype == torch.float32
         assert torch.equal(tensor, torch.from_numpy(expected[name])), name
-    q8 = "model.layers.1.mlp.up_proj.weight"  # Q8_0: close to the original, not equal
     original = load_file(tiny_llama / "model.safetensors")[q8]
     assert 0 < (state[q8] - original).abs().max() < 0.02
 
@@ -181,7 +123,12 @@ def write_bare_gguf(path, arch: str, tensors: dict[str, np.ndarray]) -> None:
 def test_unsupported_architecture_is_named(tmp_path, cache):
     path = tmp_path / "odd.gguf"
     write_bare_gguf(path, "frobnicator", {"blk.0.ffn_up.weight": np.zeros((4, 32), np.float32)})
-    with pytest.raises(ValueError, match="architecture 'frobnicator' is not supported"):
+    runs = "minivllm runs GGUF files of gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3"
+    with pytest.raises(ValueError, match=f"architecture 'frobnicator' is not supported; {runs}"):
+        LLM(str(path))
+    # transformers reads GPT-2 files; minivllm has no GPT-2 layer
+    write_bare_gguf(path, "gpt2", {"token_embd.weight": np.zeros((8, 32), np.float32)})
+    with pytest.raises(ValueError, match=f"architecture 'gpt2' is not supported; {runs}"):
         LLM(str(path))
     assert not list((cache / "gguf").iterdir())  # nothing half-built is left
 
