@@ -11,6 +11,7 @@ within `tolerance` of it. Probes at the same rate are simulated once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -53,9 +54,53 @@ class Probe:
     failed: int  # failed other than by never fitting (shed): never within the SLOs
     never_fit: int  # the server's 400: fails at any rate, left out of the figures
     met: bool
+    # over several workload seeds: each seed's figures; the fields above are then their
+    # quantile at the plan's confidence, and `met` says the SLOs held in that share of seeds
+    seeds: list[dict] | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def over_seeds(probes: list[Probe], confidence: float) -> Probe:
+    """One rate's probes, one per seed, as one: the SLOs met when they held in at least
+    `confidence` of the seeds; each latency the smallest value that at least that share of
+    the seeds stay within (the goodput ratio: the largest that they reach), so a plan
+    judged on these figures holds for that share of the workloads the seeds draw."""
+    first = probes[0]
+    if len(probes) == 1:
+        return first
+
+    def bound(values: list, high: bool):
+        values = sorted(v for v in values if v is not None)
+        if len(values) < len(probes):
+            return None  # a seed where it could not be measured: no bound
+        index = math.ceil(confidence * len(values)) - 1
+        return values[index] if high else values[len(values) - 1 - index]
+
+    met = sum(p.met for p in probes) >= confidence * len(probes) - 1e-9
+    return Probe(first.rate, first.replicas,
+                 bound([p.ttft_p99_ms for p in probes], True),
+                 bound([p.tpot_p50_ms for p in probes], True),
+                 bound([p.goodput_ratio for p in probes], False),
+                 sum(p.completed for p in probes), sum(p.failed for p in probes),
+                 sum(p.never_fit for p in probes), met,
+                 seeds=[{k: v for k, v in p.as_dict().items() if k not in ("seeds", "rate",
+                                                                          "replicas")}
+                        for p in probes])
+
+
+def spread(probe: Probe) -> dict:
+    """min / median / max over the seeds of each latency figure (empty for one seed)."""
+    if not probe.seeds:
+        return {}
+    out = {}
+    for key in ("ttft_p99_ms", "tpot_p50_ms"):
+        values = sorted(s[key] for s in probe.seeds if s[key] is not None)
+        if values:
+            out[key] = {"min": values[0], "median": values[len(values) // 2],
+                        "max": values[-1]}
+    return out
 
 
 def judge(slo: SLO, ttft_p99_ms: float | None, tpot_p50_ms: float | None,

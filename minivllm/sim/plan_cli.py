@@ -1,8 +1,10 @@
 """`minivllm sim plan`: capacity planning. The highest request rate one replica sustains
 within the SLOs (TTFT p99, TPOT p50, optionally a goodput ratio), found by simulating the
 workload's requests sent as a Poisson process at candidate rates (sim/plan.py's search),
-and with --target-rate the replicas that rate needs, checked by simulating them behind the
-router. Writes OUTPUT/plan.json."""
+each rate over --seeds workloads (their lengths and arrivals drawn from seeds SEED,
+SEED+1, ...): a rate is met when the SLOs hold in --confidence of them. With --target-rate,
+the replicas that rate needs, checked by simulating them behind the router. Writes
+OUTPUT/plan.json, with each rate's spread over the seeds and the answer's margin."""
 
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from minivllm.bench import metrics
+from minivllm.bench import metrics, traces
+from minivllm.bench.args import trace_args
 from minivllm.bench.workload import Trace, arrival_times
 from minivllm.core.policy import POLICIES
 from minivllm.sim.cli_setup import add_sim_args, make_simulator, prepare
-from minivllm.sim.plan import SLO, PlanError, Probe, judge, max_rate
+from minivllm.sim.plan import SLO, PlanError, Probe, judge, max_rate, over_seeds, spread
 
 MAX_EXTRA_REPLICAS = 8  # beyond ceil(target / max rate), when the router's split falls short
 
@@ -43,6 +46,12 @@ def add_parser(sub) -> None:
                         "(default: 1 req/s)")
     g.add_argument("--tolerance", type=float, default=0.02,
                    help="relative width of the final bracket (default: 0.02)")
+    g.add_argument("--seeds", type=int, default=5, metavar="N",
+                   help="workloads simulated at each rate, drawn from seeds --seed, "
+                        "--seed + 1, ... (default: 5)")
+    g.add_argument("--confidence", type=float, default=0.9, metavar="F",
+                   help="the share of the seeds in which the SLOs must hold (default: 0.9; "
+                        "with 5 seeds, all 5)")
     add_sim_args(p, "none", skip=("scheduling_policy",))
     p.set_defaults(output="results/sim/plan", func=run_plan)
 
@@ -68,6 +77,20 @@ def probe_figures(results: list, slo: SLO, rate: float, replicas: int,
                  judge(slo, ttft, tpot, ratio, len(done), failed))
 
 
+def seeded_trace(args, config, seed: int) -> Trace:
+    """The workload the flags describe, drawn from another seed."""
+    return traces.build_trace(args.workload, max_model_len=config.max_model_len,
+                              **{**trace_args(args), "seed": seed})
+
+
+def margin(slo: SLO, probe: Probe) -> dict:
+    """Each latency SLO's headroom at a probe: 1 - figure / limit (0.05: 5% under it)."""
+    return {name: 1 - value / limit for name, limit, value in (
+        ("ttft_p99_ms", slo.ttft_p99_ms, probe.ttft_p99_ms),
+        ("tpot_p50_ms", slo.tpot_p50_ms, probe.tpot_p50_ms))
+        if limit is not None and value is not None}
+
+
 def _check(args) -> SLO:
     try:
         slo = SLO(args.slo_ttft_p99_ms, args.slo_tpot_p50_ms, args.min_goodput_ratio)
@@ -81,6 +104,10 @@ def _check(args) -> SLO:
             raise SystemExit(f"{flag} must be a positive number of req/s, got {value}")
     if not 0 < args.tolerance < 1:
         raise SystemExit(f"--tolerance must be in (0, 1), got {args.tolerance}")
+    if args.seeds < 1:
+        raise SystemExit(f"--seeds must be >= 1, got {args.seeds}")
+    if not 0 < args.confidence <= 1:
+        raise SystemExit(f"--confidence must be in (0, 1], got {args.confidence}")
     if math.isfinite(args.request_rate):
         raise SystemExit("sim plan chooses the request rates: drop --request-rate")
     if args.data_parallel_size != 1:
@@ -94,14 +121,17 @@ def _ms(value: float | None) -> str:
 
 
 def _row(p: Probe) -> str:
+    seeds = (f"{sum(s['met'] for s in p.seeds)}/{len(p.seeds)}" if p.seeds else "1/1" if p.met
+             else "0/1")
     return (f"| {p.rate:.4g} | {p.replicas} | {_ms(p.ttft_p99_ms)} | {_ms(p.tpot_p50_ms)} | "
             f"{p.goodput_ratio:.1%} | {p.completed} | {p.failed} | "
-            f"{'yes' if p.met else 'no'} |")
+            f"{'yes' if p.met else 'no'} ({seeds}) |")
 
 
 def table(probes: list[Probe]) -> str:
+    """Over several seeds, each figure is its quantile at the plan's confidence."""
     head = ("| req/s | replicas | TTFT p99 (ms) | TPOT p50 (ms) | within SLOs | completed | "
-            "failed | SLO met |\n|---|---|---|---|---|---|---|---|")
+            "failed | SLO met (seeds) |\n|---|---|---|---|---|---|---|---|")
     return "\n".join([head, *(_row(p) for p in sorted(probes, key=lambda p: (p.replicas,
                                                                               p.rate)))])
 
@@ -115,14 +145,23 @@ def run_plan(args) -> int:
           f"(burstiness {args.burstiness:g}) at each rate probed; SLOs: TTFT p99 <= "
           f"{slo.ttft_p99_ms} ms, TPOT p50 <= {slo.tpot_p50_ms} ms (None: not asked)")
 
+    seeds = [args.seed + i for i in range(args.seeds)]
+    workloads = [(trace, args.seed)] + [(seeded_trace(args, config, seed), seed)
+                                        for seed in seeds[1:]]
+
     def probe(rate: float, replicas: int = 1) -> Probe:
-        sim = make_simulator(args, cost, config, policy, predictor, replicas, False, False)
         t0 = time.perf_counter()
-        result = sim.run(at_rate(trace, rate, args.burstiness, args.seed))
-        p = probe_figures(result.results, slo, rate, replicas,
-                          result.stats.simulated_wall_time_s, trace.buckets)
+        per_seed = []
+        for workload, seed in workloads:
+            sim = make_simulator(args, cost, config, policy, predictor, replicas, False, False)
+            result = sim.run(at_rate(workload, rate, args.burstiness, seed))
+            per_seed.append(probe_figures(result.results, slo, rate, replicas,
+                                          result.stats.simulated_wall_time_s, workload.buckets))
+        p = over_seeds(per_seed, args.confidence)
+        held = sum(s.met for s in per_seed)
         print(f"[plan] {rate:.4g} req/s on {replicas} replica(s): SLO "
-              f"{'met' if p.met else 'missed'} ({time.perf_counter() - t0:.1f} s)", flush=True)
+              f"{'met' if p.met else 'missed'} in {held} of {len(per_seed)} seeds "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
         return p
 
     try:
@@ -134,7 +173,8 @@ def run_plan(args) -> int:
             "slo": {"ttft_p99_ms": slo.ttft_p99_ms, "tpot_p50_ms": slo.tpot_p50_ms,
                     "min_goodput_ratio": slo.min_goodput_ratio},
             "policy": policy, "length_predictor": predictor, "cost_model": cost.describe(),
-            "workload": trace.workload, "seed": args.seed, "requests": len(trace.entries),
+            "workload": trace.workload, "seed": args.seed, "seeds": seeds,
+            "confidence": args.confidence, "requests": len(trace.entries),
             "burstiness": args.burstiness, "scheduler": vars(config)}
     ok = best > 0
     if args.target_rate is not None and ok:
@@ -150,7 +190,11 @@ def run_plan(args) -> int:
         plan.update(target_rate=args.target_rate, replicas_estimate=estimate,
                     replicas=replicas if ok else None, router_policy=args.router_policy,
                     replica_checks=[c.as_dict() for c in checks])
-    plan["probes"] = [p.as_dict() for p in probes]
+    at_best = next((p for p in probes if p.rate == best and p.replicas == 1), None)
+    if at_best is not None:
+        plan["margin"] = margin(slo, at_best)
+        plan["spread"] = spread(at_best)
+    plan["probes"] = [{**p.as_dict(), "spread": spread(p)} for p in probes]
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -159,7 +203,13 @@ def run_plan(args) -> int:
         print(f"no rate down to {probes[-1].rate:.3g} req/s meets the SLOs")
     else:
         print(f"max request rate one replica sustains within the SLOs: {best:.4g} req/s "
-              f"(within {args.tolerance:.0%}; policy {policy}, {cost.name})")
+              f"(within {args.tolerance:.0%}; policy {policy}, {cost.name}; the SLOs held in "
+              f"{args.confidence:.0%} of {args.seeds} seeds)")
+        if plan.get("margin"):
+            print("margin there: " + ", ".join(f"{k} {v:.1%} under the SLO"
+                                                for k, v in plan["margin"].items()) +
+                  "; spread over the seeds: " + ", ".join(
+                      f"{k} {v['min']:.1f}..{v['max']:.1f}" for k, v in plan["spread"].items()))
     if "replicas_estimate" in plan:
         if ok:
             print(f"{args.target_rate:g} req/s needs {plan['replicas']} replicas "

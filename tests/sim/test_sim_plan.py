@@ -9,7 +9,7 @@ import math
 import pytest
 
 from minivllm.cli import main
-from minivllm.sim.plan import SLO, PlanError, Probe, max_rate
+from minivllm.sim.plan import SLO, PlanError, Probe, max_rate, over_seeds
 
 
 def boundary_probe(boundary: float, calls: list):
@@ -43,6 +43,19 @@ def test_an_slo_is_required_and_positive():
         SLO()
     with pytest.raises(ValueError, match="must be > 0"):
         SLO(ttft_p99_ms=-1)
+
+
+def test_a_rate_over_seeds_is_met_in_the_confidence_share_and_bounded_there():
+    ttfts = [900.0, 1200.0, 1000.0, 2500.0, 1100.0]
+    probes = [Probe(2.0, 1, t, 50.0, 1.0 if t < 2000 else 0.8, 10, 0, 0, t <= 2000)
+              for t in ttfts]
+    all_of_them = over_seeds(probes, 0.9)  # ceil(0.9 x 5) = 5 seeds: the worst
+    assert not all_of_them.met and all_of_them.ttft_p99_ms == 2500.0
+    assert all_of_them.goodput_ratio == 0.8 and all_of_them.completed == 50
+    four = over_seeds(probes, 0.8)
+    assert four.met and four.ttft_p99_ms == 1200.0 and four.goodput_ratio == 1.0
+    assert [s["ttft_p99_ms"] for s in four.seeds] == ttfts
+    assert over_seeds(probes[:1], 0.9) is probes[0]
 
 
 def write_profile(tmp_path):
@@ -88,6 +101,24 @@ def test_plan_json_and_a_tighter_slo_gives_a_lower_rate(tmp_path):
     assert again["max_request_rate"] == tight["max_request_rate"]  # seeded: deterministic
 
 
+def test_the_plan_holds_over_its_seeds_and_says_its_margin(tmp_path):
+    slo = ("--slo-ttft-p99-ms", "400", "--slo-tpot-p50-ms", "60")
+    one = plan(tmp_path, "one", *slo, "--seeds", "1")[1]
+    code, five = plan(tmp_path, "five", *slo, "--seeds", "5")
+    assert code == 0 and five["seeds"] == [0, 1, 2, 3, 4] and five["confidence"] == 0.9
+    # every seed must hold, seed 0 among them: no higher than seed 0 alone (within the
+    # search's tolerance)
+    assert five["max_request_rate"] <= one["max_request_rate"] * 1.02
+    at_best = next(p for p in five["probes"] if p["rate"] == five["max_request_rate"])
+    assert len(at_best["seeds"]) == 5 and all(s["met"] for s in at_best["seeds"])
+    worst = max(s["ttft_p99_ms"] for s in at_best["seeds"])
+    assert at_best["ttft_p99_ms"] == worst == five["spread"]["ttft_p99_ms"]["max"]
+    assert five["margin"]["ttft_p99_ms"] == pytest.approx(1 - worst / 400)
+    above = [p for p in five["probes"] if p["rate"] > five["max_request_rate"]]
+    assert above and all(not p["met"] and not all(s["met"] for s in p["seeds"])
+                         for p in above)
+
+
 def test_target_rate_gives_the_replicas_and_checks_them(tmp_path):
     code, doc = plan(tmp_path, "target", "--slo-ttft-p99-ms", "400", "--slo-tpot-p50-ms", "60",
                      "--target-rate", "50")
@@ -103,6 +134,8 @@ def test_target_rate_gives_the_replicas_and_checks_them(tmp_path):
     (["--slo-ttft-p99-ms", "100", "--target-rate", "-3"], "--target-rate must be a positive"),
     (["--slo-ttft-p99-ms", "100", "--policy", "nope"], "unknown policy 'nope'"),
     (["--slo-ttft-p99-ms", "100", "--request-rate", "4"], "drop --request-rate"),
+    (["--slo-ttft-p99-ms", "100", "--seeds", "0"], "--seeds must be >= 1"),
+    (["--slo-ttft-p99-ms", "100", "--confidence", "1.5"], "--confidence must be in (0, 1]"),
 ])
 def test_bad_input_is_a_usage_error(tmp_path, capsys, flags, message):
     code, doc = plan(tmp_path, "bad", *flags)
