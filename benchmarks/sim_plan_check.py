@@ -19,15 +19,28 @@ the real engine at rates around its answer.
 
 The issue's target: the plan's answer within 10% of the rate at which the real engine first
 misses the SLO (met at 0.9x, missed by 1.1x). Prints date, load and threads.
+
+--served checks the plan against the server people run instead (issue 73): `minivllm
+serve MODEL`, warmed on prompts of their own, then `minivllm bench serve` at each factor
+times the plan's rate (default 0.9x and 1.15x), --repeats runs each, every run's prompts
+fresh (bench/served_check.py: a seed per run; re-sent prompts would be answered from the
+prefix cache). --plan PLAN.json takes the rate from `minivllm sim plan` instead of
+planning here:
+
+    python benchmarks/sim_plan_check.py --served --model MODEL --plan results/sim/plan/plan.json \
+        --slo-ttft-p99-ms 2000 --slo-tpot-p50-ms 300 --input-len 128 --output-len 128 \
+        --num-prompts 96 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -37,6 +50,73 @@ from minivllm.bench.traces import build_trace
 from minivllm.sim.plan import SLO, max_rate
 from minivllm.sim.plan_cli import at_rate, probe_figures, table
 from minivllm.sim.step_kinds import describe, relative_errors
+
+
+def plan_here(args, slo: SLO) -> float:
+    """sim plan's answer for the engine's exact configuration, the cost model calibrated
+    now (or --profile)."""
+    from minivllm.config import EngineConfig
+    from minivllm.engine.core import EngineCore
+    from minivllm.sim.operators_calibrate import calibrate_operators
+    from minivllm.sim.operators_model import OperatorCostModel
+    from minivllm.sim.simulator import Simulator
+
+    cost = (OperatorCostModel.load(args.profile, num_threads=args.threads) if args.profile
+            else calibrate_operators(args.model, num_threads=args.threads))
+    config = EngineCore(EngineConfig(model=args.model, seed=0, num_threads=args.threads,
+                                     scheduling_policy=args.policy)).scheduler.config
+    trace = build_trace(args.workload, seed=args.seed, num_prompts=args.num_prompts,
+                        input_len=args.input_len, output_len=args.output_len,
+                        max_model_len=config.max_model_len)
+
+    def simulated(rate: float):
+        run = Simulator(config, args.policy, cost).run(at_rate(trace, rate, 1.0, args.seed))
+        return probe_figures(run.results, slo, rate, 1, run.stats.simulated_wall_time_s,
+                             trace.buckets)
+
+    answer, probes = max_rate(simulated, args.start_rate, 0.02)
+    print(table(probes))
+    return answer
+
+
+def check_served(args, slo: SLO) -> None:
+    from minivllm.bench.served_check import bench_serve, served_runs
+    from minivllm.bench.server_process import free_port, server_command, start_server, stop_server
+
+    print(f"CPU: {cpu_description()}; started {when_and_load()}")
+    answer = (json.loads(Path(args.plan).read_text())["max_request_rate"] if args.plan
+              else plan_here(args, slo))
+    print(f"the plan: {answer:.4g} req/s")
+    workload = ["--workload", args.workload, "--input-len", str(args.input_len),
+                "--output-len", str(args.output_len)]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = Path("results/sim/plan_check.server.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc, ready = start_server(server_command(args.model, port, args.policy,
+                                              ["--num-threads", str(args.threads)]), log, url)
+    try:
+        warmup, runs = served_runs(args.seed, args.factors, args.repeats)
+        bench_serve(url, answer, warmup, args.warmup_prompts, workload, slo)
+        rows = []
+        for run in runs:
+            load = os.getloadavg()[0]
+            probe = bench_serve(url, answer * run.factor, run.seed, args.num_prompts, workload,
+                                slo)
+            rows.append((run, probe))
+            print(f"[served] {run.factor:g}x = {probe.rate:.4g} req/s, seed {run.seed}: SLO "
+                  f"{'met' if probe.met else 'missed'} (TTFT p99 {probe.ttft_p99_ms:.0f} ms, "
+                  f"TPOT p50 {probe.tpot_p50_ms:.1f} ms; load before {load:.2f})", flush=True)
+    finally:
+        stop_server(proc)
+    print("\nminivllm serve:\n" + table([p for _, p in rows]))
+    for factor in args.factors:
+        met = sum(p.met for r, p in rows if r.factor == factor)
+        print(f"{factor:g}x: SLO met in {met} of {args.repeats} runs")
+    below = all(p.met for r, p in rows if r.factor <= 0.9)
+    above = all(not p.met for r, p in rows if r.factor >= 1.15)
+    print(f"the plan holds for the server (met at <= 0.9x, missed at >= 1.15x in every run): "
+          f"{'yes' if below and above else 'no'}; finished {when_and_load()}")
 
 
 def main() -> None:
@@ -55,8 +135,17 @@ def main() -> None:
     p.add_argument("--slo-ttft-p99-ms", type=float, default=None)
     p.add_argument("--slo-tpot-p50-ms", type=float, default=None)
     p.add_argument("--start-rate", type=float, default=1.0)
-    p.add_argument("--factors", type=float, nargs="+", default=[0.8, 0.9, 1.0, 1.1, 1.2])
+    p.add_argument("--factors", type=float, nargs="+", default=None,
+                   help="of the planned rate (default: 0.8 0.9 1.0 1.1 1.2; --served: 0.9 1.15)")
+    p.add_argument("--served", action="store_true", help="check against minivllm serve")
+    p.add_argument("--plan", default=None, help="--served: the rate of this plan.json")
+    p.add_argument("--repeats", type=int, default=3, help="--served: runs per factor")
+    p.add_argument("--warmup-prompts", type=int, default=16)
     args = p.parse_args()
+    if args.factors is None:
+        args.factors = [0.9, 1.15] if args.served else [0.8, 0.9, 1.0, 1.1, 1.2]
+    if args.served:
+        return check_served(args, SLO(args.slo_ttft_p99_ms, args.slo_tpot_p50_ms))
 
     from minivllm.config import EngineConfig
     from minivllm.engine.core import EngineCore
