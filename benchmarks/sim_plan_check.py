@@ -80,33 +80,41 @@ def plan_here(args, slo: SLO) -> float:
 
 
 def check_served(args, slo: SLO) -> None:
-    from minivllm.bench.served_check import bench_serve, served_runs
+    from minivllm.bench.served_check import check_run, judged, prediction_errors, served_runs
     from minivllm.bench.server_process import free_port, server_command, start_server, stop_server
 
     print(f"CPU: {cpu_description()}; started {when_and_load()}")
-    answer = (json.loads(Path(args.plan).read_text())["max_request_rate"] if args.plan
-              else plan_here(args, slo))
-    print(f"the plan: {answer:.4g} req/s")
+    plan = json.loads(Path(args.plan).read_text()) if args.plan else None
+    answer = plan["max_request_rate"] if plan else plan_here(args, slo)
+    cost_model = args.cost_model or (plan["cost_model"]["name"].removesuffix(" (served)")
+                                     if plan else None)
+    print(f"the plan: {answer:.4g} req/s; each run also simulated on {cost_model}")
     workload = ["--workload", args.workload, "--input-len", str(args.input_len),
                 "--output-len", str(args.output_len)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = Path("results/sim/plan_check.server.log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    proc, ready = start_server(server_command(args.model, port, args.policy,
-                                              ["--num-threads", str(args.threads)]), log, url)
+    proc, _ = start_server(server_command(args.model, port, args.policy,
+                                          ["--num-threads", str(args.threads)]), log, url)
     try:
         warmup, runs = served_runs(args.seed, args.factors, args.repeats)
-        bench_serve(url, answer, warmup, args.warmup_prompts, workload, slo)
+        check_run(url, None, answer, warmup, args.warmup_prompts, workload)
         rows = []
         for run in runs:
             load = os.getloadavg()[0]
-            probe = bench_serve(url, answer * run.factor, run.seed, args.num_prompts, workload,
-                                slo)
+            rate = answer * run.factor
+            served, simulated = check_run(url, cost_model, rate, run.seed, args.num_prompts,
+                                          workload)
+            probe = judged(served, rate, slo)
             rows.append((run, probe))
-            print(f"[served] {run.factor:g}x = {probe.rate:.4g} req/s, seed {run.seed}: SLO "
-                  f"{'met' if probe.met else 'missed'} (TTFT p99 {probe.ttft_p99_ms:.0f} ms, "
-                  f"TPOT p50 {probe.tpot_p50_ms:.1f} ms; load before {load:.2f})", flush=True)
+            errors = ("" if simulated is None else "; simulated / served - 1: " + ", ".join(
+                f"{k} {v:+.0%}" for k, v in prediction_errors(served, simulated).items()))
+            print(f"[served] {run.factor:g}x = {rate:.4g} req/s, seed {run.seed}: SLO "
+                  f"{'met' if probe.met else 'missed'} (TTFT p50 "
+                  f"{served['ttft_ms']['median']:.0f} / p99 {probe.ttft_p99_ms:.0f} ms, TPOT "
+                  f"p50 {probe.tpot_p50_ms:.1f} ms; load before {load:.2f}){errors}",
+                  flush=True)
     finally:
         stop_server(proc)
     print("\nminivllm serve:\n" + table([p for _, p in rows]))
@@ -139,6 +147,9 @@ def main() -> None:
                    help="of the planned rate (default: 0.8 0.9 1.0 1.1 1.2; --served: 0.9 1.15)")
     p.add_argument("--served", action="store_true", help="check against minivllm serve")
     p.add_argument("--plan", default=None, help="--served: the rate of this plan.json")
+    p.add_argument("--cost-model", default=None,
+                   help="--served: simulate each run on this (default: the plan's, its "
+                        "served terms included when it has them)")
     p.add_argument("--repeats", type=int, default=3, help="--served: runs per factor")
     p.add_argument("--warmup-prompts", type=int, default=16)
     args = p.parse_args()

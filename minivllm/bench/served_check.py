@@ -35,21 +35,41 @@ def served_runs(seed: int, factors: list[float], repeats: int) -> tuple[int, lis
     return warmup, runs
 
 
-def bench_serve(base_url: str, rate: float, seed: int, num_prompts: int, workload: list[str],
-                slo: SLO, output: Path | None = None) -> Probe:
-    """One `minivllm bench serve` run at `rate` (Poisson), judged against the SLOs."""
+def run_json(argv: list[str], where: Path) -> dict:
+    """`minivllm ARGV --output WHERE` run here; its run.json."""
     from minivllm.cli import main
 
-    with tempfile.TemporaryDirectory() as scratch:
-        out = output or Path(scratch)
-        code = main(["bench", "serve", "--base-url", base_url, "--request-rate", f"{rate:.6g}",
-                     "--seed", str(seed), "--num-prompts", str(num_prompts), "--ignore-eos",
-                     "--disable-tqdm", "--output", str(out), *workload])
-        if code != 0:
-            raise RuntimeError(f"bench serve at {rate:.4g} req/s (seed {seed}) failed: {code}")
-        summary = json.loads((out / "run.json").read_text())["summary"]
+    code = main([*argv, "--output", str(where)])
+    if code != 0:
+        raise RuntimeError(f"minivllm {' '.join(argv)} failed ({code})")
+    return json.loads((where / "run.json").read_text())
+
+
+def judged(summary: dict, rate: float, slo: SLO) -> Probe:
+    """A run's summary as a probe at `rate`, judged against the SLOs."""
     ttft, tpot = summary["ttft_ms"]["p99"], summary["tpot_ms"]["median"]
     completed, failed = summary["completed"], summary["failed"]
     goodput = completed / max(1, completed + failed)
     return Probe(rate, 1, ttft, tpot, goodput, completed, failed, 0,
                  judge(slo, ttft, tpot, goodput, completed, failed))
+
+
+def check_run(base_url: str, cost_model: str | None, rate: float, seed: int,
+              num_prompts: int, workload: list[str]) -> tuple[dict, dict | None]:
+    """One `minivllm bench serve` run at `rate` (Poisson) and, given a cost model, the
+    same workload (seed, rate) simulated: their summaries."""
+    flags = ["--request-rate", f"{rate:.6g}", "--seed", str(seed), "--num-prompts",
+             str(num_prompts), "--ignore-eos", "--disable-tqdm", *workload]
+    with tempfile.TemporaryDirectory() as scratch:
+        served = run_json(["bench", "serve", "--base-url", base_url, *flags],
+                          Path(scratch) / "served")["summary"]
+        simulated = (run_json(["sim", "serve", "--cost-model", cost_model, *flags],
+                              Path(scratch) / "simulated")["summary"] if cost_model else None)
+    return served, simulated
+
+
+def prediction_errors(served: dict, simulated: dict) -> dict[str, float]:
+    """simulated / served - 1 for TTFT p50 and p99 and TPOT p50."""
+    pairs = {"ttft_p50": ("ttft_ms", "median"), "ttft_p99": ("ttft_ms", "p99"),
+             "tpot_p50": ("tpot_ms", "median")}
+    return {name: simulated[a][b] / served[a][b] - 1 for name, (a, b) in pairs.items()}

@@ -45,6 +45,9 @@ def add_parser(subparsers) -> None:
     cal.add_argument("--output", default=None, help="the JSON to write (default: "
                      "results/sim/profile.json, with --operators results/sim/operators.json)")
     cal.add_argument("--quick", action="store_true", help="a small grid (for tests)")
+    cal.add_argument("--served", action="store_true",
+                     help="also measure what minivllm serve adds per request and per step "
+                          "on this machine (served runs of the model; profiles only)")
     cal.add_argument("--num-threads", type=int, default=None, help="torch threads")
     cal.add_argument("--max-num-batched-tokens", type=int, default=None)
     cal.add_argument("--kv-cache-dtype", default="auto",
@@ -151,6 +154,8 @@ def run_policies(args) -> int:
 
 
 def run_calibrate(args) -> int:
+    if args.served and args.operators:
+        raise SystemExit("--served measures on top of a profile: drop --operators")
     if args.operators:
         from minivllm.sim.operators_calibrate import calibrate_operators as calibrate
     else:
@@ -162,5 +167,15 @@ def run_calibrate(args) -> int:
                       kv_cache_dtype=args.kv_cache_dtype)
     model.save(output)
     print(model.report())
-    print(f"{kind} written to {output} (use --cost-model {kind}:{output})")
+    if args.served:
+        from minivllm.sim.served_calibrate import add_served, calibrate_served
+
+        served = calibrate_served(args.model, output, args.num_threads)
+        add_served(output, served)
+        print(f"served: {served.request_in_s * 1e3:.1f} ms in and "
+              f"{served.first_token_out_s * 1e3:.1f} ms out per request, "
+              f"steps x {served.step_scale:.3f} + {served.token_s * 1e3:.2f} ms a sampled "
+              f"sequence ({served.measured})")
+    print(f"{kind} written to {output} (use --cost-model {kind}:{output}"
+          f"{'; the served path priced' if args.served else ''})")
     return 0

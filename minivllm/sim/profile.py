@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from minivllm.core.step_batch import RowPadding, StepBatch
-from minivllm.sim.cost_model import MeasuredEngine
+from minivllm.sim.cost_model import CostModel, MeasuredEngine
 from minivllm.sim.kv_bytes import kv_bytes_per_token
 from minivllm.sim.step_kinds import describe
 
@@ -129,7 +129,9 @@ class ProfileCostModel(MeasuredEngine):
                                    indent=1))
 
     @classmethod
-    def load(cls, path: str | Path, kv_cache_dtype: str | None = None) -> ProfileCostModel:
+    def load(cls, path: str | Path, kv_cache_dtype: str | None = None) -> CostModel:
+        """The profile; with the served terms `sim calibrate --served` added, as the server
+        takes its steps (ServedCostModel)."""
         try:
             doc = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
@@ -140,8 +142,13 @@ class ProfileCostModel(MeasuredEngine):
         if unknown or not doc.get("coefficients"):
             raise ValueError(f"{path}: coefficients must be some of {', '.join(FEATURES)}; "
                              f"got {sorted(doc.get('coefficients', {}))}")
-        return cls(doc["coefficients"], doc.get("engine", {}), doc.get("fit_error", {}),
-                   f"profile:{path}", kv_cache_dtype)
+        model = cls(doc["coefficients"], doc.get("engine", {}), doc.get("fit_error", {}),
+                    f"profile:{path}", kv_cache_dtype)
+        if "served" not in doc:
+            return model
+        from minivllm.sim.served_overhead import ServedCostModel, ServedOverhead
+
+        return ServedCostModel(model, ServedOverhead.from_dict(doc["served"], str(path)))
 
     def report(self) -> str:
         terms = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in self.coefficients.items() if v)

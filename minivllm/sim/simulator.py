@@ -159,6 +159,11 @@ class Simulator:
         if record_timeline and data_parallel_size > 1:
             raise ValueError("the timeline is recorded with one replica only")
         self.config, self.cost_model = config, cost_model
+        # a served profile's request terms (sim/served_overhead.py): the way in and the
+        # first token's way out, added to each request's latencies (the spacing of its
+        # tokens unchanged; the milliseconds in move no scheduling decision that matters)
+        served = getattr(cost_model, "served", None)
+        self.request_latency_s = served.request_in_s + served.first_token_out_s if served else 0.0
         self.size, self.router_policy = data_parallel_size, router_policy
         self.sticky_sessions = sticky_sessions
         self.max_concurrency = max_concurrency
@@ -352,13 +357,14 @@ class Simulator:
         for r in replica.complete().sampled:
             res = self.results[int(r.request_id)]
             if res.ttft is None:
-                res.ttft = self.now - res.start
+                res.ttft = self.now - res.start + self.request_latency_s
             else:
                 res.itl.append(self.now - self.last_token[r.request_id])
             self.last_token[r.request_id] = self.now
             if r.is_finished:
                 res.predicted_output_tokens = r.predicted_output_len
-                res.output_tokens, res.e2e = r.num_output_tokens, self.now - res.start
+                res.output_tokens = r.num_output_tokens
+                res.e2e = self.now - res.start + self.request_latency_s
                 res.success = True
                 self._done(r)
         if self.tracer is not None:
