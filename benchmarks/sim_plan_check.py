@@ -95,8 +95,11 @@ def check_served(args, slo: SLO) -> None:
     url = f"http://127.0.0.1:{port}"
     log = Path("results/sim/plan_check.server.log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    proc, _ = start_server(server_command(args.model, port, args.policy,
-                                          ["--num-threads", str(args.threads)]), log, url)
+    # as `minivllm serve MODEL` runs (and `sim calibrate --served` measured it): its thread
+    # governor on, unless --server-threads fixes the count (docs/lab-simulator.md: fixed, the
+    # engine's threads contend with the frontend and the client on a small machine)
+    threads = ["--num-threads", str(args.server_threads)] if args.server_threads else []
+    proc, _ = start_server(server_command(args.model, port, args.policy, threads), log, url)
     try:
         warmup, runs = served_runs(args.seed, args.factors, args.repeats)
         check_run(url, None, answer, warmup, args.warmup_prompts, workload)
@@ -151,6 +154,8 @@ def main() -> None:
                    help="--served: simulate each run on this (default: the plan's, its "
                         "served terms included when it has them)")
     p.add_argument("--repeats", type=int, default=3, help="--served: runs per factor")
+    p.add_argument("--server-threads", type=int, default=None,
+                   help="--served: the server's --num-threads (default: its own governor)")
     p.add_argument("--warmup-prompts", type=int, default=16)
     args = p.parse_args()
     if args.factors is None:

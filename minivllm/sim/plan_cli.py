@@ -160,8 +160,8 @@ def run_plan(args) -> int:
         p = over_seeds(per_seed, args.confidence)
         held = sum(s.met for s in per_seed)
         print(f"[plan] {rate:.4g} req/s on {replicas} replica(s): SLO "
-              f"{'met' if p.met else 'missed'} in {held} of {len(per_seed)} seeds "
-              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+              f"{'met' if p.met else 'missed'} (held in {held} of {len(per_seed)} seeds; "
+              f"{time.perf_counter() - t0:.1f} s)", flush=True)
         return p
 
     try:
