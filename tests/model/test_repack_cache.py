@@ -18,7 +18,7 @@ from minivllm.model.linear import gguf as linear_gguf
 from minivllm.model.linear.gguf import cat_rows
 from minivllm.model.linear.repack_cache import RepackCache, checksum, repack
 from minivllm.model.loader import resolve_model_path
-from tests.model.test_gguf_blocks import blocks_gguf, monkeypatch_module  # noqa: F401
+from tests.model.test_gguf_blocks import blocks_gguf  # noqa: F401
 from tests.model.test_gguf_kernel import block_weight
 
 PROMPT = [{"prompt_token_ids": [1, 40, 7, 300, 12, 99]}]
