@@ -23,7 +23,7 @@ misses the SLO (met at 0.9x, missed by 1.1x). Prints date, load and threads.
 --served checks the plan against the server people run instead (issue 73): `minivllm
 serve MODEL`, warmed on prompts of their own, then `minivllm bench serve` at each factor
 times the plan's rate (default 0.9x and 1.15x), --repeats runs each, every run's prompts
-fresh (bench/served_check.py: a seed per run; re-sent prompts would be answered from the
+fresh (sim/served_check.py: a seed per run; re-sent prompts would be answered from the
 prefix cache). --plan PLAN.json takes the rate from `minivllm sim plan` instead of
 planning here:
 
@@ -80,8 +80,8 @@ def plan_here(args, slo: SLO) -> float:
 
 
 def check_served(args, slo: SLO) -> None:
-    from minivllm.bench.served_check import check_run, judged, prediction_errors, served_runs
     from minivllm.bench.server_process import free_port, server_command, start_server, stop_server
+    from minivllm.sim.served_check import check_run, judged, prediction_errors, served_runs
 
     print(f"CPU: {cpu_description()}; started {when_and_load()}")
     plan = json.loads(Path(args.plan).read_text()) if args.plan else None

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from minivllm.bench.served_check import run_json
+from minivllm.sim.served_check import run_json
 from minivllm.sim.served_overhead import ServedOverhead, fit_step_overhead
 
 SERVED_SEED = 7000  # the calibration's prompts: none of a plan's or a check's seeds

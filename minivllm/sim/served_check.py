@@ -11,6 +11,8 @@ warm-up's included, has a seed of its own (`served_runs`).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +38,13 @@ def served_runs(seed: int, factors: list[float], repeats: int) -> tuple[int, lis
 
 
 def run_json(argv: list[str], where: Path) -> dict:
-    """`minivllm ARGV --output WHERE` run here; its run.json."""
-    from minivllm.cli import main
-
-    code = main([*argv, "--output", str(where)])
-    if code != 0:
-        raise RuntimeError(f"minivllm {' '.join(argv)} failed ({code})")
+    """`minivllm ARGV --output WHERE` in a process of its own (a client apart from the
+    server, as a user's); its run.json."""
+    done = subprocess.run([sys.executable, "-m", "minivllm.cli", *argv, "--output",
+                           str(where)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"minivllm {' '.join(argv)} failed ({done.returncode}): "
+                           f"{done.stderr[-2000:]}")
     return json.loads((where / "run.json").read_text())
 
 

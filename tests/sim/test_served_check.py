@@ -8,8 +8,8 @@ import asyncio
 from itertools import combinations
 
 from minivllm.bench.prompts import build_prompts
-from minivllm.bench.served_check import served_runs
 from minivllm.bench.traces import build_trace
+from minivllm.sim.served_check import served_runs
 from tests.bench.test_bench_prompts import word_level_tokenizer
 
 BLOCK = 16  # the engine's default KV block: the prefix cache's unit
