@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from minivllm.sim.served_check import run_json
+from minivllm.sim.served_check import run_json, served_and_simulated
 from minivllm.sim.served_overhead import ServedOverhead, fit_step_overhead
 
 SERVED_SEED = 7000  # the calibration's prompts: none of a plan's or a check's seeds
@@ -29,14 +29,6 @@ def _bench_flags(concurrency: int, prompts: int, seed: int) -> list[str]:
     return ["--workload", "random", "--input-len", str(PROMPT_LEN), "--output-len",
             str(OUTPUT_LEN), "--num-prompts", str(prompts), "--max-concurrency",
             str(concurrency), "--seed", str(seed), "--ignore-eos", "--disable-tqdm"]
-
-
-def _served_and_simulated(url: str, profile: str, flags: list[str], scratch: Path
-                          ) -> tuple[dict, dict]:
-    served = run_json(["bench", "serve", "--base-url", url, *flags], scratch / "served")
-    simulated = run_json(["sim", "serve", "--cost-model", f"profile:{profile}", *flags],
-                         scratch / "simulated")
-    return served, simulated
 
 
 def _median_part(doc: dict, *parts: str) -> float:
@@ -76,11 +68,10 @@ def calibrate_served(model: str, profile_path: str, num_threads: int | None,
         try:  # a warm-up, then one request at a time, then a batch at once
             run_json(["bench", "serve", "--base-url", url,
                        *_bench_flags(2, 4, SERVED_SEED)], scratch / "warmup")
-            lone = _served_and_simulated(url, profile_path,
-                                         _bench_flags(1, 8, SERVED_SEED + 1), scratch / "one")
-            many = _served_and_simulated(url, profile_path,
-                                         _bench_flags(batch, batch, SERVED_SEED + 2),
-                                         scratch / "batch")
+            cost_model = f"profile:{profile_path}"
+            lone = served_and_simulated(url, cost_model, _bench_flags(1, 8, SERVED_SEED + 1))
+            many = served_and_simulated(url, cost_model,
+                                        _bench_flags(batch, batch, SERVED_SEED + 2))
         finally:
             stop_server(proc)
     tpot = [tuple(doc["summary"]["tpot_ms"]["median"] / 1000 for doc in pair)

@@ -57,18 +57,27 @@ def judged(summary: dict, rate: float, slo: SLO) -> Probe:
                  judge(slo, ttft, tpot, goodput, completed, failed))
 
 
-def check_run(base_url: str, cost_model: str | None, rate: float, seed: int,
-              num_prompts: int, workload: list[str]) -> tuple[dict, dict | None]:
-    """One `minivllm bench serve` run at `rate` (Poisson) and, given a cost model, the
-    same workload (seed, rate) simulated: their summaries."""
-    flags = ["--request-rate", f"{rate:.6g}", "--seed", str(seed), "--num-prompts",
-             str(num_prompts), "--ignore-eos", "--disable-tqdm", *workload]
+def served_and_simulated(base_url: str, cost_model: str | None, flags: list[str]
+                         ) -> tuple[dict, dict | None]:
+    """The workload `flags` describe, sent by `minivllm bench serve` and, given a cost
+    model, simulated by `minivllm sim serve` (the same seed, the same arrivals): their
+    run.json documents."""
     with tempfile.TemporaryDirectory() as scratch:
         served = run_json(["bench", "serve", "--base-url", base_url, *flags],
-                          Path(scratch) / "served")["summary"]
+                          Path(scratch) / "served")
         simulated = (run_json(["sim", "serve", "--cost-model", cost_model, *flags],
-                              Path(scratch) / "simulated")["summary"] if cost_model else None)
+                              Path(scratch) / "simulated") if cost_model else None)
     return served, simulated
+
+
+def check_run(base_url: str, cost_model: str | None, rate: float, seed: int,
+              num_prompts: int, workload: list[str]) -> tuple[dict, dict | None]:
+    """One run at `rate` (Poisson), served and simulated: their summaries."""
+    served, simulated = served_and_simulated(
+        base_url, cost_model, ["--request-rate", f"{rate:.6g}", "--seed", str(seed),
+                               "--num-prompts", str(num_prompts), "--ignore-eos",
+                               "--disable-tqdm", *workload])
+    return served["summary"], simulated["summary"] if simulated else None
 
 
 def prediction_errors(served: dict, simulated: dict) -> dict[str, float]:
