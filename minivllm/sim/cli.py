@@ -18,8 +18,9 @@ from minivllm.bench.prediction import describe as describe_prediction
 from minivllm.bench.timeline_html import write_sim_timeline
 from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.sim import disk_report, plan_cli
-from minivllm.sim.cli_setup import add_sim_args, make_simulator, prepare
+from minivllm.sim.cli_setup import add_sim_args, make_simulator, prepare, split_of
 from minivllm.sim.cost_model import CostModel
+from minivllm.sim.disaggregated import describe_transfers
 from minivllm.sim.seed_report import side_by_side
 from minivllm.sim.simulator import SimResult
 
@@ -60,8 +61,9 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
              ) -> tuple[dict, list]:
     size = args.data_parallel_size
     predictor = length_predictor or getattr(args, "length_predictor", None) or "mean"
+    split = split_of(args)
     sim = make_simulator(args, cost, config, policy, predictor, size, not args.disable_tqdm,
-                         size == 1)
+                         size == 1 and split is None)
     t0 = time.perf_counter()
     result: SimResult = sim.run(trace)
     elapsed = time.perf_counter() - t0
@@ -76,6 +78,9 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
             "routed": result.routed, "prefix_cache_hit_rates": result.prefix_cache_hit_rates,
             "router_prefix_hit_tokens": result.router_prefix_hit_tokens}
         title += f", {size} replicas, router {args.router_policy}"
+    if result.disaggregated is not None:
+        summary["engine"]["disaggregated"] = result.disaggregated
+        title += f", {split[0]} prefill + {split[1]} decode instances"
     summary["simulator_seconds"] = elapsed
     meta = {"title": title, "simulated": f"simulated, {cost.name}", "cost_model": cost.describe(),
             "workload": trace.workload, "seed": args.seed, "length_scale": trace.length_scale,
@@ -90,7 +95,9 @@ def simulate(args, cost: CostModel, config: SchedulerConfig, trace, policy: str,
     print(f"[{policy}] simulated {len(result.results)} requests, "
           f"{result.stats.simulated_wall_time_s:.1f} s of serving in {elapsed:.1f} s; "
           f"length predictor {predictor}: {describe_prediction(summary['length_prediction'])}")
-    if sim.disk_tier_bytes is not None:
+    if result.disaggregated is not None:
+        print(f"[{policy}] " + describe_transfers(result.disaggregated))
+    if getattr(sim, "disk_tier_bytes", None) is not None:
         print(f"[{policy}] " + disk_report.describe_tier(disk_report.run_figures(result)))
     if result.cold is not None:
         print(f"[{policy}] " + disk_report.describe_warm_restart(summary["warm_restart"]))

@@ -15,6 +15,8 @@ from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.entrypoints.engine_args import add_engine_args, config_from_args
 from minivllm.sim.cost_model import CostModel
 from minivllm.sim.cost_model_spec import load_cost_model
+from minivllm.sim.disaggregated import DisaggregatedSimulator
+from minivllm.sim.kv_link import DEFAULT_KV_TRANSFER_BANDWIDTH
 from minivllm.sim.roofline import GIB
 from minivllm.sim.simulator import Simulator
 
@@ -74,6 +76,16 @@ def add_sim_args(p: argparse.ArgumentParser, default_priority: str, skip: tuple 
                         "profile, the preset's for a roofline)")
     p.add_argument("--kv-offloading-write-gbps", type=float, default=None, metavar="GB/S",
                    help="the disk tier's write rate (default: as --kv-offloading-read-gbps)")
+    g = p.add_argument_group("prefill/decode disaggregation (sim/disaggregated.py)")
+    g.add_argument("--prefill-instances", type=int, default=None, metavar="P",
+                   help="P replicas run the prompts (and first tokens), behind the router")
+    g.add_argument("--decode-instances", type=int, default=None, metavar="D",
+                   help="D replicas continue them, each receiving the prompt's KV blocks")
+    g.add_argument("--kv-transfer-gbps", type=float, default=None, metavar="GB/S",
+                   help=f"each decode replica's link, one transfer at a time (default: "
+                        f"{DEFAULT_KV_TRANSFER_BANDWIDTH / 1e9:g}, an assumption)")
+    g.add_argument("--kv-transfer-latency-ms", type=float, default=0.0, metavar="MS",
+                   help="added to each transfer (default: 0)")
     add_engine_args(p, skip=tuple(name for name in ENGINE_ARGS
                                   if name not in SIM_ENGINE_ARGS or name in skip))
     # No path: the simulated tier keeps an index, no bytes. None tells a size given from
@@ -209,13 +221,58 @@ def describe_disk_tier(args, cost: CostModel) -> str:
                else f", warm restart after {args.kv_offloading_warm_restart:g} of the trace"))
 
 
+def split_of(args) -> tuple[int, int] | None:
+    """(prefill, decode) instances the flags ask for (None: colocated), refusing what the
+    disaggregated simulator does not model, by flag."""
+    p, d = args.prefill_instances, args.decode_instances
+    if p is None and d is None:
+        return None
+    if p is None or d is None or p < 1 or d < 1:
+        raise SystemExit(f"disaggregated serving needs both --prefill-instances and "
+                         f"--decode-instances, each >= 1, got {p} and {d}")
+    return p, d
+
+
+def _check_disaggregated(args) -> None:
+    given = [flag for flag, on in (
+        ("--data-parallel-size", args.data_parallel_size != 1),
+        ("--max-concurrency", args.max_concurrency is not None),
+        ("--kv-offloading-backend", args.kv_offloading_backend is not None),
+        ("--speculative-config", args.speculative_config is not None),
+        ("--num-loras", bool(args.num_loras))) if on]
+    if given:
+        raise SystemExit(f"{', '.join(given)}: not with --prefill-instances / "
+                         "--decode-instances (the disaggregated simulator models neither)")
+    if args.kv_transfer_gbps is not None and not args.kv_transfer_gbps > 0:
+        raise SystemExit(f"--kv-transfer-gbps must be > 0, got {args.kv_transfer_gbps}")
+    if not args.kv_transfer_latency_ms >= 0:
+        raise SystemExit(f"--kv-transfer-latency-ms must be >= 0, got "
+                         f"{args.kv_transfer_latency_ms}")
+
+
 def make_simulator(args, cost: CostModel, config: SchedulerConfig, policy: str,
-                   predictor: str, size: int, progress: bool, timeline: bool) -> Simulator:
+                   predictor: str, size: int, progress: bool, timeline: bool,
+                   split: tuple[int, int] | None = None
+                   ) -> Simulator | DisaggregatedSimulator:
     """The simulator the flags describe, with `size` replicas (`timeline`: record one, which
-    needs size 1)."""
+    needs size 1), or `split` (prefill, decode) replicas (default: the flags')."""
     if size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {size}")
     options = engine_config(args).policy_config.options()  # vtc_weights, edf_action, ...
+    split = split or split_of(args)
+    if split is not None:
+        _check_disaggregated(args)
+        gbps = args.kv_transfer_gbps
+        try:
+            return DisaggregatedSimulator(
+                config, policy, cost, prefill_instances=split[0], decode_instances=split[1],
+                transfer_bandwidth=DEFAULT_KV_TRANSFER_BANDWIDTH if gbps is None else gbps * 1e9,
+                transfer_latency_s=args.kv_transfer_latency_ms / 1e3,
+                router_policy=args.router_policy, aging_s=args.priority_aging_s,
+                send_priority=policy == "priority", length_predictor=predictor,
+                request_max_tokens=args.request_max_tokens, policy_options=options)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     return Simulator(config, policy, cost, aging_s=args.priority_aging_s,
                      send_priority=policy == "priority", progress=progress,
                      max_concurrency=args.max_concurrency, length_predictor=predictor,

@@ -57,6 +57,7 @@ class Probe:
     # over several workload seeds: each seed's figures; the fields above are then their
     # quantile at the plan's confidence, and `met` says the SLOs held in that share of seeds
     seeds: list[dict] | None = None
+    split: list[int] | None = None  # prefill and decode instances (None: colocated replicas)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -86,7 +87,7 @@ def over_seeds(probes: list[Probe], confidence: float) -> Probe:
                  sum(p.completed for p in probes), sum(p.failed for p in probes),
                  sum(p.never_fit for p in probes), met,
                  seeds=[{k: v for k, v in p.as_dict().items() if k not in ("seeds", "rate",
-                                                                          "replicas")}
+                                                                          "replicas", "split")}
                         for p in probes])
 
 

@@ -21,7 +21,10 @@ from minivllm.bench.args import trace_args
 from minivllm.bench.workload import Trace, arrival_times
 from minivllm.core.policy import POLICIES
 from minivllm.sim.cli_setup import add_sim_args, make_simulator, prepare
+from minivllm.sim.kv_link import DEFAULT_KV_TRANSFER_BANDWIDTH
 from minivllm.sim.plan import SLO, PlanError, Probe, judge, max_rate, over_seeds, spread
+from minivllm.sim.plan_disaggregated import compare_splits, fewest_for_target
+from minivllm.sim.plan_disaggregated import describe as describe_disaggregated
 
 MAX_EXTRA_REPLICAS = 8  # beyond ceil(target / max rate), when the router's split falls short
 
@@ -52,6 +55,13 @@ def add_parser(sub) -> None:
     g.add_argument("--confidence", type=float, default=0.9, metavar="F",
                    help="the share of the seeds in which the SLOs must hold (default: 0.9; "
                         "with 5 seeds, all 5)")
+    g.add_argument("--disaggregated", action="store_true",
+                   help="also plan prefill/decode disaggregation: each split of --instances "
+                        "against as many colocated replicas, or with --target-rate the "
+                        "fewest instances and their split that serve it")
+    g.add_argument("--instances", type=int, default=2, metavar="N",
+                   help="--disaggregated without --target-rate: the instances to split "
+                        "(default: 2)")
     add_sim_args(p, "none", skip=("scheduling_policy",))
     p.set_defaults(output="results/sim/plan", func=run_plan)
 
@@ -110,10 +120,33 @@ def _check(args) -> SLO:
         raise SystemExit(f"--confidence must be in (0, 1], got {args.confidence}")
     if math.isfinite(args.request_rate):
         raise SystemExit("sim plan chooses the request rates: drop --request-rate")
+    if args.prefill_instances is not None or args.decode_instances is not None:
+        raise SystemExit("sim plan chooses the split (--disaggregated): drop "
+                         "--prefill-instances / --decode-instances")
+    if args.instances != 2 and not args.disaggregated:
+        raise SystemExit("--instances: only with --disaggregated")
+    if args.disaggregated and args.instances < 2:
+        raise SystemExit(f"--instances must be >= 2 (a prefill and a decode one), got "
+                         f"{args.instances}")
     if args.data_parallel_size != 1:
         raise SystemExit("sim plan sizes one replica (--target-rate gives the replicas): "
                          "drop --data-parallel-size")
     return slo
+
+
+def plan_disaggregated(args, probe, plan: dict) -> tuple[dict, list[Probe]]:
+    """sim/plan_disaggregated.py's answer for the flags: the splits of --instances, or the
+    fewest instances for --target-rate (up to MAX_EXTRA_REPLICAS past colocated's)."""
+    if args.target_rate is None:
+        answer, found = compare_splits(probe, args.instances, args.start_rate, args.tolerance)
+    else:
+        colocated = plan.get("replicas") or plan.get("replicas_estimate") or 1
+        answer, found = fewest_for_target(probe, args.target_rate,
+                                          max(2, colocated) + MAX_EXTRA_REPLICAS)
+    gbps = args.kv_transfer_gbps
+    answer["kv_transfer_gbps"] = DEFAULT_KV_TRANSFER_BANDWIDTH / 1e9 if gbps is None else gbps
+    answer["kv_transfer_latency_ms"] = args.kv_transfer_latency_ms
+    return answer, found
 
 
 def _ms(value: float | None) -> str:
@@ -123,7 +156,8 @@ def _ms(value: float | None) -> str:
 def _row(p: Probe) -> str:
     seeds = (f"{sum(s['met'] for s in p.seeds)}/{len(p.seeds)}" if p.seeds else "1/1" if p.met
              else "0/1")
-    return (f"| {p.rate:.4g} | {p.replicas} | {_ms(p.ttft_p99_ms)} | {_ms(p.tpot_p50_ms)} | "
+    replicas = p.replicas if p.split is None else f"{p.split[0]}P + {p.split[1]}D"
+    return (f"| {p.rate:.4g} | {replicas} | {_ms(p.ttft_p99_ms)} | {_ms(p.tpot_p50_ms)} | "
             f"{p.goodput_ratio:.1%} | {p.completed} | {p.failed} | "
             f"{'yes' if p.met else 'no'} ({seeds}) |")
 
@@ -132,8 +166,8 @@ def table(probes: list[Probe]) -> str:
     """Over several seeds, each figure is its quantile at the plan's confidence."""
     head = ("| req/s | replicas | TTFT p99 (ms) | TPOT p50 (ms) | within SLOs | completed | "
             "failed | SLO met (seeds) |\n|---|---|---|---|---|---|---|---|")
-    return "\n".join([head, *(_row(p) for p in sorted(probes, key=lambda p: (p.replicas,
-                                                                              p.rate)))])
+    return "\n".join([head, *(_row(p) for p in sorted(probes, key=lambda p: (
+        p.replicas, p.split or [0], p.rate)))])
 
 
 def run_plan(args) -> int:
@@ -149,17 +183,22 @@ def run_plan(args) -> int:
     workloads = [(trace, args.seed)] + [(seeded_trace(args, config, seed), seed)
                                         for seed in seeds[1:]]
 
-    def probe(rate: float, replicas: int = 1) -> Probe:
+    def probe(rate: float, replicas: int = 1, split: tuple[int, int] | None = None) -> Probe:
+        """`split`: (prefill, decode) instances, `replicas` of them in all."""
         t0 = time.perf_counter()
         per_seed = []
         for workload, seed in workloads:
-            sim = make_simulator(args, cost, config, policy, predictor, replicas, False, False)
+            sim = make_simulator(args, cost, config, policy, predictor,
+                                 replicas if split is None else 1, False, False, split)
             result = sim.run(at_rate(workload, rate, args.burstiness, seed))
             per_seed.append(probe_figures(result.results, slo, rate, replicas,
                                           result.stats.simulated_wall_time_s, workload.buckets))
         p = over_seeds(per_seed, args.confidence)
+        p.split = None if split is None else list(split)
         held = sum(s.met for s in per_seed)
-        print(f"[plan] {rate:.4g} req/s on {replicas} replica(s): SLO "
+        on = (f"{replicas} replica(s)" if split is None
+              else f"{split[0]} prefill + {split[1]} decode instances")
+        print(f"[plan] {rate:.4g} req/s on {on}: SLO "
               f"{'met' if p.met else 'missed'} (held in {held} of {len(per_seed)} seeds; "
               f"{time.perf_counter() - t0:.1f} s)", flush=True)
         return p
@@ -190,7 +229,12 @@ def run_plan(args) -> int:
         plan.update(target_rate=args.target_rate, replicas_estimate=estimate,
                     replicas=replicas if ok else None, router_policy=args.router_policy,
                     replica_checks=[c.as_dict() for c in checks])
-    at_best = next((p for p in probes if p.rate == best and p.replicas == 1), None)
+    if args.disaggregated:
+        disaggregated, found = plan_disaggregated(args, probe, plan)
+        plan["disaggregated"] = disaggregated
+        probes += found
+    at_best = next((p for p in probes if p.rate == best and p.replicas == 1
+                    and p.split is None), None)
     if at_best is not None:
         plan["margin"] = margin(slo, at_best)
         plan["spread"] = spread(at_best)
@@ -218,5 +262,7 @@ def run_plan(args) -> int:
         else:
             print(f"{args.target_rate:g} req/s: the SLOs missed even with {replicas} replicas "
                   f"behind the {args.router_policy} router")
+    for line in describe_disaggregated(plan.get("disaggregated") or {}):
+        print(line)
     print(f"plan written to {out}/plan.json")
     return 0 if ok else 1

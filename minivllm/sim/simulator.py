@@ -114,6 +114,7 @@ class SimResult:
     prefix_cache_hit_rates: list[float | None] = field(default_factory=list)  # per replica
     router_prefix_hit_tokens: int = 0  # the router's estimate, summed over requests
     cold: SimResult | None = None  # with warm_restart: the run after it with an empty tier
+    disaggregated: dict | None = None  # prefill/decode runs (sim/disaggregated.py): the transfers
 
 
 def decision(out) -> tuple:
