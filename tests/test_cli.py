@@ -37,6 +37,7 @@ ENGINE_FLAGS = {
     "--swap-space": (4.0, float), "--kv-cache-dtype": ("auto", str),
     "--kv-offloading-backend": (None, str), "--kv-offloading-path": (None, str),
     "--kv-offloading-size": (4.0, float),
+    "--kv-transfer-config": (None, "json"),
     "--enable-prefix-caching": (True, None), "--max-num-seqs": (256, int),
     "--max-num-batched-tokens": (None, int), "--max-model-len": (None, int),
     "--enable-chunked-prefill": (True, None), "--long-prefill-token-threshold": (0, int),

@@ -107,7 +107,7 @@ class KVCacheManager:
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's blocks that are now full of computed tokens."""
-        self.prefix_cache.register_full_blocks(request)
+        self.disk_connector.filled(self.prefix_cache.register_full_blocks(request))
 
     def reset_prefix_cache(self, reset_external: bool = False) -> tuple[int, int]:
         """Forget every cached block (POST /reset_prefix_cache): a later prompt misses. The
@@ -128,7 +128,7 @@ class KVCacheManager:
 
     def _may_use_disk(self, request: Request) -> bool:
         return (self.disk is not None and not request.num_computed_tokens
-                and self.enable_prefix_caching)
+                and self.enable_prefix_caching and self.disk_connector.loads)
 
     def prefetch_from_disk(self, request: Request) -> None:
         """A request starts waiting: the disk tier may read and check, in the background,
@@ -175,6 +175,11 @@ class KVCacheManager:
         held = [b for b, meta in enumerate(blocks) if meta.hash is not None and meta.ref_cnt > 0]
         return [(b, blocks[b].disk_key) for b in free + held
                 if blocks[b].disk_key is not None and not self.disk_connector.loading(b)]
+
+    def take_disk_writes(self) -> list[tuple[int, bytes]]:
+        """The disk writes queued since the step's transfers were taken (a producer's
+        filled blocks, after the forward)."""
+        return self.disk_connector.take_writes()
 
     def take_disk_transfers(self) -> tuple[list[tuple[int, bytes]], list[tuple[bytes, int]]]:
         """This step's disk writes, (block, key), and loads, (key, block)."""

@@ -16,6 +16,10 @@ class DiskConnector:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.store = None  # the disk tier (stage, prefetch, clear and its counters); None: off
+        # --kv-transfer-config's roles: a producer writes every block it fills at once
+        # (`write_through`), a consumer keeps its evicted blocks out of the shared folder
+        # and a producer alone loads nothing from it
+        self.write_through, self.write_evicted, self.loads = False, True, True
         self._writes: list[tuple[int, bytes]] = []  # (block, key), in eviction order
         self._loads: dict[int, bytes] = {}  # block -> key
         self.hits = 0  # blocks loaded from disk instead of recomputed
@@ -30,8 +34,18 @@ class DiskConnector:
     def evicted(self, block_id: int, key: bytes | None) -> None:
         """A cached block is being reused: its bytes go to disk first -- unless they are
         still to be loaded from there."""
-        if self._loads.pop(block_id, None) is None and key is not None:
+        if self._loads.pop(block_id, None) is None and key is not None and self.write_evicted:
             self._writes.append((block_id, key))
+
+    def filled(self, blocks: list[tuple[int, bytes | None]]) -> None:
+        """Blocks the prefix cache registered as full of computed tokens: written at once
+        by a producer."""
+        if self.write_through and self.store is not None:
+            self._writes += [(block_id, key) for block_id, key in blocks if key is not None]
+
+    def take_writes(self) -> list[tuple[int, bytes]]:
+        writes, self._writes = self._writes, []
+        return writes
 
     def load(self, block_id: int, key: bytes) -> None:
         """The block's bytes come from disk before this step's forward."""

@@ -113,23 +113,27 @@ class PrefixCache:
         self.queries += num_query_tokens
         self.hits += num_hit_tokens
 
-    def register_full_blocks(self, request: Request) -> None:
+    def register_full_blocks(self, request: Request) -> list[tuple[int, bytes | None]]:
         """Register the request's blocks that are now full of computed tokens (a block whose
-        hash another block holds already stays unregistered)."""
+        hash another block holds already stays unregistered); those registered, (block,
+        disk key)."""
         if not self.enabled:
-            return
+            return []
         num_full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
         done = self._num_registered.get(request.request_id, 0)
         if num_full <= done:
-            return
+            return []
         hashes = self.block_hashes(request)
         keys = self._disk_keys(request)
+        registered = []
         for index in range(done, num_full):
-            meta, block_hash = self.blocks[request.block_ids[index]], hashes[index]
-            if meta.hash is None and block_hash not in self.cached:
-                self.register(request, index, request.block_ids[index],
-                              keys[index] if keys else None)
+            block_id, block_hash = request.block_ids[index], hashes[index]
+            if self.blocks[block_id].hash is None and block_hash not in self.cached:
+                key = keys[index] if keys else None
+                self.register(request, index, block_id, key)
+                registered.append((block_id, key))
         self._num_registered[request.request_id] = num_full
+        return registered
 
     def register(self, request: Request, index: int, block_id: int,
                  disk_key: bytes | None) -> None:

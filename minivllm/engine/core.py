@@ -88,6 +88,11 @@ class EngineCore:
                                    eos_token_ids=self.eos_token_ids,
                                    valid_drafts=self.runner.sampler.num_valid_drafts)
         self.scheduler.kv.disk = self.runner.disk  # the prefix cache's disk tier, if any
+        transfer = config.cache_config.kv_transfer  # its roles (core/kv_transfer.py)
+        if transfer is not None:
+            connector = self.scheduler.kv.disk_connector
+            connector.write_through, connector.loads = transfer.produces, transfer.consumes
+            connector.write_evicted = False  # a producer's blocks are there already
         self.engine_step = EngineStep(self.scheduler)
         self.groups = CoreRequests()  # by the caller's request id, and their sequences
         self._failed: list[EngineCoreOutput] = []  # timed out: reported by the next step
@@ -329,7 +334,8 @@ class EngineCore:
         then only the evicted blocks are there); it returns once the tier's writer has
         written them all."""
         if self.runner.disk is not None:
-            self.runner.disk.write(self.scheduler.kv.cached_for_disk())
+            if self.scheduler.kv.disk_connector.write_evicted:  # (a transfer's are there)
+                self.runner.disk.write(self.scheduler.kv.cached_for_disk())
             self.runner.disk.close()
 
     def has_unfinished_requests(self) -> bool:
@@ -354,6 +360,8 @@ class EngineCore:
         result = self.runner.execute(sched_out)
         self.scheduler.record_step_time(time.time() - started)
         outputs = self._step_outputs(scheduled, result)
+        if self.scheduler.kv.disk_connector.write_through:  # a producer: the filled blocks
+            self.runner.disk.write_now(self.scheduler.kv.take_disk_writes())  # out first
         failed, self._failed = self._failed, []
         ended = time.time()
         if self.tracer is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from minivllm.config import ENGINE_ARGS, EngineConfig
+from minivllm.core.kv_transfer import parse_kv_transfer_config
 from minivllm.core.length_predictor import LENGTH_PREDICTORS
 from minivllm.core.policy import POLICIES
 from minivllm.core.speculative import parse_speculative_config
@@ -34,6 +35,11 @@ _HELP = {
     "kv_offloading_backend": "disk: prefix-cache blocks evicted from memory are written to "
                              "--kv-offloading-path and loaded back instead of recomputed, "
                              "also after a restart (unset: off)",
+    "kv_transfer_config": "prefill/decode disaggregation, vLLM's JSON: '{\"kv_connector\": "
+                          "\"SharedStorageConnector\", \"kv_role\": \"kv_producer\" | "
+                          "\"kv_consumer\" | \"kv_both\", \"kv_connector_extra_config\": "
+                          "{\"shared_storage_path\": DIR}}': a producer writes the KV blocks it "
+                          "computes to DIR, a consumer loads them from there",
     "kv_offloading_path": "with --kv-offloading-backend disk, the folder of the tier's files",
     "kv_offloading_size": "with --kv-offloading-backend disk, the GiB it may hold (least "
                           "recently used blocks deleted beyond)",
@@ -120,6 +126,7 @@ def _json_object(parse):
 JSON_FLAGS = {
     "override_generation_config": _json_object(lambda text: parse_override(text, flag=None)),
     "speculative_config": _json_object(parse_speculative_config),
+    "kv_transfer_config": _json_object(parse_kv_transfer_config),
     "pooler_config": _json_object(lambda text: parse_pooler_config(text, flag=None)),
 }
 

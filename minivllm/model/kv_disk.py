@@ -78,11 +78,14 @@ class _Chain:
 
 class DiskKVStore:
     def __init__(self, root: str, capacity_bytes: int, identity: dict,
-                 tensors: tuple[torch.Tensor, ...], prefetch_bytes: int = PREFETCH_BYTES) -> None:
+                 tensors: tuple[torch.Tensor, ...], prefetch_bytes: int = PREFETCH_BYTES,
+                 shared: bool = False) -> None:
         """`identity`: what a block's bytes depend on beside its key (see the module's
         docstring); `tensors`: the cache tensors of every layer, [layers, blocks, ...] each
-        (model/kv_quant.py's tensors(): a quantized cache's scales too)."""
-        self.capacity = capacity_bytes
+        (model/kv_quant.py's tensors(): a quantized cache's scales too). `shared`: other
+        processes write the folder too (--kv-transfer-config): a key the index lacks is
+        looked up on disk."""
+        self.capacity, self.shared = capacity_bytes, shared
         self.tensors = tensors
         self.block_bytes = sum(t[:, 0].numel() * t.element_size() for t in tensors)
         self.identity = {**identity, "format": FORMAT_VERSION, "block": [
@@ -153,6 +156,21 @@ class DiskKVStore:
     def _path(self, key: bytes) -> Path:
         return self.dir / f"{key.hex()}.kv"
 
+    def _knows(self, key: bytes) -> bool:
+        """Whether the key is indexed; in a shared folder, a file another process wrote
+        since is indexed now (its check comes when it is read)."""
+        if key in self.index:
+            return True
+        if not self.shared:
+            return False
+        try:
+            size = self._path(key).stat().st_size
+        except OSError:
+            return False
+        self.index[key] = size
+        self.used += size
+        return True
+
     def _drop(self, key: bytes) -> None:
         """Forget the key and delete its file; a write or prefetch of it still queued is
         dropped when its turn comes."""
@@ -188,7 +206,7 @@ class DiskKVStore:
         if key in self._staged:
             return True
         with self._lock:
-            if key not in self.index:
+            if not self._knows(key):
                 return False
             payload = self._pending.get(key)
             if payload is None:
@@ -220,7 +238,7 @@ class DiskKVStore:
         chain = _Chain()
         with self._lock:
             for key in keys:
-                if key not in self.index:
+                if not self._knows(key):
                     return
                 if key in self._pending or key in self._queued or key in self._staged:
                     continue
@@ -310,6 +328,13 @@ class DiskKVStore:
                 self._write_file((key, payload))
             else:  # unlocked: a full queue waits for the writer, which takes the lock
                 self._writer.submit((key, payload), wait=True)
+
+    def write_now(self, blocks: list[tuple[int, bytes]]) -> None:
+        """write, and return once every file is in place (a producer's blocks, before the
+        step's outputs leave: the consumer sent the request next finds them)."""
+        self.write(blocks)
+        if not self._closed:
+            self._writer.drain()
 
     def _write_file(self, job: tuple[bytes, bytearray]) -> None:
         """The writer: checksum and write a block to a temporary file, then rename it into

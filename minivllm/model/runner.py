@@ -156,16 +156,19 @@ class ModelRunner:
                    quantization: str | None) -> DiskKVStore | None:
         """The prefix cache's disk tier, its blocks valid for this model, its draft model and
         the cache's layout only."""
-        if cache_config.kv_offloading_backend != "disk":
+        transfer = cache_config.kv_transfer
+        if cache_config.kv_offloading_backend != "disk" and transfer is None:
             return None
         identity = {"model": str(model_path),
                     "fingerprint": model_fingerprint(model_path, hf_config),
                     "draft": draft, "dtype": str(self.dtype),
                     "kv_cache_dtype": cache_config.kv_cache_dtype,
                     "quantization": quantization, "block_size": self.block_size}
-        return DiskKVStore(cache_config.kv_offloading_path,
+        # --kv-transfer-config: the folder the instances share, where other processes'
+        # files appear while this one runs
+        return DiskKVStore(transfer.path if transfer else cache_config.kv_offloading_path,
                            int(cache_config.kv_offloading_size * GiB), identity,
-                           kv_quant.tensors(self._device_caches()))
+                           kv_quant.tensors(self._device_caches()), shared=transfer is not None)
 
     # ---- block copies -----------------------------------------------------------------
 
